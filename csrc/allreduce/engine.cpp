@@ -1,0 +1,347 @@
+#include "allreduce/engine.h"
+
+#include <signal.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+
+#include "common/log.h"
+#include "kernels/reduce_cpu.h"
+
+namespace fairring {
+
+namespace {
+
+// A stalled peer is named after this share of the timeout, so that its name
+// reaches every rank (through the abort) before their own waits give up.
+constexpr double kStallShare = 0.9;
+
+bool process_alive(int pid) {
+  if (pid <= 0) return true;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  // A zombie (exited, not yet reaped by its parent) is dead too.
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return true;
+  std::string line;
+  std::getline(stat, line);
+  auto close = line.rfind(')');
+  return !(close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z');
+}
+
+int64_t required_memory(const Config& c, int k, int n) {
+  // Per rank: its share of the node's slot areas (K inputs + 1 output) and,
+  // between nodes, staging for the peers' shards.
+  const int64_t per_slot = c.slice_size * (k + 1) / k + (n > 1 ? c.slice_size * (n - 1) / k : 0);
+  return per_slot * c.parallelism;
+}
+
+}  // namespace
+
+Engine::Engine(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const Config& config,
+               const std::string& job_uid, const Secret& secret)
+    : topo_(topo), config_(config) {
+  params_.slice_bytes = config_.slice_size;
+  slots_ = config_.parallelism;
+  const int64_t need = required_memory(config_, topo_.ranks_per_node, topo_.num_nodes);
+  if (need > config_.total_memory) {
+    throw std::invalid_argument(
+        "FAIRRING_TOTAL_MEMORY=" + std::to_string(config_.total_memory) + " bytes is too small for FAIRRING_PARALLELISM=" +
+        std::to_string(slots_) + " slices of FAIRRING_SLICE_SIZE=" + std::to_string(config_.slice_size) +
+        " bytes with " + std::to_string(topo_.ranks_per_node) + " ranks per node and " +
+        std::to_string(topo_.num_nodes) + " nodes: it needs " + std::to_string(need) +
+        " bytes. Raise FAIRRING_TOTAL_MEMORY or lower FAIRRING_SLICE_SIZE / FAIRRING_PARALLELISM.");
+  }
+
+  arena_ = std::make_unique<NodeArena>(store, topo_, job_uid, slots_, config_.slice_size, config_.timeout);
+
+  if (topo_.num_nodes > 1) {
+    mesh_ = std::make_unique<TcpMesh>(store, topo_.rank, secret, config_.socket_ifname, config_.timeout);
+    std::vector<int> peers;
+    for (int r : topo_.rail()) {
+      if (r != topo_.rank) peers.push_back(r);
+    }
+    mesh_->connect(peers);
+    RailStage::Callbacks cb;
+    cb.slice_done = [this](uint64_t seq) {
+      counter_publish(arena_->control().chunk_done[topo_.local_rank], static_cast<uint32_t>(seq + 1));
+    };
+    cb.failed = [this](const std::string& why) { fail(why); };
+    rail_ = std::make_unique<RailStage>(topo_, *mesh_, reduce_cpu, std::move(cb), config_.timeout);
+  }
+  local_ = std::thread([this] { local_loop(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (local_.joinable()) local_.join();
+  rail_.reset();
+  mesh_.reset();
+}
+
+void Engine::submit(std::shared_ptr<AllreduceOp> op) {
+  std::unique_lock<std::mutex> lock(mu_);
+  ++submitted_;
+  arena_->control().issued[topo_.local_rank].store(op->seq + 1, std::memory_order_release);
+  if (!error_.empty()) {
+    const std::string why = error_;
+    lock.unlock();
+    complete(op, std::make_exception_ptr(std::runtime_error(
+                     "fairring: all_reduce #" + std::to_string(op->seq) +
+                     " not started: this process group failed earlier: " + why)));
+    return;
+  }
+  queue_.push_back(std::move(op));
+  lock.unlock();
+  cv_.notify_all();
+}
+
+void Engine::wait_idle() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return completed_ == submitted_; });
+}
+
+void Engine::complete(const std::shared_ptr<AllreduceOp>& op, std::exception_ptr error) {
+  if (!error && op->user.defined()) {
+    try {
+      op->user.copy_(op->buffer);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (op->on_complete) {
+    auto cb = std::move(op->on_complete);
+    op->on_complete = nullptr;
+    cb(error);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++completed_;
+  }
+  cv_.notify_all();
+}
+
+void Engine::fail(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_.empty()) return;
+    error_ = why;
+    failed_ = true;
+  }
+  FAIRRING_DEBUG_LOG(topo_.rank, "failing: %s", why.c_str());
+  arena_->abort(topo_.rank, why);
+  if (rail_) rail_->abort(why);
+  cv_.notify_all();
+}
+
+std::function<void()> Engine::wait_check(int local_peer, const char* what, const Pending& p) {
+  const auto start = Clock::now();
+  const auto stall_at = start + std::chrono::duration_cast<Clock::duration>(config_.timeout * kStallShare);
+  // Waits that depend on the network give the rail's own diagnosis (which
+  // names the remote culprit) time to arrive first.
+  const auto give_up_at = start + config_.timeout + std::min<Clock::duration>(config_.timeout / 10, std::chrono::seconds(5));
+  const uint64_t op_seq = p.op->seq;
+  const int peer_rank = local_peer >= 0 ? topo_.local_ranks()[local_peer] : -1;
+  auto next_pid_check = start;
+  return [=]() mutable {
+    if (failed_.load()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      throw std::runtime_error(error_);
+    }
+    if (arena_->aborted()) throw std::runtime_error(arena_->abort_message());
+    const auto now = Clock::now();
+    if (local_peer < 0) {
+      if (now > give_up_at) {
+        throw std::runtime_error("timed out waiting for the network part of all_reduce #" + std::to_string(op_seq));
+      }
+      return;
+    }
+    NodeControl& c = arena_->control();
+    if (now >= next_pid_check) {
+      next_pid_check = now + std::chrono::milliseconds(200);
+      if (!process_alive(c.pids[local_peer])) {
+        throw std::runtime_error(
+            "rank " + std::to_string(peer_rank) + " (pid " + std::to_string(c.pids[local_peer]) +
+            ") exited while all_reduce #" + std::to_string(op_seq) + " was in progress");
+      }
+    }
+    const bool issued = c.issued[local_peer].load(std::memory_order_acquire) > op_seq;
+    if (now > stall_at && !issued) {
+      throw std::runtime_error(
+          "timed out: rank " + std::to_string(peer_rank) + " has not called all_reduce #" +
+          std::to_string(op_seq) + " (waited " +
+          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count() / 1000.0) +
+          " s). Is it stalled, or did it skip this collective?");
+    }
+    if (now > give_up_at) {
+      throw std::runtime_error(
+          "timed out waiting for rank " + std::to_string(peer_rank) + " to " + what +
+          " for all_reduce #" + std::to_string(op_seq));
+    }
+  };
+}
+
+void Engine::reduce_scatter(Pending& p) {
+  const AllreduceOp& op = *p.op;
+  const int k = topo_.ranks_per_node;
+  const int me = topo_.local_rank;
+  const int slot = static_cast<int>(p.seq % slots_);
+  const int64_t esize = c10::elementSize(op.dtype);
+  const uint32_t mark = static_cast<uint32_t>(p.seq + 1);
+  char* tensor = static_cast<char*>(op.buffer.data_ptr()) + p.plan.slice.offset * esize;
+  const int64_t divisor = (op.op == RedOp::kAvg) ? topo_.size : 0;
+  NodeControl& c = arena_->control();
+
+  char* chunk = tensor;
+  if (k > 1) {
+    if (p.seq >= static_cast<uint64_t>(slots_)) {
+      const uint32_t freed = static_cast<uint32_t>(p.seq - slots_ + 1);
+      for (int x = 0; x < k; ++x) {
+        if (x != me) counter_wait(c.consumed[x], freed, wait_check(x, "release a pipeline slot", p));
+      }
+    }
+    arena_->header(slot, me) = SlotHeader{op.seq, p.seq, op.numel, static_cast<int32_t>(op.dtype),
+                                          static_cast<int32_t>(op.op)};
+    std::memcpy(arena_->input_area(slot, me), tensor, p.plan.slice.count * esize);
+    counter_publish(c.in_ready[me], mark);
+    for (int x = 0; x < k; ++x) {
+      if (x != me) counter_wait(c.in_ready[x], mark, wait_check(x, "provide its input", p));
+    }
+    const SlotHeader& mine = arena_->header(slot, me);
+    for (int x = 0; x < k; ++x) {
+      const SlotHeader& h = arena_->header(slot, x);
+      if (h.op_seq != mine.op_seq || h.numel != mine.numel || h.dtype != mine.dtype || h.op != mine.op) {
+        throw std::runtime_error(
+            "all_reduce mismatch between ranks: for collective #" + std::to_string(op.seq) + " rank " +
+            std::to_string(topo_.rank) + " has " + describe(mine.numel, mine.dtype, mine.op) + " but rank " +
+            std::to_string(topo_.local_ranks()[x]) + " has collective #" + std::to_string(h.op_seq) + " with " +
+            describe(h.numel, h.dtype, h.op) + ". Every rank must issue the same collectives in the same order.");
+      }
+    }
+    if (me >= p.plan.num_chunks()) return;  // small slice: fewer chunks than ranks
+    const Range& mine_range = p.plan.chunks[me];
+    const void* inputs[kMaxLocalRanks];
+    for (int x = 0; x < k; ++x) inputs[x] = arena_->input_area(slot, x) + mine_range.offset * esize;
+    chunk = arena_->output_area(slot) + mine_range.offset * esize;
+    reduce_cpu(op.dtype, op.op, chunk, inputs, k, mine_range.count, topo_.num_nodes == 1 ? divisor : 0);
+  } else if (topo_.num_nodes == 1 && divisor > 1) {
+    const void* in = chunk;
+    reduce_cpu(op.dtype, op.op, chunk, &in, 1, p.plan.slice.count, divisor);
+  }
+
+  if (rail_) {
+    RailTask t;
+    t.slice_seq = p.seq;
+    t.op_seq = op.seq;
+    t.numel = op.numel;
+    t.dtype = op.dtype;
+    t.op = op.op;
+    t.chunk = chunk;
+    t.shards = p.plan.shards[me];
+    t.divisor = divisor;
+    rail_->post(std::move(t));
+  } else {
+    counter_publish(c.chunk_done[me], mark);
+  }
+}
+
+void Engine::all_gather(Pending& p) {
+  const AllreduceOp& op = *p.op;
+  const int k = topo_.ranks_per_node;
+  const int me = topo_.local_rank;
+  const uint32_t mark = static_cast<uint32_t>(p.seq + 1);
+  NodeControl& c = arena_->control();
+  if (k > 1) {
+    const int slot = static_cast<int>(p.seq % slots_);
+    const int64_t esize = c10::elementSize(op.dtype);
+    for (int x = 0; x < p.plan.num_chunks(); ++x) {
+      counter_wait(c.chunk_done[x], mark, wait_check(x == me ? -1 : x, "finish reducing its chunk", p));
+    }
+    char* tensor = static_cast<char*>(op.buffer.data_ptr()) + p.plan.slice.offset * esize;
+    std::memcpy(tensor, arena_->output_area(slot), p.plan.slice.count * esize);
+    counter_publish(c.consumed[me], mark);
+  } else {
+    counter_wait(c.chunk_done[me], mark, wait_check(-1, "", p));
+  }
+}
+
+void Engine::local_loop() {
+  std::deque<Pending> pending;
+  std::shared_ptr<AllreduceOp> cur;
+  int64_t next_index = 0;
+  int64_t cur_slices = 0;
+  const size_t lag = static_cast<size_t>(slots_ - 1);
+  try {
+    for (;;) {
+      if (!cur) {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (queue_.empty() && pending.empty()) {
+          cv_.wait(lock, [&] { return !queue_.empty() || stopping_ || failed_; });
+        }
+        if (failed_) break;
+        if (!queue_.empty()) {
+          cur = std::move(queue_.front());
+          queue_.pop_front();
+          next_index = 0;
+          cur_slices = num_slices(cur->numel, c10::elementSize(cur->dtype), params_);
+        } else if (pending.empty()) {
+          return;  // stopping, nothing left
+        }
+      }
+      if (cur) {
+        Pending p;
+        p.op = cur;
+        p.index = next_index;
+        p.seq = next_slice_seq_++;
+        p.plan = plan_slice(cur->numel, c10::elementSize(cur->dtype), next_index, topo_.ranks_per_node,
+                            topo_.num_nodes, params_);
+        reduce_scatter(p);
+        pending.push_back(std::move(p));
+        if (++next_index == cur_slices) cur.reset();
+        if (pending.size() <= lag) continue;
+      }
+      Pending& front = pending.front();
+      all_gather(front);
+      if (front.index + 1 == num_slices(front.op->numel, c10::elementSize(front.op->dtype), params_)) {
+        complete(front.op, nullptr);
+      }
+      pending.pop_front();
+    }
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    if (why.rfind("rank ", 0) != 0) why = "rank " + std::to_string(topo_.rank) + ": " + why;
+    fail(why);
+  }
+
+  // Failed: everything in flight or queued fails with the group's error.
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    why = error_;
+  }
+  auto fail_op = [&](const std::shared_ptr<AllreduceOp>& op) {
+    if (!op || !op->on_complete) return;
+    complete(op, std::make_exception_ptr(std::runtime_error(
+                     "fairring: all_reduce #" + std::to_string(op->seq) + " failed: " + why)));
+  };
+  for (auto& p : pending) fail_op(p.op);
+  fail_op(cur);
+  for (;;) {
+    std::shared_ptr<AllreduceOp> op;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (queue_.empty()) return;  // later submits fail inside submit()
+      op = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    fail_op(op);
+  }
+}
+
+}  // namespace fairring

@@ -1,0 +1,90 @@
+// The all-reduce schedule of one process group: ops are cut into slices
+// (allreduce/plan.h) that flow through a pipeline of `parallelism` slots:
+//
+//   reduce-scatter (node, shared memory) -> rail exchange (network, RailStage)
+//   -> all-gather (node, shared memory)
+//
+// One local thread runs the node steps for every slice in issue order; the
+// rail stage runs on its own thread.  A slice's reduce-scatter can start while
+// earlier slices, of the same or of earlier ops, are still on the network, so
+// back-to-back ops (DDP's buckets) progress together.
+#pragma once
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "allreduce/node_arena.h"
+#include "allreduce/op.h"
+#include "allreduce/plan.h"
+#include "allreduce/rail_stage.h"
+#include "common/config.h"
+#include "topology/topology.h"
+#include "transport/tcp_mesh.h"
+
+namespace c10d {
+class Store;
+}
+
+namespace fairring {
+
+class Engine {
+ public:
+  // Collective: every rank of the group constructs its engine together.
+  Engine(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const Config& config,
+         const std::string& job_uid, const Secret& secret);
+  ~Engine();
+
+  // Queues an op; it completes through op->on_complete.
+  void submit(std::shared_ptr<AllreduceOp> op);
+  // Blocks until every submitted op has completed (successfully or not).
+  void wait_idle();
+
+  std::string listen_address() const { return mesh_ ? mesh_->listen_address() : std::string(); }
+  const PlanParams& plan_params() const { return params_; }
+
+ private:
+  struct Pending {
+    std::shared_ptr<AllreduceOp> op;
+    int64_t index = 0;  // slice of the op
+    uint64_t seq = 0;   // global slice number
+    SlicePlan plan;
+  };
+
+  void local_loop();
+  void reduce_scatter(Pending& p);
+  void all_gather(Pending& p);
+  void complete(const std::shared_ptr<AllreduceOp>& op, std::exception_ptr error);
+  // Records the first failure, tells the node and the rail, fails what is queued.
+  void fail(const std::string& why);
+  // Throws if the group failed, a local peer aborted or died, or `deadline` passed.
+  std::function<void()> wait_check(int local_peer, const char* what, const Pending& p);
+
+  Topology topo_;
+  Config config_;
+  PlanParams params_;
+  int slots_ = 1;
+  std::unique_ptr<NodeArena> arena_;
+  std::unique_ptr<TcpMesh> mesh_;
+  std::unique_ptr<RailStage> rail_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<AllreduceOp>> queue_;
+  uint64_t submitted_ = 0;
+  uint64_t completed_ = 0;
+  bool stopping_ = false;
+  std::string error_;  // first failure; the group is unusable after it
+  std::atomic<bool> failed_{false};
+
+  uint64_t next_slice_seq_ = 0;  // local thread only
+  std::thread local_;
+};
+
+}  // namespace fairring

@@ -1,0 +1,85 @@
+// The memory the ranks of one node share: a control block (counters, abort
+// word, per-slot op descriptors) and, per pipeline slot, one input area per
+// local rank plus one output area.  POSIX shared memory when the node has
+// several ranks; private memory (control block only) for a node of one.
+#pragma once
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "topology/topology.h"
+#include "transport/shm.h"
+#include "transport/sync.h"
+
+namespace c10d {
+class Store;
+}
+
+namespace fairring {
+
+constexpr int kMaxLocalRanks = 256;
+
+// What a rank says it is reducing in a slot; compared between ranks.
+struct SlotHeader {
+  uint64_t op_seq;
+  uint64_t slice_seq;
+  int64_t numel;
+  int32_t dtype;
+  int32_t op;
+};
+
+struct NodeControl {
+  std::atomic<uint32_t> abort_state;  // 0 running, 1 being written, 2 aborted
+  int32_t abort_rank;
+  char abort_msg[4096];
+  int32_t pids[kMaxLocalRanks];
+  // All-reduces each local rank has issued: tells a stalled peer (one that has
+  // not called the collective) from a busy one when a wait runs long.
+  std::atomic<uint64_t> issued[kMaxLocalRanks];
+  // Counters hold "slices done + 1" of each local rank's steps.
+  SharedCounter in_ready[kMaxLocalRanks];    // input copied into its slot area
+  SharedCounter chunk_done[kMaxLocalRanks];  // its chunk fully reduced (after the network)
+  SharedCounter consumed[kMaxLocalRanks];    // finished reading the slot (all-gather done)
+};
+
+class NodeArena {
+ public:
+  // Collective over the node's ranks (rendezvous through the store).
+  NodeArena(
+      const c10::intrusive_ptr<c10d::Store>& store,
+      const Topology& topo,
+      const std::string& job_uid,
+      int slots,
+      int64_t slot_area_bytes,
+      std::chrono::milliseconds timeout);
+
+  NodeControl& control() { return *control_; }
+  SlotHeader& header(int slot, int local) { return headers_[slot * ranks_ + local]; }
+  // Area of local rank `local` in `slot` (the inputs of the reduce-scatter).
+  char* input_area(int slot, int local) { return data_ + (slot * (ranks_ + 1) + local) * area_; }
+  // The slot's output area (reduced chunks, gathered by everyone).
+  char* output_area(int slot) { return data_ + (slot * (ranks_ + 1) + ranks_) * area_; }
+  int64_t area_bytes() const { return area_; }
+
+  // Records an abort for every rank of the node and wakes all waiters.
+  // Only the first caller's message is kept.
+  void abort(int rank, const std::string& msg);
+  // Empty while no rank of the node has aborted.
+  std::string abort_message() const;
+  bool aborted() const { return control_->abort_state.load(std::memory_order_acquire) != 0; }
+
+ private:
+  ShmSegment shm_;
+  std::unique_ptr<char[]> private_;  // for a node of one rank
+  NodeControl* control_ = nullptr;
+  SlotHeader* headers_ = nullptr;
+  char* data_ = nullptr;
+  int ranks_ = 1;
+  int64_t area_ = 0;
+};
+
+}  // namespace fairring

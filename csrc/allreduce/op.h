@@ -1,0 +1,33 @@
+// One all-reduce as the schedule sees it.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <string>
+
+#include "common/reduce_op.h"
+
+namespace fairring {
+
+struct AllreduceOp {
+  uint64_t seq = 0;       // issue order on the process group, from 0
+  at::Tensor buffer;      // contiguous tensor reduced in place
+  at::Tensor user;        // the caller's tensor if it is not `buffer` (copied back at the end)
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  RedOp op = RedOp::kSum;
+  int64_t numel = 0;
+  // Called once, from the engine's thread, with nullptr on success.
+  std::function<void(std::exception_ptr)> on_complete;
+};
+
+// "1000 elements of float32 with SUM", for error messages.
+inline std::string describe(int64_t numel, int32_t dtype, int32_t op) {
+  return std::to_string(numel) + " elements of " +
+      std::string(c10::toString(static_cast<c10::ScalarType>(dtype))) + " with " +
+      redop_name(static_cast<RedOp>(op));
+}
+
+}  // namespace fairring

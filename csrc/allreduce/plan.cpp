@@ -1,0 +1,78 @@
+#include "allreduce/plan.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace fairring {
+
+namespace {
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int64_t align_elems(int64_t elem_size, const PlanParams& p) {
+  return std::max<int64_t>(1, p.align_bytes / elem_size);
+}
+
+int64_t slice_elems(int64_t elem_size, const PlanParams& p) {
+  const int64_t align = align_elems(elem_size, p);
+  return std::max(align, (p.slice_bytes / elem_size) / align * align);
+}
+}  // namespace
+
+// Range i of split_even, computed directly (a tensor can have many slices).
+static Range nth_even_range(int64_t count, int64_t parts, int64_t align, int64_t i) {
+  // Whole aligned blocks are dealt out evenly, the first `extra` ranges get one
+  // more; the last range also takes the unaligned tail.
+  const int64_t blocks = count / align;
+  const int64_t base = blocks / parts;
+  const int64_t extra = blocks % parts;
+  const int64_t first_block = i * base + std::min(i, extra);
+  const int64_t nblocks = base + (i < extra ? 1 : 0);
+  const int64_t offset = first_block * align;
+  const int64_t n = (i == parts - 1) ? count - offset : nblocks * align;
+  return Range{offset, n};
+}
+
+std::vector<Range> split_even(int64_t count, int parts, int64_t align) {
+  if (parts < 1 || align < 1 || count < 0) {
+    throw std::invalid_argument("split_even: bad arguments");
+  }
+  std::vector<Range> out(parts);
+  for (int i = 0; i < parts; ++i) out[i] = nth_even_range(count, parts, align, i);
+  return out;
+}
+
+int64_t num_slices(int64_t numel, int64_t elem_size, const PlanParams& params) {
+  if (numel <= 0) return 1;
+  return ceil_div(numel, slice_elems(elem_size, params));
+}
+
+SlicePlan plan_slice(
+    int64_t numel,
+    int64_t elem_size,
+    int64_t index,
+    int ranks_per_node,
+    int num_nodes,
+    const PlanParams& params) {
+  const int64_t align = align_elems(elem_size, params);
+  const int64_t slices = num_slices(numel, elem_size, params);
+  if (index < 0 || index >= slices) {
+    throw std::out_of_range("plan_slice: slice index out of range");
+  }
+  SlicePlan plan;
+  plan.slice = nth_even_range(std::max<int64_t>(numel, 0), slices, align, index);
+
+  const int64_t bytes = plan.slice.count * elem_size;
+  const int chunks = static_cast<int>(std::clamp<int64_t>(
+      ceil_div(std::max<int64_t>(bytes, 1), params.min_chunk_bytes), 1, ranks_per_node));
+  plan.chunks = split_even(plan.slice.count, chunks, align);
+
+  const int64_t chunk_bytes = bytes / chunks;
+  const int shards = static_cast<int>(std::clamp<int64_t>(
+      ceil_div(std::max<int64_t>(chunk_bytes, 1), params.min_shard_bytes), 1, num_nodes));
+  for (const Range& c : plan.chunks) {
+    plan.shards.push_back(split_even(c.count, shards, align));
+  }
+  return plan;
+}
+
+}  // namespace fairring

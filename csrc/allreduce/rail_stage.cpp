@@ -1,0 +1,285 @@
+#include "allreduce/rail_stage.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <stdexcept>
+
+#include "allreduce/op.h"
+#include "transport/tcp_mesh.h"
+
+namespace fairring {
+
+struct RailStage::SliceState {
+  RailTask task;
+  int contributions_missing = 0;  // as a server
+  int results_missing = 0;        // as a client
+  int sends_pending = 0;
+  bool served = true;             // our shard reduced and sent (or nothing to serve)
+  std::vector<std::vector<char>> staging;  // peers' contributions, by node
+};
+
+namespace {
+int64_t bytes_of(const Range& r, int64_t elem) { return r.count * elem; }
+
+WireHeader header_for(const RailTask& t, WireKind kind, uint64_t bytes) {
+  WireHeader h;
+  h.kind = static_cast<uint32_t>(kind);
+  h.slice_seq = t.slice_seq;
+  h.op_seq = t.op_seq;
+  h.numel = t.numel;
+  h.dtype = static_cast<int32_t>(t.dtype);
+  h.op = static_cast<int32_t>(t.op);
+  h.bytes = bytes;
+  return h;
+}
+
+// Throws the message users see when ranks issued different all-reduces.
+void check_match(const WireHeader& got, const WireHeader& want, int peer, int self) {
+  if (got.op_seq != want.op_seq || got.numel != want.numel || got.dtype != want.dtype ||
+      got.op != want.op || got.kind != want.kind) {
+    throw std::runtime_error(
+        "all_reduce mismatch between ranks: for collective #" + std::to_string(want.op_seq) +
+        " rank " + std::to_string(self) + " has " + describe(want.numel, want.dtype, want.op) +
+        " but rank " + std::to_string(peer) + " sent collective #" + std::to_string(got.op_seq) +
+        " with " + describe(got.numel, got.dtype, got.op) +
+        ". Every rank must issue the same collectives in the same order.");
+  }
+  if (got.slice_seq != want.slice_seq || got.bytes != want.bytes) {
+    throw std::runtime_error(
+        "all_reduce mismatch between ranks: rank " + std::to_string(peer) +
+        " is out of step with rank " + std::to_string(self) + " at collective #" +
+        std::to_string(want.op_seq) + " (an earlier collective differed between ranks)");
+  }
+}
+}  // namespace
+
+RailStage::RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callbacks callbacks,
+                     std::chrono::milliseconds timeout)
+    : topo_(topo), reduce_(std::move(reduce)), callbacks_(std::move(callbacks)), timeout_(timeout) {
+  const std::vector<int> rail = topo_.rail();
+  clients_.resize(topo_.num_nodes);
+  servers_.resize(topo_.num_nodes);
+  for (int n = 0; n < topo_.num_nodes; ++n) {
+    if (n == topo_.node) continue;
+    clients_[n] = std::make_unique<Channel>(mesh.take_client(rail[n]), rail[n]);
+    servers_[n] = std::make_unique<Channel>(mesh.take_server(rail[n]), rail[n]);
+  }
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) throw std::runtime_error("fairring: eventfd failed");
+  thread_ = std::thread([this] { loop(); });
+}
+
+RailStage::~RailStage() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  wake();
+  if (thread_.joinable()) thread_.join();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void RailStage::wake() {
+  uint64_t one = 1;
+  ssize_t r = write(wake_fd_, &one, sizeof(one));
+  (void)r;
+}
+
+void RailStage::post(RailTask task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    incoming_.push_back(std::move(task));
+  }
+  wake();
+}
+
+void RailStage::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (abort_reason_.empty()) abort_reason_ = why;
+  }
+  wake();
+}
+
+void RailStage::send_aborts(const std::string& why) {
+  const auto deadline = Clock::now() + std::chrono::seconds(1);
+  for (auto* list : {&clients_, &servers_}) {
+    for (auto& ch : *list) {
+      if (ch) ch->send_abort_now(why, deadline);
+    }
+  }
+}
+
+void RailStage::start(std::unique_ptr<SliceState> st) {
+  SliceState* s = st.get();
+  const RailTask& t = s->task;
+  const int64_t elem = c10::elementSize(t.dtype);
+  const int me = topo_.node;
+  const int shards = static_cast<int>(t.shards.size());
+  const auto now = Clock::now();
+
+  // Client side: our piece of each other node's shard goes to its server, the
+  // reduced shard comes back into place.
+  for (int j = 0; j < shards; ++j) {
+    if (j == me) continue;
+    Channel& ch = *clients_[j];
+    const uint64_t bytes = static_cast<uint64_t>(bytes_of(t.shards[j], elem));
+    char* where = t.chunk + t.shards[j].offset * elem;
+    Channel::Send send;
+    send.header = header_for(t, WireKind::kContribution, bytes);
+    send.data = where;
+    send.on_done = [this, s] { --s->sends_pending; };
+    ++s->sends_pending;
+    ch.post_send(std::move(send));
+
+    if (!ch.has_pending_recv()) ch.last_recv_progress = now;
+    WireHeader want = header_for(t, WireKind::kResult, bytes);
+    const int peer = ch.peer_rank();
+    const int self = topo_.rank;
+    ch.post_recv({[want, where, peer, self](const WireHeader& got) -> void* {
+                    check_match(got, want, peer, self);
+                    return where;
+                  },
+                  [s] { --s->results_missing; }});
+    ++s->results_missing;
+  }
+
+  // Server side: we serve shard `me` if the plan has that many shards.
+  if (me < shards) {
+    const uint64_t bytes = static_cast<uint64_t>(bytes_of(t.shards[me], elem));
+    s->served = false;
+    s->staging.resize(topo_.num_nodes);
+    for (int i = 0; i < topo_.num_nodes; ++i) {
+      if (i == me) continue;
+      s->staging[i].resize(bytes);
+      Channel& ch = *servers_[i];
+      if (!ch.has_pending_recv()) ch.last_recv_progress = now;
+      WireHeader want = header_for(t, WireKind::kContribution, bytes);
+      const int peer = ch.peer_rank();
+      const int self = topo_.rank;
+      char* dst = s->staging[i].data();
+      ch.post_recv({[want, dst, peer, self](const WireHeader& got) -> void* {
+                      check_match(got, want, peer, self);
+                      return dst;
+                    },
+                    [this, s, elem, bytes] {
+                      if (--s->contributions_missing > 0) return;
+                      // All pieces are in: reduce in node order, send back.
+                      const RailTask& t = s->task;
+                      char* own = t.chunk + t.shards[topo_.node].offset * elem;
+                      std::vector<const void*> inputs(topo_.num_nodes);
+                      for (int n = 0; n < topo_.num_nodes; ++n) {
+                        inputs[n] = (n == topo_.node) ? own : s->staging[n].data();
+                      }
+                      reduce_(t.dtype, t.op, own, inputs.data(), topo_.num_nodes,
+                              t.shards[topo_.node].count, t.divisor);
+                      for (int n = 0; n < topo_.num_nodes; ++n) {
+                        if (n == topo_.node) continue;
+                        Channel::Send send;
+                        send.header = header_for(t, WireKind::kResult, bytes);
+                        send.data = own;
+                        send.on_done = [s] { --s->sends_pending; };
+                        ++s->sends_pending;
+                        servers_[n]->post_send(std::move(send));
+                      }
+                      s->served = true;
+                    }});
+      ++s->contributions_missing;
+    }
+  }
+  active_.push_back(std::move(st));
+}
+
+void RailStage::maybe_finish() {
+  while (!active_.empty()) {
+    SliceState& s = *active_.front();
+    if (!(s.served && s.contributions_missing == 0 && s.results_missing == 0 && s.sends_pending == 0)) {
+      break;
+    }
+    const uint64_t seq = s.task.slice_seq;
+    active_.pop_front();
+    callbacks_.slice_done(seq);
+  }
+}
+
+void RailStage::loop() {
+  std::vector<struct pollfd> fds;
+  std::vector<Channel*> chans;
+  for (auto* list : {&clients_, &servers_}) {
+    for (auto& ch : *list) {
+      if (ch) chans.push_back(ch.get());
+    }
+  }
+  const auto remote_timeout = timeout_;
+  try {
+    for (;;) {
+      std::deque<RailTask> fresh;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!abort_reason_.empty()) {
+          send_aborts(abort_reason_);
+          return;
+        }
+        if (stopping_ && incoming_.empty() && active_.empty()) return;
+        fresh.swap(incoming_);
+      }
+      for (auto& t : fresh) {
+        auto st = std::make_unique<SliceState>();
+        st->task = std::move(t);
+        start(std::move(st));
+      }
+
+      fds.clear();
+      fds.push_back({wake_fd_, POLLIN, 0});
+      for (Channel* ch : chans) {
+        short ev = 0;
+        if (ch->wants_read()) ev |= POLLIN;
+        if (ch->wants_write()) ev |= POLLOUT;
+        fds.push_back({ch->fd(), ev, 0});
+      }
+      // Try sending first: most of the time the socket has room.
+      for (Channel* ch : chans) {
+        if (ch->wants_write()) ch->progress_send();
+      }
+      maybe_finish();
+      int r = poll(fds.data(), fds.size(), 50);
+      if (r < 0 && errno != EINTR) throw std::runtime_error("fairring: poll failed");
+      if (fds[0].revents & POLLIN) {
+        uint64_t v;
+        ssize_t n = read(wake_fd_, &v, sizeof(v));
+        (void)n;
+      }
+      for (size_t i = 0; i < chans.size(); ++i) {
+        const short re = fds[i + 1].revents;
+        if (re & (POLLIN | POLLERR | POLLHUP)) chans[i]->progress_recv();
+        if (re & POLLOUT) chans[i]->progress_send();
+      }
+      maybe_finish();
+
+      const auto now = Clock::now();
+      for (Channel* ch : chans) {
+        if (ch->has_pending_recv() && now - ch->last_recv_progress > remote_timeout) {
+          throw std::runtime_error(
+              "timed out: rank " + std::to_string(ch->peer_rank()) + " sent nothing for " +
+              std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now - ch->last_recv_progress).count()) +
+              " s while this rank waited for its part of an all_reduce (is rank " +
+              std::to_string(ch->peer_rank()) + " stalled, or did it skip the collective?)");
+        }
+      }
+    }
+  } catch (const PeerAborted& e) {
+    // The peer already told everyone it can reach; pass it on to the rest.
+    const std::string why = e.what();
+    callbacks_.failed(why);
+    send_aborts(why);
+  } catch (const std::exception& e) {
+    const std::string why = "rank " + std::to_string(topo_.rank) + ": " + e.what();
+    callbacks_.failed(why);
+    send_aborts(why);
+  }
+}
+
+}  // namespace fairring

@@ -1,0 +1,85 @@
+// The inter-node steps of the all-reduce, on this rank's rail: send each shard
+// of the node-reduced chunk to the peer that serves it, serve our own shard
+// (receive the peers' shards, reduce them in node order, send the result back)
+// and receive the results of the other shards.  Runs on its own thread, many
+// slices in flight, driven by poll() over non-blocking connections.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <c10/core/ScalarType.h>
+
+#include "allreduce/plan.h"
+#include "common/reduce_op.h"
+#include "topology/topology.h"
+#include "transport/channel.h"
+
+namespace fairring {
+
+class TcpMesh;
+
+// The element-wise reduction the server applies (the CPU kernel, or another
+// device's).
+using ReduceFn = std::function<void(
+    c10::ScalarType, RedOp, void* out, const void* const* inputs, int n, int64_t count, int64_t divisor)>;
+
+struct RailTask {
+  uint64_t slice_seq = 0;
+  uint64_t op_seq = 0;
+  int64_t numel = 0;  // of the whole tensor, for matching
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  RedOp op = RedOp::kSum;
+  char* chunk = nullptr;       // this rank's node-reduced chunk; results land here too
+  std::vector<Range> shards;   // in chunk (elements); shard j is served by node j
+  int64_t divisor = 0;         // applied by the server (AVG)
+};
+
+class RailStage {
+ public:
+  struct Callbacks {
+    std::function<void(uint64_t slice_seq)> slice_done;  // in slice order
+    std::function<void(const std::string& why)> failed;  // once, from the stage's thread
+  };
+
+  RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callbacks callbacks,
+            std::chrono::milliseconds timeout);
+  ~RailStage();
+
+  void post(RailTask task);
+  // Tell every rail peer why we stop, then stop (from any thread).
+  void abort(const std::string& why);
+
+ private:
+  struct SliceState;
+  void loop();
+  void start(std::unique_ptr<SliceState> state);
+  void maybe_finish();
+  void wake();
+  void send_aborts(const std::string& why);
+
+  Topology topo_;
+  ReduceFn reduce_;
+  Callbacks callbacks_;
+  std::chrono::milliseconds timeout_;
+  std::vector<std::unique_ptr<Channel>> clients_;  // by node; null for ours
+  std::vector<std::unique_ptr<Channel>> servers_;  // by node; null for ours
+  int wake_fd_ = -1;
+
+  std::mutex mu_;
+  std::deque<RailTask> incoming_;
+  std::string abort_reason_;
+  bool stopping_ = false;
+
+  std::deque<std::unique_ptr<SliceState>> active_;  // thread-only
+  std::thread thread_;
+};
+
+}  // namespace fairring

@@ -1,0 +1,99 @@
+// The Python module fairring_py._C.
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
+#include <torch/extension.h>
+
+#include "allreduce/plan.h"
+#include "backend/backend.h"
+#include "common/config.h"
+#include "topology/topology.h"
+
+namespace py = pybind11;
+
+namespace fairring {
+void register_kernel_bindings(py::module& m);  // kernels/kernel_bindings.cpp
+}
+
+namespace {
+
+py::dict topology_dict(const fairring::Topology& t) {
+  py::dict d;
+  d["rank"] = t.rank;
+  d["size"] = t.size;
+  d["num_nodes"] = t.num_nodes;
+  d["ranks_per_node"] = t.ranks_per_node;
+  d["node"] = t.node;
+  d["local_rank"] = t.local_rank;
+  d["flattened"] = t.flattened;
+  d["node_ranks"] = t.node_ranks;
+  d["rail"] = t.rail();
+  return d;
+}
+
+py::list ranges(const std::vector<fairring::Range>& rs) {
+  py::list out;
+  for (const auto& r : rs) out.append(py::make_tuple(r.offset, r.count));
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using namespace fairring;
+  m.doc() = "Fairring: hierarchical, reduction-server all-reduce for torch.distributed";
+  // The base class is registered by torch's own module.
+  py::module::import("torch.distributed");
+
+  py::class_<Config>(m, "Config")
+      .def(py::init<>())
+      .def_readwrite("slice_size", &Config::slice_size)
+      .def_readwrite("total_memory", &Config::total_memory)
+      .def_readwrite("parallelism", &Config::parallelism)
+      .def_readwrite("socket_ifname", &Config::socket_ifname)
+      .def_readwrite("timeout", &Config::timeout);
+
+  py::class_<FairringBackend, c10d::Backend, c10::intrusive_ptr<FairringBackend>>(m, "FairringBackend")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const Config& config,
+                       const std::string& node_key, const c10::intrusive_ptr<c10d::Backend>& fallback) {
+             return c10::make_intrusive<FairringBackend>(store, rank, size, config, node_key, fallback);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("config"), py::arg("node_key"),
+           py::arg("fallback"), py::call_guard<py::gil_scoped_release>())
+      .def("listen_address", &FairringBackend::listen_address,
+           "ip:port of this rank's TCP listener, or '' when the group is a single node")
+      .def("topology", [](const FairringBackend& b) { return topology_dict(b.topology()); });
+
+  m.def("_topology_for_test", [](const std::vector<std::string>& keys, int rank) {
+    return topology_dict(build_topology(keys, rank));
+  });
+  m.def("_split_even_for_test", [](int64_t count, int parts, int64_t align) {
+    return ranges(split_even(count, parts, align));
+  });
+  m.def(
+      "_plan_for_test",
+      [](int64_t numel, int64_t elem_size, int ranks_per_node, int num_nodes, int64_t slice_bytes,
+         int64_t min_chunk_bytes, int64_t min_shard_bytes) {
+        PlanParams p;
+        p.slice_bytes = slice_bytes;
+        p.min_chunk_bytes = min_chunk_bytes;
+        p.min_shard_bytes = min_shard_bytes;
+        py::list slices;
+        const int64_t n = num_slices(numel, elem_size, p);
+        for (int64_t i = 0; i < n; ++i) {
+          SlicePlan s = plan_slice(numel, elem_size, i, ranks_per_node, num_nodes, p);
+          py::dict d;
+          d["slice"] = py::make_tuple(s.slice.offset, s.slice.count);
+          d["chunks"] = ranges(s.chunks);
+          py::list shards;
+          for (const auto& sh : s.shards) shards.append(ranges(sh));
+          d["shards"] = shards;
+          slices.append(d);
+        }
+        return slices;
+      },
+      py::arg("numel"), py::arg("elem_size"), py::arg("ranks_per_node"), py::arg("num_nodes"),
+      py::arg("slice_bytes") = PlanParams().slice_bytes, py::arg("min_chunk_bytes") = PlanParams().min_chunk_bytes,
+      py::arg("min_shard_bytes") = PlanParams().min_shard_bytes);
+
+  register_kernel_bindings(m);
+}

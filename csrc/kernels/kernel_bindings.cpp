@@ -1,0 +1,107 @@
+// Python test hooks for the CPU reduction kernels (fairring_py._C._reduce_*).
+
+#include <torch/extension.h>
+
+#include <ATen/MemoryOverlap.h>
+
+#include <algorithm>
+#include <cctype>
+#include <string>
+#include <vector>
+
+#include "common/reduce_op.h"
+#include "kernels/reduce_cpu.h"
+#include "kernels/reduce_cpu_internal.h"
+
+namespace fairring {
+
+void register_kernel_bindings(pybind11::module& m);
+
+namespace {
+
+RedOp parse_redop(const std::string& name) {
+  std::string upper = name;
+  std::transform(upper.begin(), upper.end(), upper.begin(), [](unsigned char c) {
+    return static_cast<char>(std::toupper(c));
+  });
+  for (RedOp op :
+       {RedOp::kSum, RedOp::kAvg, RedOp::kProduct, RedOp::kMin, RedOp::kMax,
+        RedOp::kBand, RedOp::kBor, RedOp::kBxor}) {
+    if (upper == redop_name(op)) {
+      return op;
+    }
+  }
+  TORCH_CHECK_VALUE(
+      false, "unknown reduction op '", name,
+      "' (expected one of SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)");
+}
+
+void check_tensor(const at::Tensor& t, const char* what, const at::Tensor& out) {
+  TORCH_CHECK_VALUE(t.defined(), what, " is an undefined tensor");
+  TORCH_CHECK_VALUE(t.device().is_cpu(), what, " must be a CPU tensor, got ", t.device());
+  TORCH_CHECK_VALUE(!t.is_sparse(), what, " must be a dense tensor");
+  TORCH_CHECK_VALUE(t.is_contiguous(), what, " must be contiguous");
+  TORCH_CHECK_VALUE(
+      t.scalar_type() == out.scalar_type(), what, " has dtype ", t.scalar_type(),
+      " but out has dtype ", out.scalar_type());
+  TORCH_CHECK_VALUE(
+      t.numel() == out.numel(), what, " has ", t.numel(), " elements but out has ",
+      out.numel());
+}
+
+void reduce_for_test(
+    at::Tensor out,
+    const std::vector<at::Tensor>& inputs,
+    const std::string& op_name,
+    int64_t divisor) {
+  const RedOp op = parse_redop(op_name);
+  TORCH_CHECK_VALUE(!inputs.empty(), "_reduce_for_test needs at least one input tensor");
+  check_tensor(out, "out", out);
+  std::vector<const void*> ptrs;
+  ptrs.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string what = "inputs[" + std::to_string(i) + "]";
+    check_tensor(inputs[i], what.c_str(), out);
+    // `out` may be exactly one of the inputs, but must not partially overlap.
+    TORCH_CHECK_VALUE(
+        at::get_overlap_status(out, inputs[i]) != at::MemOverlapStatus::Partial,
+        "out partially overlaps ", what);
+    ptrs.push_back(inputs[i].data_ptr());
+  }
+  void* out_ptr = out.data_ptr();
+  const int64_t count = out.numel();
+  const c10::ScalarType dtype = out.scalar_type();
+  {
+    pybind11::gil_scoped_release no_gil;
+    reduce_cpu(dtype, op, out_ptr, ptrs.data(), static_cast<int>(ptrs.size()), count, divisor);
+  }
+}
+
+}  // namespace
+
+void register_kernel_bindings(pybind11::module& m) {
+  m.def(
+      "_reduce_for_test",
+      &reduce_for_test,
+      pybind11::arg("out"),
+      pybind11::arg("inputs"),
+      pybind11::arg("op"),
+      pybind11::arg("divisor") = 0,
+      "Test hook: out = inputs[0] (op) inputs[1] (op) ... with the CPU reduction "
+      "kernel, then divided by `divisor` if it is > 0 (floating types only). All "
+      "tensors must be contiguous CPU tensors of one dtype and size; out may be "
+      "one of the inputs.");
+  m.def(
+      "_reduce_isa_for_test",
+      [](const std::string& isa) -> std::string {
+        if (!isa.empty()) {
+          reduce_cpu_set_isa(isa);
+        }
+        return reduce_cpu_isa();
+      },
+      pybind11::arg("isa") = std::string(),
+      "Test hook: returns the instruction set the CPU reduction uses ('avx2' or "
+      "'generic'); a non-empty argument ('auto', 'generic', 'avx2') forces it first.");
+}
+
+}  // namespace fairring

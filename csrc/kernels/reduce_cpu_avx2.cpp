@@ -1,0 +1,39 @@
+// The AVX2 (+FMA+F16C) build of the reduction kernels, chosen at run time by
+// reduce_cpu when the CPU supports it.  The kernels are the same plain C++
+// loops as the baseline build (reduce_impl.h), compiled here for 256-bit
+// vectors; they give bit-identical results.
+
+#include "kernels/reduce_cpu_internal.h"
+
+#if FAIRRING_HAVE_AVX2_KERNELS
+
+// Everything the kernel code needs is included *before* the target switch, so
+// that only the functions defined below are compiled for AVX2.
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "common/reduce_op.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+namespace fairring {
+namespace kernels_avx2 {
+#include "kernels/reduce_impl.h"
+}  // namespace kernels_avx2
+}  // namespace fairring
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#endif  // FAIRRING_HAVE_AVX2_KERNELS

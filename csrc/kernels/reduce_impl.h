@@ -1,0 +1,414 @@
+// The multi-input reduction kernels, as plain C++ loops written so that GCC
+// auto-vectorises them.
+//
+// NOT a normal header: it has no include guard and includes nothing.  A
+// translation unit includes it *inside its own namespace* after including
+// <cstdint>, <cstring>, <type_traits>, <c10/core/ScalarType.h> and
+// "common/reduce_op.h" itself, so that each instruction set (the baseline
+// build in reduce_cpu.cpp, the AVX2 build in reduce_cpu_avx2.cpp) gets its own
+// copy of these templates under its own mangled names (no ODR clash between
+// the two instantiations).  It defines, in the enclosing namespace:
+//
+//   void reduce_impl(c10::ScalarType dtype, ::fairring::RedOp op, void* out,
+//                    const void* const* inputs, int num_inputs, int64_t count,
+//                    int64_t divisor);
+//
+// which assumes the (dtype, op, divisor) combination was validated by the
+// caller (reduce_cpu).
+//
+// Every variant computes bit-identical results: the combine order is fixed
+// (in[0], in[1], ..., in[n-1]), each step is a single IEEE operation (no
+// contraction, no reassociation), and the half-precision conversions are
+// integer bit manipulation, not hardware conversions whose NaN handling might
+// differ between machines.
+
+namespace detail {
+
+// Bytes of accumulator per block: small enough to stay in L1 while every
+// input streams through it, large enough to amortise the per-block overhead.
+constexpr int64_t kBlockBytes = 8192;
+
+inline uint32_t f32_bits(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+inline float f32_from_bits(uint32_t u) {
+  float f;
+  __builtin_memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// All-ones if `c`, else zero; and a bitwise select with such a mask.  The
+// half-precision conversions below pick between candidates this way rather
+// than with ?: so that GCC sees no control flow it would refuse to if-convert
+// (it will not speculate floating-point work out of a branch), and the loops
+// vectorise.
+inline uint32_t mask_if(bool c) {
+  return 0u - static_cast<uint32_t>(c);
+}
+
+inline uint32_t select_bits(uint32_t mask, uint32_t if_set, uint32_t if_clear) {
+  return (if_set & mask) | (if_clear & ~mask);
+}
+
+// IEEE binary16 -> binary32, exact.
+inline float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (static_cast<uint32_t>(h) >> 10) & 0x1Fu;
+  const uint32_t m = static_cast<uint32_t>(h) & 0x3FFu;
+  const uint32_t normal = ((e + 112u) << 23) | (m << 13);
+  // Inf, or NaN made quiet (as c10 and F16C do).
+  const uint32_t inf_nan = 0x7F800000u | (m << 13) | (mask_if(m != 0u) & 0x00400000u);
+  // Subnormal: m * 2^-24 with m in [1, 1023].  Shift m left by k until its
+  // top bit is bit 9 (greedy 8/4/2/1 steps), which makes the value
+  // 2^(-15 - k) * 1.fraction: exponent field 112 - k, fraction the low 9 bits
+  // of the shifted m.  Integer-only, so that nothing in the loop is
+  // floating-point work GCC would refuse to if-convert.  m == 0 gives +0.
+  // (Unrolled by hand, with constant shifts: GCC does not always unroll the
+  // loop before vectorising, and SSE2 has no per-lane variable shifts.)
+  uint32_t v = m;
+  const uint32_t m8 = mask_if(v < (0x400u >> 8));
+  v = select_bits(m8, v << 8, v);
+  const uint32_t m4 = mask_if(v < (0x400u >> 4));
+  v = select_bits(m4, v << 4, v);
+  const uint32_t m2 = mask_if(v < (0x400u >> 2));
+  v = select_bits(m2, v << 2, v);
+  const uint32_t m1 = mask_if(v < (0x400u >> 1));
+  v = select_bits(m1, v << 1, v);
+  const uint32_t k = (m8 & 8u) + (m4 & 4u) + (m2 & 2u) + (m1 & 1u);
+  const uint32_t subnormal =
+      select_bits(mask_if(m != 0u), ((112u - k) << 23) | ((v & 0x1FFu) << 14), 0u);
+  const uint32_t mag = select_bits(
+      mask_if(e == 0u), subnormal, select_bits(mask_if(e == 31u), inf_nan, normal));
+  return f32_from_bits(sign | mag);
+}
+
+// binary32 -> binary16, round to nearest even; overflow goes to +-inf and any
+// NaN becomes the quiet NaN 0x7E00 with the input's sign (as c10::Half does).
+inline uint16_t f32_to_f16(float f) {
+  const uint32_t x = f32_bits(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t ax = x & 0x7FFFFFFFu;
+  // Normal half (|f| >= 2^-14): drop 13 mantissa bits with RNE and rebias the
+  // exponent by 127 - 15 = 112; a mantissa carry rolls into the exponent.
+  const uint32_t normal = (ax + 0x0FFFu + ((ax >> 13) & 1u) - (112u << 23)) >> 13;
+  // Subnormal half (or zero), |f| < 2^-14: the result is round(|f| * 2^24)
+  // (< 2^10).  Scaling by 2^24 is exact; adding 2^23 makes the FPU round the
+  // fraction away with round-to-nearest-even, leaving the integer in the low
+  // mantissa bits.  (Fusing the two into an FMA gives the same bits, as the
+  // product is exact.)  Rounding up to 1024 yields the smallest normal half.
+  const float magic = f32_from_bits(ax) * 0x1p24f + 0x1p23f;
+  const uint32_t subnormal = f32_bits(magic) - 0x4B000000u;  // bits of 2^23
+  const uint32_t mag = select_bits(
+      mask_if(ax > 0x7F800000u),
+      0x7E00u,
+      select_bits(
+          mask_if(ax >= 0x477FF000u),
+          0x7C00u,
+          select_bits(mask_if(ax >= 0x38800000u), normal, subnormal)));
+  return static_cast<uint16_t>(sign | mag);
+}
+
+// bfloat16 -> binary32, exact.
+inline float bf16_to_f32(uint16_t h) {
+  return f32_from_bits(static_cast<uint32_t>(h) << 16);
+}
+
+// binary32 -> bfloat16, round to nearest even; NaN -> 0x7FC0 (as c10 does).
+inline uint16_t f32_to_bf16(float f) {
+  const uint32_t x = f32_bits(f);
+  const uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>(
+      select_bits(mask_if((x & 0x7FFFFFFFu) > 0x7F800000u), 0x7FC0u, rounded));
+}
+
+// ---- Storage <-> accumulator conversions -----------------------------------
+
+template <typename T>
+struct PlainCvt {
+  using Storage = T;
+  using Acc = T;
+  static Acc load(T x) { return x; }
+  static T store(Acc a) { return a; }
+};
+
+struct HalfCvt {
+  using Storage = uint16_t;
+  using Acc = float;
+  static Acc load(uint16_t x) { return f16_to_f32(x); }
+  static uint16_t store(Acc a) { return f32_to_f16(a); }
+};
+
+struct BFloat16Cvt {
+  using Storage = uint16_t;
+  using Acc = float;
+  static Acc load(uint16_t x) { return bf16_to_f32(x); }
+  static uint16_t store(Acc a) { return f32_to_bf16(a); }
+};
+
+// bool is one byte holding 0 or 1; normalise anyway so that stray byte values
+// still give a 0/1 result.
+struct BoolCvt {
+  using Storage = uint8_t;
+  using Acc = uint8_t;
+  static Acc load(uint8_t x) { return static_cast<uint8_t>(x != 0); }
+  static uint8_t store(Acc a) { return a; }
+};
+
+// ---- Operations --------------------------------------------------------------
+
+// Integer arithmetic is done in the unsigned type of the same width, promoted
+// to at least unsigned int so that narrow types never overflow a signed int:
+// two's-complement wrap-around without relying on -fwrapv.
+template <typename A>
+using WideUnsigned = std::conditional_t<
+    (sizeof(A) < sizeof(unsigned int)),
+    unsigned int,
+    std::make_unsigned_t<A>>;
+
+struct OpSum {
+  template <typename A>
+  static A apply(A a, A b) {
+    if constexpr (std::is_integral_v<A>) {
+      using W = WideUnsigned<A>;
+      return static_cast<A>(static_cast<W>(
+          static_cast<W>(static_cast<std::make_unsigned_t<A>>(a)) +
+          static_cast<W>(static_cast<std::make_unsigned_t<A>>(b))));
+    } else {
+      return a + b;
+    }
+  }
+};
+
+struct OpProduct {
+  template <typename A>
+  static A apply(A a, A b) {
+    if constexpr (std::is_integral_v<A>) {
+      using W = WideUnsigned<A>;
+      return static_cast<A>(static_cast<W>(
+          static_cast<W>(static_cast<std::make_unsigned_t<A>>(a)) *
+          static_cast<W>(static_cast<std::make_unsigned_t<A>>(b))));
+    } else {
+      return a * b;
+    }
+  }
+};
+
+// torch.minimum / torch.maximum semantics: a NaN in either operand gives NaN.
+struct OpMin {
+  template <typename A>
+  static A apply(A a, A b) {
+    if constexpr (std::is_floating_point_v<A>) {
+      return b != b ? b : (b < a ? b : a);
+    } else {
+      return b < a ? b : a;
+    }
+  }
+};
+
+struct OpMax {
+  template <typename A>
+  static A apply(A a, A b) {
+    if constexpr (std::is_floating_point_v<A>) {
+      return b != b ? b : (a < b ? b : a);
+    } else {
+      return a < b ? b : a;
+    }
+  }
+};
+
+struct OpAnd {
+  template <typename A>
+  static A apply(A a, A b) {
+    return static_cast<A>(a & b);
+  }
+};
+
+struct OpOr {
+  template <typename A>
+  static A apply(A a, A b) {
+    return static_cast<A>(a | b);
+  }
+};
+
+struct OpXor {
+  template <typename A>
+  static A apply(A a, A b) {
+    return static_cast<A>(a ^ b);
+  }
+};
+
+// ---- The blocked kernel ------------------------------------------------------
+//
+// Per block: acc = in[0] (op) in[1], then fold in the remaining inputs two at
+// a time (one pass over acc per two inputs), then out = store(acc [/ div]).
+// Nothing is written to `out` before every input of the block has been read,
+// so `out` may be one of the inputs.  `acc` is a local array, so the compiler
+// knows it aliases nothing and vectorises every loop without runtime checks.
+template <typename Cvt, typename Op, bool kDivide>
+void kernel(
+    typename Cvt::Storage* out,
+    const typename Cvt::Storage* const* in,
+    int n,
+    int64_t count,
+    typename Cvt::Acc div) {
+  using S = typename Cvt::Storage;
+  using A = typename Cvt::Acc;
+  constexpr int64_t kBlock = kBlockBytes / static_cast<int64_t>(sizeof(A));
+  alignas(64) A acc[kBlock];
+
+  for (int64_t base = 0; base < count; base += kBlock) {
+    const int64_t len = count - base < kBlock ? count - base : kBlock;
+    const S* p0 = in[0] + base;
+    int k;
+    if (n >= 2) {
+      const S* p1 = in[1] + base;
+      for (int64_t j = 0; j < len; ++j) {
+        acc[j] = Op::apply(Cvt::load(p0[j]), Cvt::load(p1[j]));
+      }
+      k = 2;
+    } else {
+      for (int64_t j = 0; j < len; ++j) {
+        acc[j] = Cvt::load(p0[j]);
+      }
+      k = 1;
+    }
+    for (; k + 1 < n; k += 2) {
+      const S* p = in[k] + base;
+      const S* q = in[k + 1] + base;
+      for (int64_t j = 0; j < len; ++j) {
+        acc[j] = Op::apply(Op::apply(acc[j], Cvt::load(p[j])), Cvt::load(q[j]));
+      }
+    }
+    if (k < n) {
+      const S* p = in[k] + base;
+      for (int64_t j = 0; j < len; ++j) {
+        acc[j] = Op::apply(acc[j], Cvt::load(p[j]));
+      }
+    }
+    S* o = out + base;
+    if constexpr (kDivide) {
+      for (int64_t j = 0; j < len; ++j) {
+        o[j] = Cvt::store(acc[j] / div);
+      }
+    } else {
+      for (int64_t j = 0; j < len; ++j) {
+        o[j] = Cvt::store(acc[j]);
+      }
+    }
+  }
+}
+
+template <typename Cvt, typename Op>
+void run(void* out, const void* const* inputs, int n, int64_t count, int64_t divisor) {
+  using S = typename Cvt::Storage;
+  using A = typename Cvt::Acc;
+  S* o = static_cast<S*>(out);
+  const S* const* in = reinterpret_cast<const S* const*>(inputs);
+  if constexpr (std::is_floating_point_v<A>) {
+    if (divisor > 0) {
+      kernel<Cvt, Op, true>(o, in, n, count, static_cast<A>(divisor));
+      return;
+    }
+  }
+  // Integer types never get a divisor (reduce_cpu rejects it).
+  kernel<Cvt, Op, false>(o, in, n, count, A(0));
+}
+
+// SUM/AVG/PRODUCT/MIN/MAX for floating-point storage.
+template <typename Cvt>
+void run_float(::fairring::RedOp op, void* out, const void* const* in, int n, int64_t count, int64_t divisor) {
+  switch (op) {
+    case ::fairring::RedOp::kSum:
+    case ::fairring::RedOp::kAvg:
+      return run<Cvt, OpSum>(out, in, n, count, divisor);
+    case ::fairring::RedOp::kProduct:
+      return run<Cvt, OpProduct>(out, in, n, count, divisor);
+    case ::fairring::RedOp::kMin:
+      return run<Cvt, OpMin>(out, in, n, count, divisor);
+    case ::fairring::RedOp::kMax:
+      return run<Cvt, OpMax>(out, in, n, count, divisor);
+    default:
+      return;  // rejected by the caller
+  }
+}
+
+// Everything but AVG for integer storage.
+template <typename T>
+void run_int(::fairring::RedOp op, void* out, const void* const* in, int n, int64_t count) {
+  using C = PlainCvt<T>;
+  switch (op) {
+    case ::fairring::RedOp::kSum:
+      return run<C, OpSum>(out, in, n, count, 0);
+    case ::fairring::RedOp::kProduct:
+      return run<C, OpProduct>(out, in, n, count, 0);
+    case ::fairring::RedOp::kMin:
+      return run<C, OpMin>(out, in, n, count, 0);
+    case ::fairring::RedOp::kMax:
+      return run<C, OpMax>(out, in, n, count, 0);
+    case ::fairring::RedOp::kBand:
+      return run<C, OpAnd>(out, in, n, count, 0);
+    case ::fairring::RedOp::kBor:
+      return run<C, OpOr>(out, in, n, count, 0);
+    case ::fairring::RedOp::kBxor:
+      return run<C, OpXor>(out, in, n, count, 0);
+    default:
+      return;  // rejected by the caller
+  }
+}
+
+// bool: SUM/MAX/BOR are logical OR, PRODUCT/MIN/BAND logical AND, BXOR XOR.
+inline void run_bool(::fairring::RedOp op, void* out, const void* const* in, int n, int64_t count) {
+  switch (op) {
+    case ::fairring::RedOp::kSum:
+    case ::fairring::RedOp::kMax:
+    case ::fairring::RedOp::kBor:
+      return run<BoolCvt, OpOr>(out, in, n, count, 0);
+    case ::fairring::RedOp::kProduct:
+    case ::fairring::RedOp::kMin:
+    case ::fairring::RedOp::kBand:
+      return run<BoolCvt, OpAnd>(out, in, n, count, 0);
+    case ::fairring::RedOp::kBxor:
+      return run<BoolCvt, OpXor>(out, in, n, count, 0);
+    default:
+      return;  // rejected by the caller
+  }
+}
+
+}  // namespace detail
+
+void reduce_impl(
+    c10::ScalarType dtype,
+    ::fairring::RedOp op,
+    void* out,
+    const void* const* inputs,
+    int num_inputs,
+    int64_t count,
+    int64_t divisor) {
+  switch (dtype) {
+    case c10::ScalarType::Float:
+      return detail::run_float<detail::PlainCvt<float>>(op, out, inputs, num_inputs, count, divisor);
+    case c10::ScalarType::Double:
+      return detail::run_float<detail::PlainCvt<double>>(op, out, inputs, num_inputs, count, divisor);
+    case c10::ScalarType::Half:
+      return detail::run_float<detail::HalfCvt>(op, out, inputs, num_inputs, count, divisor);
+    case c10::ScalarType::BFloat16:
+      return detail::run_float<detail::BFloat16Cvt>(op, out, inputs, num_inputs, count, divisor);
+    case c10::ScalarType::Char:
+      return detail::run_int<int8_t>(op, out, inputs, num_inputs, count);
+    case c10::ScalarType::Byte:
+      return detail::run_int<uint8_t>(op, out, inputs, num_inputs, count);
+    case c10::ScalarType::Short:
+      return detail::run_int<int16_t>(op, out, inputs, num_inputs, count);
+    case c10::ScalarType::Int:
+      return detail::run_int<int32_t>(op, out, inputs, num_inputs, count);
+    case c10::ScalarType::Long:
+      return detail::run_int<int64_t>(op, out, inputs, num_inputs, count);
+    case c10::ScalarType::Bool:
+      return detail::run_bool(op, out, inputs, num_inputs, count);
+    default:
+      return;  // rejected by the caller
+  }
+}

@@ -1,0 +1,35 @@
+// Nodes, local ranks and rails, computed from the node key of every rank.
+// Pure logic: no I/O, so it can be unit-tested through the Python bindings.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace fairring {
+
+struct Topology {
+  int rank = 0;        // this rank in the process group
+  int size = 1;        // ranks in the process group
+  int num_nodes = 1;   // N
+  int ranks_per_node = 1;  // K (the same on every node)
+  int node = 0;        // index of this rank's node, 0..N-1
+  int local_rank = 0;  // index of this rank inside its node, 0..K-1
+  // Nodes had different rank counts, so every rank acts as its own node (a flat
+  // reduction-server all-reduce over TCP).  Correct, slower; the backend warns.
+  bool flattened = false;
+  // node_ranks[n][k] = group rank of local rank k on node n.  Nodes are ordered
+  // by their lowest rank, local ranks by rank, so every rank computes the same.
+  std::vector<std::vector<int>> node_ranks;
+
+  int rank_of(int node_index, int local) const { return node_ranks[node_index][local]; }
+  // Group ranks of this rank's node.
+  const std::vector<int>& local_ranks() const { return node_ranks[node]; }
+  // Group rank of each node's member of this rank's rail (index = node).
+  std::vector<int> rail() const;
+};
+
+// node_keys[r] identifies the machine of rank r (hostname + boot id, or the
+// FAIRRING_NODE_ID override).  Ranks with equal keys share a node.
+Topology build_topology(const std::vector<std::string>& node_keys, int rank);
+
+}  // namespace fairring

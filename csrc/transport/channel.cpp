@@ -1,0 +1,144 @@
+#include "transport/channel.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace fairring {
+
+namespace {
+[[noreturn]] void lost(int peer, const char* what) {
+  throw std::runtime_error(
+      "fairring: connection to rank " + std::to_string(peer) + " " + what +
+      " (did that rank exit or crash?)");
+}
+}  // namespace
+
+Channel::Channel(Socket socket, int peer_rank) : socket_(std::move(socket)), peer_rank_(peer_rank) {
+  socket_.set_nonblocking();
+  socket_.set_nodelay();
+  last_recv_progress = Clock::now();
+}
+
+bool Channel::progress_send() {
+  bool moved = false;
+  while (!sendq_.empty()) {
+    Send& s = sendq_.front();
+    const size_t hdr = sizeof(WireHeader);
+    const size_t total = hdr + s.header.bytes;
+    const char* payload = s.owned.empty() ? static_cast<const char*>(s.data) : s.owned.data();
+    struct iovec iov[2];
+    int n = 0;
+    if (s.sent < hdr) {
+      iov[n++] = {reinterpret_cast<char*>(&s.header) + s.sent, hdr - s.sent};
+      if (s.header.bytes > 0) iov[n++] = {const_cast<char*>(payload), s.header.bytes};
+    } else {
+      iov[n++] = {const_cast<char*>(payload) + (s.sent - hdr), total - s.sent};
+    }
+    struct msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = n;
+    ssize_t r = sendmsg(socket_.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return moved;
+      lost(peer_rank_, (std::string("failed: ") + std::strerror(errno)).c_str());
+    }
+    moved = moved || r > 0;
+    s.sent += static_cast<size_t>(r);
+    if (s.sent < total) return moved;
+    auto done = std::move(s.on_done);
+    sendq_.pop_front();
+    if (done) done();
+  }
+  return moved;
+}
+
+bool Channel::start_parked_header() {
+  // A full header is in; find its destination.
+  const WireHeader& h = header_;
+  if (h.magic != kWireMagic) {
+    throw std::runtime_error(
+        "fairring: corrupt message from rank " + std::to_string(peer_rank_) + " (bad magic)");
+  }
+  if (static_cast<WireKind>(h.kind) == WireKind::kAbort) {
+    if (h.bytes > 65536) lost(peer_rank_, "sent an oversized abort");
+    abort_text_.assign(h.bytes, '\0');
+    payload_dst_ = abort_text_.data();
+    return true;
+  }
+  if (recvq_.empty()) return false;  // parked until a receive is posted
+  payload_dst_ = recvq_.front().on_header(h);
+  return true;
+}
+
+bool Channel::progress_recv() {
+  bool moved = false;
+  for (;;) {
+    if (header_got_ < sizeof(WireHeader)) {
+      ssize_t r = recv(socket_.fd(), reinterpret_cast<char*>(&header_) + header_got_,
+                       sizeof(WireHeader) - header_got_, MSG_DONTWAIT);
+      if (r == 0) lost(peer_rank_, "was closed");
+      if (r < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return moved;
+        lost(peer_rank_, (std::string("failed: ") + std::strerror(errno)).c_str());
+      }
+      moved = true;
+      last_recv_progress = Clock::now();
+      header_got_ += static_cast<size_t>(r);
+      if (header_got_ < sizeof(WireHeader)) continue;
+      payload_got_ = 0;
+      payload_dst_ = nullptr;
+      if (!start_parked_header()) return moved;
+    } else if (payload_dst_ == nullptr) {
+      if (!start_parked_header()) return moved;
+    }
+    // Payload.
+    while (payload_got_ < header_.bytes) {
+      ssize_t r = recv(socket_.fd(), static_cast<char*>(payload_dst_) + payload_got_,
+                       header_.bytes - payload_got_, MSG_DONTWAIT);
+      if (r == 0) lost(peer_rank_, "was closed");
+      if (r < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return moved;
+        lost(peer_rank_, (std::string("failed: ") + std::strerror(errno)).c_str());
+      }
+      moved = true;
+      last_recv_progress = Clock::now();
+      payload_got_ += static_cast<size_t>(r);
+    }
+    header_got_ = 0;
+    payload_dst_ = nullptr;
+    if (static_cast<WireKind>(header_.kind) == WireKind::kAbort) {
+      throw PeerAborted(abort_text_);
+    }
+    auto done = std::move(recvq_.front().on_done);
+    recvq_.pop_front();
+    if (done) done();
+  }
+}
+
+void Channel::send_abort_now(const std::string& why, Clock::time_point deadline) {
+  // Keep only a message already partly on the wire; the rest is moot.
+  while (sendq_.size() > 1 || (sendq_.size() == 1 && sendq_.front().sent == 0)) {
+    sendq_.pop_back();
+  }
+  Send s;
+  s.header.kind = static_cast<uint32_t>(WireKind::kAbort);
+  s.owned = why.substr(0, 4096);
+  s.header.bytes = s.owned.size();
+  sendq_.push_back(std::move(s));
+  try {
+    while (!sendq_.empty() && Clock::now() < deadline) {
+      if (!progress_send()) {
+        struct pollfd p{socket_.fd(), POLLOUT, 0};
+        poll(&p, 1, 10);
+      }
+    }
+  } catch (const std::exception&) {
+    // The peer is gone; nothing more to tell it.
+  }
+}
+
+}  // namespace fairring

@@ -1,0 +1,91 @@
+// A non-blocking TCP connection carrying framed messages: queued sends, and
+// queued receives whose destination is chosen when the header arrives.  The
+// owner drives it from its poll loop (see allreduce/rail_stage).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+#include "transport/socket.h"
+
+namespace fairring {
+
+enum class WireKind : uint32_t { kContribution = 1, kResult = 2, kAbort = 3 };
+
+constexpr uint32_t kWireMagic = 0x46524e47;  // "FRNG"
+
+struct WireHeader {
+  uint32_t magic = kWireMagic;
+  uint32_t kind = 0;
+  uint64_t slice_seq = 0;  // global slice number on this process group
+  uint64_t op_seq = 0;     // all-reduce number on this process group
+  int64_t numel = 0;       // elements of the whole tensor
+  int32_t dtype = 0;
+  int32_t op = 0;
+  uint64_t bytes = 0;      // payload that follows the header
+};
+
+// The peer gave up and told us why.
+class PeerAborted : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Channel {
+ public:
+  struct Send {
+    WireHeader header;
+    const void* data = nullptr;
+    std::string owned;  // payload owned by the message (abort text)
+    std::function<void()> on_done;
+    size_t sent = 0;
+  };
+  struct Recv {
+    // Validates the header and returns where the payload goes (throws on a
+    // mismatch).  Called once the header is in.
+    std::function<void*(const WireHeader&)> on_header;
+    std::function<void()> on_done;
+  };
+
+  Channel(Socket socket, int peer_rank);
+
+  int fd() const { return socket_.fd(); }
+  int peer_rank() const { return peer_rank_; }
+
+  void post_send(Send s) { sendq_.push_back(std::move(s)); }
+  void post_recv(Recv r) { recvq_.push_back(std::move(r)); }
+  bool has_pending_recv() const { return !recvq_.empty(); }
+  bool has_pending_send() const { return !sendq_.empty(); }
+  // Poll for reading unless a header is parked waiting for its receive.
+  bool wants_read() const { return !(header_got_ == sizeof(WireHeader) && recvq_.empty()); }
+  bool wants_write() const { return !sendq_.empty(); }
+
+  // Move as many bytes as the socket takes; true if anything moved.  Throw on
+  // errors, end of stream (naming the peer) and abort messages.
+  bool progress_send();
+  bool progress_recv();
+
+  // Best effort, bounded: finish the message in flight, then tell the peer
+  // why we give up.
+  void send_abort_now(const std::string& why, Clock::time_point deadline);
+
+  Clock::time_point last_recv_progress;
+
+ private:
+  bool start_parked_header();
+
+  Socket socket_;
+  int peer_rank_;
+  std::deque<Send> sendq_;
+  std::deque<Recv> recvq_;
+  WireHeader header_;
+  size_t header_got_ = 0;
+  void* payload_dst_ = nullptr;
+  size_t payload_got_ = 0;
+  std::string abort_text_;
+};
+
+}  // namespace fairring

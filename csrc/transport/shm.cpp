@@ -1,0 +1,98 @@
+#include "transport/shm.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <utility>
+
+namespace fairring {
+
+namespace {
+[[noreturn]] void fail(const std::string& what, const std::string& name, int err) {
+  throw std::runtime_error(
+      "fairring: " + what + " shared memory segment /dev/shm" + name + ": " + std::strerror(err));
+}
+
+void* map(int fd, size_t size, const std::string& name) {
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) fail("cannot map", name, errno);
+  return p;
+}
+}  // namespace
+
+ShmSegment& ShmSegment::operator=(ShmSegment&& o) noexcept {
+  if (this != &o) {
+    this->~ShmSegment();
+    name_ = std::move(o.name_);
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    linked_ = std::exchange(o.linked_, false);
+  }
+  return *this;
+}
+
+ShmSegment::~ShmSegment() {
+  if (data_ != nullptr) munmap(data_, size_);
+  data_ = nullptr;
+  unlink();
+}
+
+ShmSegment ShmSegment::create(const std::string& name, size_t size) {
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) fail("cannot create", name, errno);
+  ShmSegment s;
+  s.name_ = name;
+  s.linked_ = true;
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    int err = errno;
+    close(fd);
+    shm_unlink(name.c_str());
+    fail("cannot size (is /dev/shm full?)", name, err);
+  }
+  try {
+    s.data_ = map(fd, size, name);
+  } catch (...) {
+    close(fd);
+    shm_unlink(name.c_str());
+    throw;
+  }
+  close(fd);
+  s.size_ = size;
+  return s;
+}
+
+ShmSegment ShmSegment::open(const std::string& name, size_t size) {
+  int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd < 0) fail("cannot open", name, errno);
+  struct stat st;
+  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < size) {
+    close(fd);
+    throw std::runtime_error("fairring: shared memory segment /dev/shm" + name + " is smaller than expected");
+  }
+  ShmSegment s;
+  s.name_ = name;
+  s.linked_ = true;  // any holder may remove the name; the first to do so wins
+  try {
+    s.data_ = map(fd, size, name);
+  } catch (...) {
+    close(fd);
+    throw;
+  }
+  close(fd);
+  s.size_ = size;
+  return s;
+}
+
+void ShmSegment::unlink() {
+  if (linked_) {
+    shm_unlink(name_.c_str());
+    linked_ = false;
+  }
+}
+
+}  // namespace fairring

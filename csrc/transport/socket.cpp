@@ -1,0 +1,201 @@
+#include "transport/socket.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+namespace fairring {
+
+namespace {
+[[noreturn]] void sys_fail(const std::string& what) {
+  throw std::runtime_error("fairring: " + what + ": " + std::strerror(errno));
+}
+
+int ms_until(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return left < 0 ? 0 : static_cast<int>(std::min<long long>(left, 1000000));
+}
+
+void wait_ready(int fd, short events, Clock::time_point deadline, const char* what) {
+  for (;;) {
+    struct pollfd p{fd, events, 0};
+    int r = poll(&p, 1, ms_until(deadline));
+    if (r > 0) return;
+    if (r == 0) throw std::runtime_error(std::string("fairring: timed out while ") + what);
+    if (errno != EINTR) sys_fail(what);
+  }
+}
+
+sockaddr_in make_addr(const std::string& addr, int port) {
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) {
+    throw std::runtime_error("fairring: not an IPv4 address: '" + addr + "'");
+  }
+  return sa;
+}
+}  // namespace
+
+Socket& Socket::operator=(Socket&& o) noexcept {
+  if (this != &o) {
+    close();
+    fd_ = o.release();
+  }
+  return *this;
+}
+
+void Socket::close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+void Socket::set_nonblocking() {
+  int flags = fcntl(fd_, F_GETFL, 0);
+  if (flags < 0 || fcntl(fd_, F_SETFL, flags | O_NONBLOCK) < 0) sys_fail("fcntl(O_NONBLOCK)");
+}
+
+void Socket::set_nodelay() {
+  int one = 1;
+  setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+void Socket::send_all(const void* buf, size_t len, Clock::time_point deadline) const {
+  auto* p = static_cast<const char*>(buf);
+  while (len > 0) {
+    wait_ready(fd_, POLLOUT, deadline, "sending during connection set-up");
+    ssize_t n = ::send(fd_, p, len, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      sys_fail("send to " + peer_name());
+    }
+    p += n;
+    len -= static_cast<size_t>(n);
+  }
+}
+
+void Socket::recv_all(void* buf, size_t len, Clock::time_point deadline) const {
+  auto* p = static_cast<char*>(buf);
+  while (len > 0) {
+    wait_ready(fd_, POLLIN, deadline, "receiving during connection set-up");
+    ssize_t n = ::recv(fd_, p, len, 0);
+    if (n == 0) throw std::runtime_error("fairring: connection closed by " + peer_name());
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      sys_fail("recv from " + peer_name());
+    }
+    p += n;
+    len -= static_cast<size_t>(n);
+  }
+}
+
+std::string Socket::peer_name() const {
+  sockaddr_in sa{};
+  socklen_t sl = sizeof(sa);
+  if (getpeername(fd_, reinterpret_cast<sockaddr*>(&sa), &sl) != 0) return "?";
+  char buf[INET_ADDRSTRLEN] = {0};
+  inet_ntop(AF_INET, &sa.sin_addr, buf, sizeof(buf));
+  return std::string(buf) + ":" + std::to_string(ntohs(sa.sin_port));
+}
+
+std::string interface_address(const std::string& ifname) {
+  struct ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) sys_fail("getifaddrs");
+  std::string found;
+  bool exists = false;
+  for (auto* it = list; it != nullptr; it = it->ifa_next) {
+    if (it->ifa_name == nullptr || ifname != it->ifa_name) continue;
+    exists = true;
+    if (it->ifa_addr != nullptr && it->ifa_addr->sa_family == AF_INET) {
+      char buf[INET_ADDRSTRLEN] = {0};
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr, buf, sizeof(buf));
+      found = buf;
+      break;
+    }
+  }
+  freeifaddrs(list);
+  if (found.empty()) {
+    throw std::invalid_argument(
+        exists ? "FAIRRING_SOCKET_IFNAME: interface '" + ifname + "' has no IPv4 address"
+               : "FAIRRING_SOCKET_IFNAME: no network interface named '" + ifname + "'");
+  }
+  return found;
+}
+
+std::string default_address() {
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) != 0) return "127.0.0.1";
+  struct addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  struct addrinfo* res = nullptr;
+  if (getaddrinfo(host, nullptr, &hints, &res) != 0 || res == nullptr) return "127.0.0.1";
+  std::string loopback, other;
+  for (auto* it = res; it != nullptr; it = it->ai_next) {
+    char buf[INET_ADDRSTRLEN] = {0};
+    auto* sa = reinterpret_cast<sockaddr_in*>(it->ai_addr);
+    inet_ntop(AF_INET, &sa->sin_addr, buf, sizeof(buf));
+    bool is_loop = (ntohl(sa->sin_addr.s_addr) >> 24) == 127;
+    if (is_loop && loopback.empty()) loopback = buf;
+    if (!is_loop && other.empty()) other = buf;
+  }
+  freeaddrinfo(res);
+  return !other.empty() ? other : (!loopback.empty() ? loopback : "127.0.0.1");
+}
+
+Socket listen_on(const std::string& addr, int* port_out) {
+  Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!s.valid()) sys_fail("socket");
+  int one = 1;
+  setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in sa = make_addr(addr, 0);
+  if (bind(s.fd(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) sys_fail("bind to " + addr);
+  if (listen(s.fd(), 128) != 0) sys_fail("listen");
+  socklen_t sl = sizeof(sa);
+  if (getsockname(s.fd(), reinterpret_cast<sockaddr*>(&sa), &sl) != 0) sys_fail("getsockname");
+  *port_out = ntohs(sa.sin_port);
+  return s;
+}
+
+Socket accept_within(const Socket& listener, std::chrono::milliseconds timeout) {
+  struct pollfd p{listener.fd(), POLLIN, 0};
+  int r = poll(&p, 1, static_cast<int>(timeout.count()));
+  if (r <= 0) return Socket();
+  int fd = accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+  return Socket(fd);
+}
+
+Socket connect_to(const std::string& addr, int port, Clock::time_point deadline) {
+  sockaddr_in sa = make_addr(addr, port);
+  auto backoff = std::chrono::milliseconds(5);
+  for (;;) {
+    Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!s.valid()) sys_fail("socket");
+    if (::connect(s.fd(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) return s;
+    int err = errno;
+    if (Clock::now() >= deadline) {
+      errno = err;
+      sys_fail("connect to " + addr + ":" + std::to_string(port));
+    }
+    if (err != ECONNREFUSED && err != EINTR && err != ETIMEDOUT && err != EAGAIN) {
+      errno = err;
+      sys_fail("connect to " + addr + ":" + std::to_string(port));
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+  }
+}
+
+}  // namespace fairring

@@ -1,0 +1,54 @@
+// Thin TCP socket helpers: addresses, listen/connect, blocking I/O with a
+// deadline (used during connection set-up).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace fairring {
+
+using Clock = std::chrono::steady_clock;
+
+class Socket {
+ public:
+  Socket() = default;
+  explicit Socket(int fd) : fd_(fd) {}
+  Socket(const Socket&) = delete;
+  Socket& operator=(const Socket&) = delete;
+  Socket(Socket&& o) noexcept : fd_(o.release()) {}
+  Socket& operator=(Socket&& o) noexcept;
+  ~Socket() { close(); }
+
+  int fd() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() { int f = fd_; fd_ = -1; return f; }
+  void close();
+
+  void set_nonblocking();
+  void set_nodelay();
+  // Blocking-with-deadline full transfers; throw on error, EOF or timeout.
+  void send_all(const void* buf, size_t len, Clock::time_point deadline) const;
+  void recv_all(void* buf, size_t len, Clock::time_point deadline) const;
+  // "ip:port" of the remote end, for messages.
+  std::string peer_name() const;
+
+ private:
+  int fd_ = -1;
+};
+
+// IPv4 address of network interface `ifname`; throws if it has none.
+std::string interface_address(const std::string& ifname);
+// An address of this machine that peers can reach: the hostname's address,
+// preferring a non-loopback one.
+std::string default_address();
+
+// Listens on addr, port chosen by the kernel.
+Socket listen_on(const std::string& addr, int* port_out);
+// Accepts one connection; returns an invalid socket if none came within timeout.
+Socket accept_within(const Socket& listener, std::chrono::milliseconds timeout);
+// Connects, retrying while the peer is not listening yet, until the deadline.
+Socket connect_to(const std::string& addr, int port, Clock::time_point deadline);
+
+}  // namespace fairring

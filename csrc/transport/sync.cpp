@@ -1,0 +1,75 @@
+#include "transport/sync.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <climits>
+#include <thread>
+
+namespace fairring {
+
+namespace {
+
+// Shared (not FUTEX_PRIVATE) futexes: the word lives in memory mapped by
+// several processes.
+void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, long timeout_ns) {
+  struct timespec ts;
+  ts.tv_sec = timeout_ns / 1000000000L;
+  ts.tv_nsec = timeout_ns % 1000000000L;
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futex_wake(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+constexpr int kSpins = 2000;                     // a few microseconds
+constexpr long kSleepSliceNs = 20L * 1000 * 1000;  // re-check every 20 ms
+
+}  // namespace
+
+void counter_publish(SharedCounter& c, uint32_t value) {
+  c.value.store(value, std::memory_order_seq_cst);
+  if (c.sleepers.load(std::memory_order_seq_cst) != 0) {
+    futex_wake(&c.value);
+  }
+}
+
+void counter_wake_all(SharedCounter& c) {
+  futex_wake(&c.value);
+}
+
+void counter_wait(SharedCounter& c, uint32_t target, const std::function<void()>& check) {
+  for (int i = 0; i < kSpins; ++i) {
+    if (counter_reached(c.value.load(std::memory_order_acquire), target)) return;
+    cpu_relax();
+  }
+  // Give the core to whoever we are waiting for before going to sleep.
+  std::this_thread::yield();
+  for (;;) {
+    c.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    uint32_t v = c.value.load(std::memory_order_seq_cst);
+    if (!counter_reached(v, target)) {
+      futex_wait(&c.value, v, kSleepSliceNs);
+      v = c.value.load(std::memory_order_acquire);
+    }
+    c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    if (counter_reached(v, target)) {
+      std::atomic_thread_fence(std::memory_order_acquire);
+      return;
+    }
+    check();
+  }
+}
+
+}  // namespace fairring

@@ -1,0 +1,73 @@
+// TCP connections between a rank and its rail peers.  Every rank listens;
+// every rank connects once to each peer (its "client" link: it sends shards to
+// the peer's reduction server and gets results back) and accepts one link from
+// each peer (its "server" link).  A peer proves it belongs to the process group
+// with a secret shared through the store before anything else is accepted.
+#pragma once
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/socket.h"
+
+namespace c10d {
+class Store;
+}
+
+namespace fairring {
+
+using Secret = std::array<uint8_t, 32>;
+
+class TcpMesh {
+ public:
+  // Starts listening and publishes this rank's address in the store.
+  TcpMesh(
+      c10::intrusive_ptr<c10d::Store> store,
+      int rank,
+      const Secret& secret,
+      const std::string& ifname,
+      std::chrono::milliseconds timeout);
+  ~TcpMesh();
+
+  // Connects to every peer (group ranks) and waits for each to connect back.
+  void connect(const std::vector<int>& peers);
+
+  // Available after connect(); each taken once.
+  Socket take_client(int peer) { return std::move(clients_.at(peer)); }
+  Socket take_server(int peer) { return std::move(servers_.at(peer)); }
+
+  std::string listen_address() const { return address_ + ":" + std::to_string(port_); }
+
+ private:
+  void accept_loop();
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  int rank_;
+  Secret secret_;
+  std::chrono::milliseconds timeout_;
+  std::string address_;
+  int port_ = 0;
+  Socket listener_;
+  std::thread acceptor_;
+  std::atomic<bool> stop_{false};
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int> expected_;  // peers allowed to connect
+  std::map<int, Socket> servers_;
+  std::map<int, Socket> clients_;
+};
+
+// A random secret (from the kernel's generator).
+Secret random_secret();
+
+}  // namespace fairring

@@ -1,0 +1,40 @@
+"""Fairring: a PyTorch distributed backend with a hierarchical, reduction-server
+all-reduce.  Importing this package registers the backend ``"fairring"``::
+
+    import torch.distributed as dist
+    import fairring_py
+    dist.init_process_group("fairring")
+"""
+
+import torch
+import torch.distributed as dist
+
+from . import _C  # noqa: E402  (needs torch.distributed's bindings loaded first)
+from .options import Options, resolve as _resolve, node_key as _node_key
+
+__all__ = ["Options", "BACKEND_NAME"]
+__version__ = "0.1.0"
+
+BACKEND_NAME = "fairring"
+
+
+def _create_backend(dist_opts, pg_options):
+    """Called by torch.distributed for every process group using "fairring"."""
+    resolved = _resolve(pg_options)
+    store = dist_opts.store
+    rank, size, timeout = dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout
+    # Collectives other than all-reduce go to gloo, on its own corner of the store.
+    fallback = dist.ProcessGroupGloo(dist.PrefixStore("fairring-gloo/", store), rank, size, timeout)
+    config = _C.Config()
+    config.slice_size = resolved.slice_size
+    config.total_memory = resolved.total_memory
+    config.parallelism = resolved.parallelism
+    config.socket_ifname = resolved.socket_ifname
+    config.timeout = timeout
+    return _C.FairringBackend(store, rank, size, config, _node_key(resolved), fallback)
+
+
+if not hasattr(dist.Backend, BACKEND_NAME.upper()):
+    dist.Backend.register_backend(
+        BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"]
+    )

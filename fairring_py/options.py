@@ -1,0 +1,152 @@
+"""Fairring's options: environment variables, or an ``Options`` object passed as
+``pg_options`` to ``init_process_group`` / ``new_group``.  A field set on the
+object wins over the environment; unset fields fall back to the environment,
+then to the defaults below.  Every value is validated here, with an error that
+names the variable or field."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass, fields
+from typing import Optional
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+DEFAULTS = {
+    "slice_size": 1 * MiB,
+    "total_memory": 64 * MiB,
+    "parallelism": 4,
+}
+
+ENV = {
+    "slice_size": "FAIRRING_SLICE_SIZE",
+    "total_memory": "FAIRRING_TOTAL_MEMORY",
+    "parallelism": "FAIRRING_PARALLELISM",
+    "node_id": "FAIRRING_NODE_ID",
+    "socket_ifname": "FAIRRING_SOCKET_IFNAME",
+}
+
+MIN_SLICE = 4 * KiB
+MAX_PARALLELISM = 64
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "K": KiB, "M": MiB, "G": GiB}
+
+
+@dataclass
+class Options:
+    """Per-process-group options (``None`` = take the environment or the default).
+
+    slice_size:    bytes per pipelined slice (FAIRRING_SLICE_SIZE, default 1 MiB)
+    total_memory:  staging memory per rank, bytes (FAIRRING_TOTAL_MEMORY, default 64 MiB)
+    parallelism:   slices in flight at once (FAIRRING_PARALLELISM, default 4)
+    node_id:       name of this rank's node; overrides detection (FAIRRING_NODE_ID)
+    socket_ifname: network interface for the TCP listener (FAIRRING_SOCKET_IFNAME)
+    """
+
+    slice_size: Optional[int | str] = None
+    total_memory: Optional[int | str] = None
+    parallelism: Optional[int | str] = None
+    node_id: Optional[str] = None
+    socket_ifname: Optional[str] = None
+
+
+def parse_size(value, name: str) -> int:
+    """'1048576', '1M', '64MiB', '256K' -> bytes (powers of two)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a size in bytes, got {value!r}")
+    if isinstance(value, int):
+        n = value
+    else:
+        m = _SIZE.match(str(value))
+        if not m:
+            raise ValueError(
+                f"{name} must be a size in bytes such as 1048576, 256K or 1M, got {value!r}"
+            )
+        n = int(m.group(1)) * _UNITS[m.group(2).upper()]
+    if n <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return n
+
+
+def _parse_int(value, name: str, lo: int, hi: int) -> int:
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        n = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if not lo <= n <= hi:
+        raise ValueError(f"{name} must be between {lo} and {hi}, got {value!r}")
+    return n
+
+
+@dataclass
+class Resolved:
+    slice_size: int
+    total_memory: int
+    parallelism: int
+    node_id: Optional[str]
+    socket_ifname: str
+
+
+def resolve(pg_options=None, environ=None) -> Resolved:
+    """Merge ``pg_options`` over the environment over the defaults, validated."""
+    env = os.environ if environ is None else environ
+    if pg_options is not None and not isinstance(pg_options, Options):
+        raise TypeError(
+            f"fairring: pg_options must be a fairring_py.Options, got {type(pg_options).__name__}"
+        )
+    raw = {}
+    for f in fields(Options):
+        given = getattr(pg_options, f.name) if pg_options is not None else None
+        if given is not None:
+            raw[f.name] = (given, f"Options.{f.name}")
+        elif env.get(ENV[f.name], "") != "":
+            raw[f.name] = (env[ENV[f.name]], ENV[f.name])
+
+    def value(key):
+        return raw.get(key, (DEFAULTS.get(key), ENV[key]))
+
+    v, name = value("slice_size")
+    slice_size = parse_size(v, name)
+    if slice_size < MIN_SLICE:
+        raise ValueError(f"{name} must be at least {MIN_SLICE} bytes, got {v!r}")
+    v, name = value("total_memory")
+    total_memory = parse_size(v, name)
+    v, name = value("parallelism")
+    parallelism = _parse_int(v, name, 1, MAX_PARALLELISM)
+
+    node_id = None
+    if "node_id" in raw:
+        v, name = raw["node_id"]
+        node_id = str(v).strip()
+        if not node_id:
+            raise ValueError(f"{name} must not be empty")
+
+    ifname = ""
+    if "socket_ifname" in raw:
+        v, name = raw["socket_ifname"]
+        ifname = str(v).strip()
+        try:
+            socket.if_nametoindex(ifname)
+        except OSError:
+            raise ValueError(f"{name}: no network interface named {ifname!r} on this machine") from None
+    return Resolved(slice_size, total_memory, parallelism, node_id, ifname)
+
+
+def node_key(resolved: Resolved) -> str:
+    """Identity of this rank's machine: FAIRRING_NODE_ID, or hostname + boot id
+    (two containers on one host share neither, two hosts never share both)."""
+    if resolved.node_id is not None:
+        return "id:" + resolved.node_id
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "no-boot-id"
+    return f"host:{socket.gethostname()}/{boot}"

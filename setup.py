@@ -1,0 +1,74 @@
+"""Builds fairring_py._C against the installed torch.
+
+    pip install --no-build-isolation -e .
+
+The CPU sources (csrc/**/*.cpp) are always built.  When the installed torch has
+CUDA and nvcc is found, the CUDA sources (csrc/**/*.cu) are compiled in too and
+FAIRRING_WITH_CUDA is defined, so the same tree serves both builds.
+"""
+import glob
+import os
+
+from setuptools import find_packages, setup
+from torch.utils import cpp_extension
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _sources(pattern):
+    return sorted(
+        os.path.relpath(p, HERE)
+        for p in glob.glob(os.path.join(HERE, "csrc", "**", pattern), recursive=True)
+    )
+
+
+def _want_cuda():
+    forced = os.environ.get("FAIRRING_BUILD_CUDA")
+    if forced is not None:
+        return forced not in ("0", "", "false", "no")
+    import torch
+
+    return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+
+
+def _extension():
+    cxx_flags = ["-O3", "-fwrapv", "-Wall", "-Wno-unused-function"]
+    include_dirs = [os.path.join(HERE, "csrc")]
+    sources = _sources("*.cpp")
+    if _want_cuda():
+        cu_sources = _sources("*.cu")
+        # The pip NVIDIA wheels ship headers (cuda_runtime, nccl) outside CUDA_HOME.
+        import torch
+
+        site = os.path.dirname(os.path.dirname(torch.__file__))
+        for extra in ("nvidia/cu13/include", "nvidia/cuda_runtime/include", "nvidia/nccl/include"):
+            path = os.path.join(site, extra)
+            if os.path.isdir(path):
+                include_dirs.append(path)
+        return cpp_extension.CUDAExtension(
+            "fairring_py._C",
+            sources + cu_sources,
+            include_dirs=include_dirs,
+            define_macros=[("FAIRRING_WITH_CUDA", "1")],
+            extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "--use_fast_math"]},
+        )
+    return cpp_extension.CppExtension(
+        "fairring_py._C",
+        sources,
+        include_dirs=include_dirs,
+        extra_compile_args={"cxx": cxx_flags},
+        extra_link_args=["-lrt"],
+    )
+
+
+setup(
+    name="fairring",
+    version="0.1.0",
+    description="Hierarchical, reduction-server all-reduce as a PyTorch distributed backend",
+    packages=find_packages(include=["fairring_py", "fairring_py.*"]),
+    ext_modules=[_extension()],
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+    python_requires=">=3.9",
+    install_requires=["torch>=2.11"],
+    extras_require={"test": ["pytest"]},
+)

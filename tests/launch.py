@@ -1,0 +1,346 @@
+"""Multi-process test harness for Fairring.
+
+``run_ranks(fn, node_ids, ...)`` spawns one process per rank (multiprocessing
+"spawn" context), gives rank r ``FAIRRING_NODE_ID=node_ids[r]`` (so that several
+nodes are simulated on one machine), initialises the default process group on a
+fresh TCP port, runs ``fn(rank, world_size, *args)`` and returns one
+``RankResult`` per rank.  A hard deadline kills every rank (the whole run fails,
+pytest never hangs); every rank's stdout/stderr is captured to a file and
+returned, so failures show what each rank printed.
+
+``fn`` must be a module-level function of an importable module (a test module
+is fine: the child gets the parent's ``sys.path``).  It is looked up by name in
+the child only *after* the per-rank environment is in place, so environment
+variables are seen by everything the module imports.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import queue as queue_mod
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any, Callable, Optional, Sequence
+
+import multiprocessing as mp
+
+BACKEND = os.environ.get("FAIRRING_TEST_BACKEND", "fairring")
+
+# Exit code a rank uses on purpose (tests of dead peers) so that the harness
+# can tell a deliberate death from a crash.
+DELIBERATE_EXIT = 57
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def list_shm(prefix: str = "fairring-") -> set:
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
+    except FileNotFoundError:
+        return set()
+
+
+def own_shm_mappings(prefix: str = "/dev/shm/fairring-") -> list:
+    """Lines of /proc/self/maps that map a fairring shared-memory segment, as
+    (name, deleted) pairs, deduplicated."""
+    out = {}
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.rstrip("\n").split(None, 5)
+            if len(parts) < 6:
+                continue
+            path = parts[5]
+            if not path.startswith(prefix):
+                continue
+            deleted = path.endswith(" (deleted)")
+            name = path[len("/dev/shm/"):]
+            if deleted:
+                name = name[: -len(" (deleted)")]
+            out[name] = deleted
+    return sorted(out.items())
+
+
+@dataclasses.dataclass
+class RankResult:
+    rank: int
+    ok: bool = False
+    value: Any = None
+    # set when fn raised: exception type name, str(exc), formatted traceback
+    exc_type: Optional[str] = None
+    exc_msg: Optional[str] = None
+    tb: Optional[str] = None
+    exitcode: Optional[int] = None
+    reported: bool = False  # a result came back through the queue
+    output: str = ""  # captured stdout+stderr of the rank
+
+    def describe(self) -> str:
+        s = f"--- rank {self.rank}: ok={self.ok} reported={self.reported} exitcode={self.exitcode}\n"
+        if self.tb:
+            s += self.tb
+        if not self.ok and not self.reported:
+            s += "(rank reported nothing)\n"
+        tail = self.output[-4000:]
+        if tail.strip():
+            s += f"--- rank {self.rank} output (tail):\n{tail}\n"
+        return s
+
+
+class RunFailed(AssertionError):
+    pass
+
+
+def describe_all(results: Sequence[RankResult]) -> str:
+    return "\n".join(r.describe() for r in results)
+
+
+def _rank_main(
+    q,
+    rank: int,
+    world_size: int,
+    node_id: Optional[str],
+    env: dict,
+    fn_ref: tuple,
+    args: tuple,
+    init: dict,
+    log_path: str,
+) -> None:
+    # Capture everything this rank writes, at the fd level (C++ logs too).
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = str(v)
+    if node_id is not None:
+        os.environ["FAIRRING_NODE_ID"] = node_id
+    else:
+        os.environ.pop("FAIRRING_NODE_ID", None)
+    os.environ["RANK"] = str(rank)
+    os.environ["WORLD_SIZE"] = str(world_size)
+
+    def report(msg):
+        q.put(msg)
+
+    try:
+        import torch  # noqa: F401
+        import torch.distributed as dist
+
+        backend = init.get("backend")
+        if backend == "fairring":
+            import fairring_py  # noqa: F401  registers the backend
+        mod_name, qualname = fn_ref
+        obj = importlib.import_module(mod_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        fn = obj
+        if backend is not None:
+            from datetime import timedelta
+
+            kwargs = {}
+            if init.get("pg_options_fn") is not None:
+                m, n = init["pg_options_fn"]
+                kwargs["pg_options"] = getattr(importlib.import_module(m), n)(rank, world_size)
+            dist.init_process_group(
+                backend,
+                rank=rank,
+                world_size=world_size,
+                init_method=init["init_method"],
+                timeout=timedelta(seconds=init["pg_timeout_s"]),
+                **kwargs,
+            )
+        value = fn(rank, world_size, *args)
+        report(("ok", rank, value))
+    except BaseException as e:  # noqa: BLE001
+        report(("err", rank, type(e).__name__, str(e), traceback.format_exc()))
+        # Still try to exit cleanly below.
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    try:
+        q.close()
+        q.join_thread()
+    except Exception:
+        pass
+    if init.get("destroy", True):
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except BaseException:
+            traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def run_ranks(
+    fn: Callable,
+    node_ids: Sequence[Optional[str]],
+    *,
+    timeout_s: float = 120.0,
+    env: Optional[dict] = None,
+    rank_env: Optional[Sequence[dict]] = None,
+    args: tuple = (),
+    backend: Optional[str] = BACKEND,
+    pg_timeout_s: float = 60.0,
+    pg_options_fn: Optional[Callable] = None,
+    exit_grace_s: float = 20.0,
+    destroy: bool = True,
+    check: bool = True,
+) -> list:
+    """Run ``fn(rank, world_size, *args)`` on ``len(node_ids)`` ranks.
+
+    backend: process group to init before calling fn (None: fn does it).
+    env: extra environment for every rank (None values unset a variable);
+    rank_env: per-rank extra environment (list, one dict per rank).
+    node_ids: FAIRRING_NODE_ID of each rank (None: leave it unset).
+    pg_options_fn: module-level ``f(rank, world_size)`` returning the
+    ``pg_options`` to pass to init_process_group.
+    timeout_s: hard deadline for the whole run (start to every rank's exit);
+    on expiry every rank is killed and RunFailed raised.
+    check: raise RunFailed unless every rank returned normally and exited 0.
+    """
+    world_size = len(node_ids)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    logdir = tempfile.mkdtemp(prefix="fairring-test-logs-")
+    init = {
+        "backend": backend,
+        "init_method": f"tcp://127.0.0.1:{port}",
+        "pg_timeout_s": pg_timeout_s,
+        "pg_options_fn": (pg_options_fn.__module__, pg_options_fn.__qualname__) if pg_options_fn else None,
+        "destroy": destroy,
+    }
+    base_env = {"FAIRRING_SOCKET_IFNAME": None, "OMP_NUM_THREADS": "1"}
+    base_env.update(env or {})
+    fn_ref = (fn.__module__, fn.__qualname__)
+    if fn_ref[0] == "__main__":
+        raise ValueError("fn must live in an importable module")
+
+    results = [RankResult(rank=r) for r in range(world_size)]
+    procs = []
+    log_paths = []
+    deadline = time.monotonic() + timeout_s
+    timed_out = False
+    try:
+        for r in range(world_size):
+            e = dict(base_env)
+            if rank_env is not None:
+                e.update(rank_env[r])
+            log_path = os.path.join(logdir, f"rank{r}.log")
+            log_paths.append(log_path)
+            p = ctx.Process(
+                target=_rank_main,
+                args=(q, r, world_size, node_ids[r], e, fn_ref, tuple(args), init, log_path),
+                name=f"fairring-rank{r}",
+                daemon=True,
+            )
+            p.start()
+            procs.append(p)
+
+        pending = set(range(world_size))
+        exited_at = {}
+        while True:
+            now = time.monotonic()
+            if now > deadline:
+                timed_out = True
+                break
+            try:
+                msg = q.get(timeout=0.2)
+            except queue_mod.Empty:
+                msg = None
+            if msg is not None:
+                kind, rank = msg[0], msg[1]
+                res = results[rank]
+                res.reported = True
+                if kind == "ok":
+                    res.ok = True
+                    res.value = msg[2]
+                else:
+                    res.exc_type, res.exc_msg, res.tb = msg[2], msg[3], msg[4]
+                pending.discard(rank)
+                continue
+            # Ranks that died without reporting: give their queue feeder a
+            # moment (a result may still be in flight), then stop waiting.
+            for r in list(pending):
+                if not procs[r].is_alive():
+                    exited_at.setdefault(r, now)
+                    if now - exited_at[r] > 1.0:
+                        pending.discard(r)
+            if not pending:
+                break
+        # Every rank reported (or died): wait for them to exit.
+        if not timed_out:
+            exit_deadline = min(deadline, time.monotonic() + exit_grace_s)
+            for p in procs:
+                p.join(max(0.0, exit_deadline - time.monotonic()))
+            if any(p.is_alive() for p in procs):
+                timed_out = True
+    finally:
+        for p in procs:
+            if p.is_alive():
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for p in procs:
+            p.join(10)
+        for r, p in enumerate(procs):
+            results[r].exitcode = p.exitcode
+        for r, path in enumerate(log_paths):
+            try:
+                with open(path, errors="replace") as f:
+                    results[r].output = f.read()
+            except OSError:
+                pass
+        try:
+            q.close()
+            q.cancel_join_thread()
+        except Exception:
+            pass
+        for path in log_paths:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        try:
+            os.rmdir(logdir)
+        except OSError:
+            pass
+
+    if timed_out:
+        stuck = [r.rank for r in results if not r.reported or r.exitcode not in (0,)]
+        raise RunFailed(
+            f"run of {fn.__qualname__} on nodes {list(node_ids)} did not finish within "
+            f"{timeout_s:.0f}s (ranks not reported or not exited cleanly: {stuck}); all killed\n"
+            + describe_all(results)
+        )
+    if check:
+        bad = [r for r in results if not (r.ok and r.exitcode == 0)]
+        if bad:
+            raise RunFailed(
+                f"run of {fn.__qualname__} on nodes {list(node_ids)} failed on ranks "
+                f"{[r.rank for r in bad]}\n" + describe_all(results)
+            )
+    return results
+
+
+def values(results: Sequence[RankResult]) -> list:
+    return [r.value for r in results]

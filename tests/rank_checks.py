@@ -1,0 +1,559 @@
+"""Code that runs inside the ranks (spawned by launch.run_ranks).
+
+`session(rank, world_size, sections, cfg)` runs several named checks in one
+process group and returns {section: {"failures": [...], ...}}; an exception in
+one section is recorded as a failure of that section and the next section
+still runs, so one launch reports on many features.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import time
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import launch
+import refs
+from refs import compare, digest, make_input, op_of, reference
+
+MAX_FAILURES = 40
+
+
+class Failures(list):
+    def add(self, msg):
+        if len(self) < MAX_FAILURES:
+            self.append(msg)
+        elif len(self) == MAX_FAILURES:
+            self.append("... (more failures not shown)")
+
+
+def _case_name(dtype, op, n, extra=""):
+    return f"{refs.dtype_name(dtype)}/{op}/n={n}{extra}"
+
+
+def _run_case(rank, world, seed, dtype, op, n, failures, digests, repeat=False, group=None, members=None):
+    members = members if members is not None else list(range(world))
+    inputs = [make_input(seed, r, n, dtype, op) for r in members]
+    me = members.index(rank)
+    t = inputs[me].clone()
+    name = _case_name(dtype, op, n)
+    try:
+        dist.all_reduce(t, op=op_of(op), group=group)
+    except Exception as e:  # noqa: BLE001
+        failures.add(f"{name}: raised {type(e).__name__}: {str(e)[:300]}")
+        return None
+    ref = reference(inputs, dtype, op)
+    err = compare(t, inputs, ref, dtype, op)
+    if err:
+        failures.add(f"{name}: {err}")
+    d = digest(t)
+    if digests is not None:
+        digests[name] = d
+    if repeat:
+        t2 = inputs[me].clone()
+        dist.all_reduce(t2, op=op_of(op), group=group)
+        if digest(t2) != d:
+            failures.add(f"{name}: repeated all_reduce of the same inputs gave different bits")
+    return t
+
+
+# --------------------------------------------------------------------------
+# sections
+
+
+def sec_correctness(rank, world, cfg):
+    failures, digests = Failures(), {}
+    sizes = cfg.get("sizes", refs.SIZES)
+    seed = cfg.get("seed", 1)
+    for ci, (dtype, op) in enumerate(refs.matrix()):
+        for n in sizes:
+            repeat = dtype in refs.FLOAT_DTYPES and op in ("SUM", "AVG", "PRODUCT") and n >= 1031
+            _run_case(rank, world, seed * 100_000 + ci * 100 + n % 97, dtype, op, n, failures, digests, repeat)
+    for dtype, op in cfg.get("big", [(torch.float32, "SUM")]):
+        _run_case(rank, world, seed * 7 + 3, dtype, op, refs.BIG, failures, digests, repeat=True)
+    return {"failures": failures, "digests": digests}
+
+
+def sec_unsupported(rank, world, cfg):
+    """Unsupported (op, dtype) pairs raise RuntimeError naming op and dtype."""
+    failures = Failures()
+    dtype_names = {
+        torch.int32: ("int32", "int", "Int"),
+        torch.float32: ("float32", "float", "Float"),
+        torch.bool: ("bool", "Bool"),
+        torch.int64: ("int64", "long", "Long"),
+    }
+    cases = [
+        ("AVG", torch.int32, dist.ReduceOp.AVG, "AVG"),
+        ("AVG", torch.int64, dist.ReduceOp.AVG, "AVG"),
+        ("AVG", torch.bool, dist.ReduceOp.AVG, "AVG"),
+        ("BAND", torch.float32, dist.ReduceOp.BAND, "BAND"),
+        ("BXOR", torch.float32, dist.ReduceOp.BXOR, "BXOR"),
+    ]
+    try:
+        premul = dist._make_nccl_premul_sum(2.0)
+        cases.append(("PREMUL_SUM", torch.float32, premul, "PREMUL_SUM"))
+    except Exception as e:  # noqa: BLE001
+        failures.add(f"cannot build PREMUL_SUM op in this torch: {e}")
+    for label, dtype, op, opname in cases:
+        t = torch.ones(17, dtype=dtype)
+        try:
+            dist.all_reduce(t, op=op)
+        except RuntimeError as e:
+            msg = str(e)
+            if opname.lower() not in msg.lower() and not (opname == "PREMUL_SUM" and "premul" in msg.lower()):
+                failures.add(f"{label} on {dtype}: message does not name the op: {msg[:300]!r}")
+            if not any(n.lower() in msg.lower() for n in dtype_names[dtype]):
+                failures.add(f"{label} on {dtype}: message does not name the dtype: {msg[:300]!r}")
+            continue
+        except Exception as e:  # noqa: BLE001
+            failures.add(f"{label} on {dtype}: raised {type(e).__name__} (expected RuntimeError): {str(e)[:300]}")
+            continue
+        failures.add(f"{label} on {dtype}: did not raise")
+    return {"failures": failures}
+
+
+def sec_noncontig(rank, world, cfg):
+    failures, digests = Failures(), {}
+    seed = cfg.get("seed", 1) + 555
+
+    def check_view(label, make_base, make_view, dtype, op, seed_):
+        # Build each rank's view contents deterministically, write them into a
+        # base tensor filled with a sentinel, reduce the view, check the view
+        # and that the rest of the base is untouched.
+        views_in = []
+        for r in range(world):
+            base = make_base()
+            v = make_view(base)
+            views_in.append(make_input(seed_, r, v.numel(), dtype, op).reshape(v.shape))
+        base = make_base()
+        sentinel = base.clone()
+        v = make_view(base)
+        v.copy_(views_in[rank])
+        before = base.clone()
+        try:
+            dist.all_reduce(v, op=op_of(op))
+        except Exception as e:  # noqa: BLE001
+            failures.add(f"{label}: raised {type(e).__name__}: {str(e)[:300]}")
+            return
+        flat_inputs = [x.reshape(-1) for x in views_in]
+        ref = reference(flat_inputs, dtype, op)
+        err = compare(v.reshape(-1).clone(), flat_inputs, ref, dtype, op)
+        if err:
+            failures.add(f"{label}: {err}")
+        # elements outside the view are untouched
+        mask = torch.ones_like(sentinel, dtype=torch.bool)
+        make_view(mask).fill_(False)
+        if not torch.equal(base[mask], before[mask]):
+            failures.add(f"{label}: elements outside the view were modified")
+        digests[label] = digest(v)
+
+    f32, bf16, i32, f64 = torch.float32, torch.bfloat16, torch.int32, torch.float64
+    cases = [
+        ("strided[:, ::2] f32 SUM", lambda: torch.full((37, 106), -7.0, dtype=f32), lambda b: b[:, ::2], f32, "SUM"),
+        ("strided[:, ::2] bf16 AVG", lambda: torch.full((37, 106), -7.0, dtype=bf16), lambda b: b[:, ::2], bf16, "AVG"),
+        ("strided[:, ::2] i32 BXOR", lambda: torch.full((37, 106), -7, dtype=i32), lambda b: b[:, ::2], i32, "BXOR"),
+        ("transposed f32 SUM", lambda: torch.full((53, 91), -7.0, dtype=f32), lambda b: b.t(), f32, "SUM"),
+        ("transposed f64 MAX", lambda: torch.full((53, 91), -7.0, dtype=f64), lambda b: b.t(), f64, "MAX"),
+        ("offset view f32 SUM", lambda: torch.full((5000,), -7.0, dtype=f32), lambda b: b[7:4007], f32, "SUM"),
+        ("big strided f32 SUM", lambda: torch.full((1001, 1000), -7.0, dtype=f32), lambda b: b[::2, 1::3], f32, "SUM"),
+        ("3-d permuted i32 SUM", lambda: torch.full((6, 7, 8), -7, dtype=i32), lambda b: b.permute(2, 0, 1), i32, "SUM"),
+    ]
+    for i, (label, mb, mv, dt, op) in enumerate(cases):
+        check_view(label, mb, mv, dt, op, seed + i)
+
+    # 0-dim tensor and contiguous 2-d tensor
+    vals = [torch.tensor(float(r + 1) * 1.5, dtype=torch.float32) for r in range(world)]
+    t = vals[rank].clone()
+    try:
+        dist.all_reduce(t)
+        if t.item() != sum(float(v) for v in vals):
+            failures.add(f"0-dim tensor: got {t.item()} expected {sum(float(v) for v in vals)}")
+    except Exception as e:  # noqa: BLE001
+        failures.add(f"0-dim tensor: raised {type(e).__name__}: {str(e)[:300]}")
+    # empty tensor: a no-op that must not hang or break the group
+    e_t = torch.empty(0, dtype=torch.float32)
+    try:
+        dist.all_reduce(e_t)
+    except Exception as e:  # noqa: BLE001
+        failures.add(f"empty tensor: raised {type(e).__name__}: {str(e)[:300]}")
+    return {"failures": failures, "digests": digests}
+
+
+def sec_shm(rank, world, cfg):
+    failures = Failures()
+    # make sure some traffic went through (also when run alone)
+    t = torch.ones(100_003)
+    dist.all_reduce(t)
+    maps = launch.own_shm_mappings()
+    names = [n for n, _ in maps]
+    for name, deleted in maps:
+        if not deleted:
+            failures.add(f"/proc/self/maps maps /dev/shm/{name} which is not unlinked")
+        if os.path.exists(os.path.join("/dev/shm", name)):
+            failures.add(f"/dev/shm/{name} still exists while the job runs")
+    local = cfg.get("local_ranks", 1)
+    if local >= 2 and not maps:
+        failures.add(
+            f"rank {rank} shares a node with {local - 1} other rank(s) but maps no "
+            f"'/dev/shm/fairring-*' segment (expected a '(deleted)' mapping)"
+        )
+    return {"failures": failures, "names": names}
+
+
+def _cpu_backend(group=None):
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    return pg._get_backend(torch.device("cpu"))
+
+
+def sec_listen(rank, world, cfg):
+    failures = Failures()
+    addr = None
+    try:
+        addr = _cpu_backend().listen_address()
+    except Exception as e:  # noqa: BLE001
+        failures.add(f"listen_address() raised {type(e).__name__}: {e}")
+    return {"failures": failures, "addr": addr}
+
+
+def sec_async(rank, world, cfg):
+    failures = Failures()
+    dts = [torch.float32, torch.bfloat16, torch.int64, torch.float64, torch.float16, torch.int32, torch.uint8]
+    sizes = [1, 7, 1000, 4099, 65537, 262147, 17, 3, 131]
+    specs = []
+    for i in range(64):
+        dt = dts[i % len(dts)]
+        ops = refs.ops_for(dt)
+        specs.append((dt, ops[(i // len(dts)) % len(ops)], sizes[i % len(sizes)], 9000 + i))
+    inputs, tensors, works = [], [], []
+    for dt, op, n, seed in specs:
+        ins = [make_input(seed, r, n, dt, op) for r in range(world)]
+        t = ins[rank].clone()
+        w = dist.all_reduce(t, op=op_of(op), async_op=True)
+        inputs.append(ins)
+        tensors.append(t)
+        works.append(w)
+    if len(works) != len(specs) or any(w is None for w in works):
+        failures.add("all_reduce(async_op=True) did not return Work objects")
+        return {"failures": failures}
+    for i, (w, t, (dt, op, n, seed)) in enumerate(zip(works, tensors, specs)):
+        name = f"async #{i} {_case_name(dt, op, n)}"
+        try:
+            if i % 3 == 0:
+                w.wait()
+            elif i % 3 == 1:
+                ok = w.wait(timeout=timedelta(seconds=60))
+                if ok is False:
+                    failures.add(f"{name}: wait(timeout) returned False")
+            else:
+                v = w.get_future().wait()
+                if not isinstance(v, list) or len(v) != 1 or not isinstance(v[0], torch.Tensor):
+                    failures.add(f"{name}: get_future().wait() value is {type(v)} {v!r:.100}, expected [tensor]")
+                elif not torch.equal(v[0], t):
+                    failures.add(f"{name}: future value differs from the reduced tensor")
+        except Exception as e:  # noqa: BLE001
+            failures.add(f"{name}: raised {type(e).__name__}: {str(e)[:300]}")
+            continue
+        if not w.is_completed():
+            failures.add(f"{name}: is_completed() False after wait")
+        err = compare(t, inputs[i], reference(inputs[i], dt, op), dt, op)
+        if err:
+            failures.add(f"{name}: {err}")
+    # futures with callbacks, while others are pending
+    ts = [torch.full((5000,), float(rank + i)) for i in range(8)]
+    futs = [dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0].sum().item()) for t in ts]
+    for i, f in enumerate(futs):
+        got = f.wait()
+        exp = 5000.0 * sum(float(r + i) for r in range(world))
+        if got != exp:
+            failures.add(f"future.then #{i}: got {got} expected {exp}")
+    return {"failures": failures}
+
+
+class _MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(16, 64), torch.nn.ReLU(),
+            torch.nn.Linear(64, 64), torch.nn.ReLU(),
+            torch.nn.Linear(64, 48), torch.nn.ReLU(),
+            torch.nn.Linear(48, 32), torch.nn.ReLU(),
+            torch.nn.Linear(32, 4),
+        )
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def sec_ddp(rank, world, cfg):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    failures = Failures()
+    torch.manual_seed(1234)  # identical init on every rank
+    base = _MLP()
+    init_params = [p.detach().clone() for p in base.parameters()]
+    gloo = dist.new_group(backend="gloo")
+    m_f, m_g = copy.deepcopy(base), copy.deepcopy(base)
+    ddp_f = DDP(m_f, bucket_cap_mb=0.01)
+    ddp_g = DDP(m_g, bucket_cap_mb=0.01, process_group=gloo)
+    opt_f = torch.optim.SGD(m_f.parameters(), lr=0.05, momentum=0.9)
+    opt_g = torch.optim.SGD(m_g.parameters(), lr=0.05, momentum=0.9)
+    for step in range(5):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        x = torch.randn(32, 16, generator=g)
+        y = torch.randn(32, 4, generator=g)
+        for ddp, opt in ((ddp_f, opt_f), (ddp_g, opt_g)):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(ddp(x), y)
+            loss.backward()
+            opt.step()
+    for (name, pf), pg_, p0 in zip(m_f.named_parameters(), m_g.parameters(), init_params):
+        if not torch.allclose(pf, pg_, rtol=1e-5, atol=1e-6):
+            failures.add(f"param {name}: fairring vs gloo max diff {(pf - pg_).abs().max().item():.3g}")
+        if torch.equal(pf, p0):
+            failures.add(f"param {name}: unchanged by training (test is vacuous)")
+    dig = digest(torch.cat([p.detach().reshape(-1) for p in m_f.parameters()]))
+    return {"failures": failures, "digest": dig}
+
+
+def sec_subgroups(rank, world, cfg):
+    failures = Failures()
+    specs = [([0, 2], "fairring"), ([0, 1], "fairring"), ([1, 2, 3], "fairring"), ([0, 1, 2, 3], "fairring"), ([0, 3], None)]
+    groups = []
+    for ranks, backend in specs:
+        kw = {"backend": backend} if backend else {}
+        groups.append(dist.new_group(ranks, **kw))
+    for gi, ((ranks, backend), g) in enumerate(zip(specs, groups)):
+        if rank not in ranks:
+            continue
+        if dist.get_world_size(g) != len(ranks) or dist.get_rank(g) != ranks.index(rank):
+            failures.add(f"group {ranks}: size/rank {dist.get_world_size(g)}/{dist.get_rank(g)}")
+        for ci, (dt, op, n) in enumerate([(torch.float32, "SUM", 4099), (torch.int64, "BXOR", 1031),
+                                           (torch.bfloat16, "AVG", 65537), (torch.float64, "MIN", 3)]):
+            f = Failures()
+            _run_case(rank, world, 777 + 10 * gi + ci, dt, op, n, f, None, group=g, members=ranks)
+            for m in f:
+                failures.add(f"group {ranks} (backend={backend}): {m}")
+    # the default group still works after subgroup traffic
+    f = Failures()
+    _run_case(rank, world, 4242, torch.float32, "SUM", 10007, f, None)
+    for m in f:
+        failures.add(f"default group after subgroups: {m}")
+    return {"failures": failures}
+
+
+def sec_collectives(rank, world, cfg):
+    failures = Failures()
+
+    def check(name, fn):
+        try:
+            msg = fn()
+            if msg:
+                failures.add(f"{name}: {msg}")
+        except Exception as e:  # noqa: BLE001
+            failures.add(f"{name}: raised {type(e).__name__}: {str(e)[:300]}")
+
+    def val(r, n=10, dtype=torch.float32):
+        return torch.arange(n, dtype=dtype) + 100 * r
+
+    def broadcast():
+        t = val(rank)
+        dist.broadcast(t, src=world - 1)
+        return None if torch.equal(t, val(world - 1)) else f"got {t}"
+
+    def all_gather():
+        out = [torch.empty(10) for _ in range(world)]
+        dist.all_gather(out, val(rank))
+        return None if all(torch.equal(o, val(r)) for r, o in enumerate(out)) else f"got {out}"
+
+    def all_gather_into_tensor():
+        out = torch.empty(10 * world)
+        dist.all_gather_into_tensor(out, val(rank))
+        return None if torch.equal(out, torch.cat([val(r) for r in range(world)])) else f"got {out}"
+
+    def reduce():
+        t = val(rank)
+        dist.reduce(t, dst=1 % world, op=dist.ReduceOp.SUM)
+        if rank == 1 % world:
+            exp = sum(val(r) for r in range(world))
+            return None if torch.equal(t, exp) else f"got {t} expected {exp}"
+
+    def reduce_scatter():
+        out = torch.empty(10)
+        dist.reduce_scatter(out, [val(rank) + j for j in range(world)])
+        exp = sum(val(r) + rank for r in range(world))
+        return None if torch.equal(out, exp) else f"got {out} expected {exp}"
+
+    def reduce_scatter_tensor():
+        out = torch.empty(10)
+        dist.reduce_scatter_tensor(out, torch.cat([val(rank) + j for j in range(world)]))
+        exp = sum(val(r) + rank for r in range(world))
+        return None if torch.equal(out, exp) else f"got {out} expected {exp}"
+
+    def gather():
+        dst = world - 1
+        out = [torch.empty(10) for _ in range(world)] if rank == dst else None
+        dist.gather(val(rank), out, dst=dst)
+        if rank == dst:
+            return None if all(torch.equal(o, val(r)) for r, o in enumerate(out)) else f"got {out}"
+
+    def scatter():
+        src = 1 % world
+        out = torch.empty(10)
+        dist.scatter(out, [val(j) for j in range(world)] if rank == src else None, src=src)
+        return None if torch.equal(out, val(rank)) else f"got {out}"
+
+    def all_to_all():
+        out = [torch.empty(10) for _ in range(world)]
+        dist.all_to_all(out, [val(rank) + 1000 * j for j in range(world)])
+        ok = all(torch.equal(out[j], val(j) + 1000 * rank) for j in range(world))
+        return None if ok else f"got {out}"
+
+    def all_to_all_single():
+        out = torch.empty(10 * world)
+        dist.all_to_all_single(out, torch.cat([val(rank) + 1000 * j for j in range(world)]))
+        exp = torch.cat([val(j) + 1000 * rank for j in range(world)])
+        return None if torch.equal(out, exp) else f"got {out}"
+
+    def send_recv():
+        nxt, prv = (rank + 1) % world, (rank - 1) % world
+        out = torch.empty(10)
+        reqs = [dist.isend(val(rank), nxt), dist.irecv(out, prv)]
+        for r in reqs:
+            r.wait()
+        if not torch.equal(out, val(prv)):
+            return f"isend/irecv got {out}"
+        # blocking send/recv, even ranks first
+        out2 = torch.empty(10)
+        if rank % 2 == 0:
+            if rank + 1 < world:
+                dist.send(val(rank), rank + 1)
+                dist.recv(out2, rank + 1)
+                if not torch.equal(out2, val(rank + 1)):
+                    return f"recv got {out2}"
+        else:
+            dist.recv(out2, rank - 1)
+            dist.send(val(rank), rank - 1)
+            if not torch.equal(out2, val(rank - 1)):
+                return f"recv got {out2}"
+
+    def barrier():
+        dist.barrier()
+
+    def objects():
+        out = [None] * world
+        dist.all_gather_object(out, {"rank": rank})
+        if out != [{"rank": r} for r in range(world)]:
+            return f"all_gather_object got {out}"
+        lst = [rank * 10]
+        dist.broadcast_object_list(lst, src=0)
+        if lst != [0]:
+            return f"broadcast_object_list got {lst}"
+
+    for name, fn in [
+        ("broadcast", broadcast), ("all_gather", all_gather), ("all_gather_into_tensor", all_gather_into_tensor),
+        ("reduce", reduce), ("reduce_scatter", reduce_scatter), ("reduce_scatter_tensor", reduce_scatter_tensor),
+        ("gather", gather), ("scatter", scatter), ("all_to_all", all_to_all), ("all_to_all_single", all_to_all_single),
+        ("send_recv", send_recv), ("barrier", barrier), ("objects", objects),
+    ]:
+        check(name, fn)
+    # all_reduce still works after the delegated collectives
+    f = Failures()
+    _run_case(rank, world, 31337, torch.float32, "SUM", 65537, f, None)
+    for m in f:
+        failures.add(f"all_reduce after other collectives: {m}")
+    return {"failures": failures}
+
+
+def sec_intruder(rank, world, cfg):
+    """Connect to a peer's listener without the group secret: it must close the
+    connection, and the job goes on."""
+    failures = Failures()
+    addr = _cpu_backend().listen_address()
+    addrs = [None] * world
+    dist.all_gather_object(addrs, addr)
+    target = addrs[(rank + 1) % world]
+    if not target:
+        failures.add(f"listen_address() of rank {(rank + 1) % world} is empty in a multi-node job")
+        return {"failures": failures}
+    host, _, port = target.rpartition(":")
+    host = host.strip("[]")
+    if host in ("0.0.0.0", "", "::"):
+        host = "127.0.0.1"
+    results = {}
+    # 1) garbage handshake -> closed
+    s = socket.create_connection((host, int(port)), timeout=10)
+    try:
+        s.sendall(os.urandom(64))
+        s.settimeout(10)
+        t0 = time.monotonic()
+        try:
+            data = b""
+            while True:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+            results["garbage"] = ("eof", time.monotonic() - t0, len(data))
+        except (ConnectionResetError, BrokenPipeError):
+            results["garbage"] = ("reset", time.monotonic() - t0, 0)
+        except socket.timeout:
+            results["garbage"] = ("timeout", time.monotonic() - t0, 0)
+            failures.add(f"listener {target} kept an intruder connection (garbage handshake) open for 10 s")
+    finally:
+        s.close()
+    # 2) a silent intruder stays connected while the job runs an all_reduce
+    s2 = socket.create_connection((host, int(port)), timeout=10)
+    try:
+        f = Failures()
+        _run_case(rank, world, 2024, torch.float32, "SUM", 65537, f, None)
+        _run_case(rank, world, 2025, torch.int32, "BXOR", 1031, f, None)
+        for m in f:
+            failures.add(f"all_reduce with an intruder connected: {m}")
+    finally:
+        s2.close()
+    dist.barrier()
+    f = Failures()
+    _run_case(rank, world, 2026, torch.float64, "SUM", 4099, f, None)
+    for m in f:
+        failures.add(f"all_reduce after intruders: {m}")
+    return {"failures": failures, "results": results}
+
+
+SECTIONS = {
+    "correctness": sec_correctness,
+    "noncontig": sec_noncontig,
+    "shm": sec_shm,
+    "listen": sec_listen,
+    "async": sec_async,
+    "ddp": sec_ddp,
+    "subgroups": sec_subgroups,
+    "collectives": sec_collectives,
+    "unsupported": sec_unsupported,
+    "intruder": sec_intruder,
+}
+
+
+def session(rank, world, sections, cfg):
+    out = {}
+    for name in sections:
+        t0 = time.monotonic()
+        try:
+            res = SECTIONS[name](rank, world, cfg)
+        except Exception as e:  # noqa: BLE001
+            res = {"failures": [f"section {name} raised {type(e).__name__}: {e}\n{traceback.format_exc()}"]}
+        res["seconds"] = round(time.monotonic() - t0, 2)
+        out[name] = res
+    return out
+
+
+def options_by_rank(rank, world):
+    """pg_options for the Options-configured topology: node id per rank."""
+    import fairring_py
+
+    return fairring_py.Options(node_id=f"opt-node-{rank}", slice_size=64 * 1024, parallelism=3)

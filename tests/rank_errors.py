@@ -1,0 +1,162 @@
+"""Rank-side code of the error tests (spawned by launch.run_ranks)."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import launch
+
+R = dist.ReduceOp
+
+
+def _attempt(fn):
+    t0 = time.monotonic()
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        return {"raised": True, "type": type(e).__name__, "is_runtime": isinstance(e, RuntimeError),
+                "msg": str(e)[:2000], "elapsed": time.monotonic() - t0}
+    return {"raised": False, "elapsed": time.monotonic() - t0}
+
+
+MISMATCH_KINDS = ["numel", "numel-small-vs-large", "dtype", "op"]
+
+
+def mismatch(rank, world, timeout_s):
+    """One fresh fairring group per kind of mismatch; the odd rank out differs."""
+    groups = {k: dist.new_group(list(range(world)), backend="fairring", timeout=timedelta(seconds=timeout_s))
+              for k in MISMATCH_KINDS}
+    out = {}
+    for k in MISMATCH_KINDS:
+        g = groups[k]
+        if k != "numel":  # "numel" is the group's first collective; the others are warmed up
+            t = torch.ones(1000)
+            dist.all_reduce(t, group=g)
+            out.setdefault("warmup_ok", []).append(bool(torch.all(t == world)))
+        n, dt, op = 1000, torch.float32, R.SUM
+        if k == "numel" and rank == world - 1:
+            n = 1001
+        if k == "numel-small-vs-large":
+            n = 1_000_003 if rank == 0 else 7
+        if k == "dtype" and rank == 0:
+            dt = torch.float64
+        if k == "op" and rank == world - 1:
+            op = R.MAX
+        t = torch.ones(n, dtype=dt)
+        first = _attempt(lambda: dist.all_reduce(t, op=op, group=g))
+        later = _attempt(lambda: dist.all_reduce(torch.ones(10), group=g))
+        out[k] = {"first": first, "later": later}
+    return out
+
+
+def stall_or_die(rank, world, culprit, how, timeout_s):
+    """Everyone does a correct all_reduce; then `culprit` stalls (sleeps past
+    the timeout) or dies (os._exit), the others all_reduce again."""
+    t = torch.ones(65537)
+    dist.all_reduce(t)
+    warm = bool(torch.all(t == world))
+    maps = [n for n, _ in launch.own_shm_mappings()]
+    if rank == culprit:
+        if how == "die":
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(launch.DELIBERATE_EXIT)
+        time.sleep(timeout_s + 6)
+        return {"culprit": True, "warm": warm, "maps": maps}
+    first = _attempt(lambda: dist.all_reduce(torch.ones(4099)))
+    later = _attempt(lambda: dist.all_reduce(torch.ones(10)))
+    later_async = _attempt(lambda: dist.all_reduce(torch.ones(10), async_op=True).wait())
+    return {"culprit": False, "warm": warm, "maps": maps, "first": first, "later": later, "later_async": later_async}
+
+
+BAD_ENV = [
+    ("FAIRRING_SLICE_SIZE", "abc"),
+    ("FAIRRING_SLICE_SIZE", "0"),
+    ("FAIRRING_SLICE_SIZE", "-4K"),
+    ("FAIRRING_SLICE_SIZE", "12Q"),
+    ("FAIRRING_PARALLELISM", "-1"),
+    ("FAIRRING_PARALLELISM", "0"),
+    ("FAIRRING_PARALLELISM", "two"),
+    ("FAIRRING_TOTAL_MEMORY", "lots"),
+    ("FAIRRING_TOTAL_MEMORY", "0"),
+    ("FAIRRING_SOCKET_IFNAME", "nosuchif0"),
+]
+
+BAD_OPTIONS = [
+    ("slice_size", {"slice_size": 0}),
+    ("slice_size", {"slice_size": -1}),
+    ("parallelism", {"parallelism": 0}),
+    ("parallelism", {"parallelism": -1}),
+    ("total_memory", {"total_memory": 0}),
+    ("socket_ifname", {"socket_ifname": "nosuchif0"}),
+]
+
+
+def validation(rank, world, store_dir):
+    """Bad options raise ValueError naming the variable/field at init time;
+    good ones (with size suffixes) work.  Uses a fresh FileStore per attempt."""
+    import fairring_py
+
+    out = {"env": [], "options": [], "good": None}
+    i = 0
+
+    def init(**kw):
+        nonlocal i
+        i += 1
+        dist.init_process_group("fairring", rank=rank, world_size=world,
+                                init_method=f"file://{store_dir}/store{i}", timeout=timedelta(seconds=20), **kw)
+
+    def outcome(fn):
+        try:
+            fn()
+        except ValueError as e:
+            return ("ValueError", str(e)[:500])
+        except Exception as e:  # noqa: BLE001
+            return (type(e).__name__, str(e)[:500])
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        return ("no error", "")
+
+    for var, val in BAD_ENV:
+        os.environ[var] = val
+        try:
+            out["env"].append((var, val) + outcome(init))
+        finally:
+            del os.environ[var]
+    for field, kw in BAD_OPTIONS:
+        out["options"].append((field, repr(kw)) + outcome(lambda: init(pg_options=fairring_py.Options(**kw))))
+
+    # valid settings, env and Options
+    good_env = {"FAIRRING_SLICE_SIZE": "256K", "FAIRRING_PARALLELISM": "2",
+                "FAIRRING_TOTAL_MEMORY": "8M", "FAIRRING_SOCKET_IFNAME": "lo"}
+    os.environ.update(good_env)
+    try:
+        def good():
+            init()
+            t = torch.arange(300_007, dtype=torch.float32) * (rank + 1)
+            dist.all_reduce(t)
+            exp = torch.arange(300_007, dtype=torch.float32) * sum(range(1, world + 1))
+            if not torch.equal(t, exp):
+                raise AssertionError("wrong all_reduce result with FAIRRING_SLICE_SIZE=256K")
+            addr = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu")).listen_address()
+            out["good_addr"] = addr
+        out["good"] = outcome(good)
+    finally:
+        for k in good_env:
+            del os.environ[k]
+
+    def good_opts():
+        init(pg_options=fairring_py.Options(slice_size=16 * 1024, total_memory=4 << 20, parallelism=4,
+                                            socket_ifname="lo"))
+        t = torch.full((100_003,), float(rank))
+        dist.all_reduce(t)
+        if not torch.all(t == sum(range(world))):
+            raise AssertionError("wrong all_reduce result with Options")
+    out["good_options"] = outcome(good_opts)
+    return out

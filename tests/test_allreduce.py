@@ -1,0 +1,198 @@
+"""All-reduce correctness per simulated topology, plus the features that need a
+live multi-node job (async ops, DDP, subgroups, delegated collectives, shared
+memory hygiene, listener security).
+
+Each topology is launched ONCE (process start costs seconds); the launch runs
+all its checks in one process group and the tests below assert on the cached
+per-section results.
+"""
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import torch
+
+import launch
+import rank_checks
+
+BASE = ["correctness", "noncontig", "shm", "listen"]
+FEATURES = ["async", "ddp", "subgroups", "collectives", "unsupported", "intruder"]
+FEW_SIZES = [1, 13, 1031, 4099, 65537]
+
+TOPOLOGIES = {
+    # name: (node ids, extra env, sections, cfg, use Options for config)
+    "1x2": (["a", "a"], {}, BASE + ["unsupported"], {}, False),
+    "2x1": (["a", "b"], {}, BASE, {}, False),
+    "3x1-options": ([None, None, None], {}, BASE, {"sizes": FEW_SIZES}, True),
+    "2x2": (["a", "a", "b", "b"], {}, BASE + FEATURES,
+            {"big": [(torch.float32, "SUM"), (torch.bfloat16, "AVG"), (torch.int32, "MAX")]}, False),
+    "uneven-2+1": (["a", "a", "b"], {}, BASE, {"sizes": FEW_SIZES}, False),
+    "noncontig-map-abab": (["a", "b", "a", "b"], {}, BASE, {"sizes": FEW_SIZES}, False),
+    "2x2-slice4K": (["a", "a", "b", "b"],
+                    {"FAIRRING_SLICE_SIZE": "4K", "FAIRRING_PARALLELISM": "2", "FAIRRING_TOTAL_MEMORY": "1M"},
+                    BASE, {"sizes": FEW_SIZES + [262147]}, False),
+}
+
+_cache: dict = {}
+
+
+def _nodes_of(name):
+    ids, _, _, _, use_opts = TOPOLOGIES[name]
+    if use_opts:
+        return [f"opt-node-{r}" for r in range(len(ids))]
+    return ids
+
+
+def session(name):
+    if name not in _cache:
+        ids, env, sections, cfg, use_opts = TOPOLOGIES[name]
+        nodes = _nodes_of(name)
+        cfg = dict(cfg)
+        cfg["local_ranks"] = min(nodes.count(n) for n in nodes)
+        shm_before = launch.list_shm()
+        t0 = time.monotonic()
+        try:
+            res = launch.run_ranks(
+                rank_checks.session, ids, args=(sections, cfg), env=env, timeout_s=240,
+                pg_timeout_s=60, pg_options_fn=rank_checks.options_by_rank if use_opts else None,
+            )
+            _cache[name] = ("ok", res, shm_before, launch.list_shm(), time.monotonic() - t0)
+        except launch.RunFailed as e:
+            _cache[name] = ("failed", e)
+    entry = _cache[name]
+    if entry[0] == "failed":
+        raise entry[1]
+    return entry[1:]
+
+
+def section(name, sec):
+    res, _, _, _ = session(name)
+    return [r.value[sec] for r in res], res
+
+
+def _fail_report(name, sec, per_rank):
+    lines = []
+    for r, v in enumerate(per_rank):
+        for f in v["failures"]:
+            lines.append(f"[{name} rank {r}] {f}")
+    return f"{sec} failures on topology {name}:\n" + "\n".join(lines[:80])
+
+
+def assert_no_failures(name, sec):
+    per_rank, _ = section(name, sec)
+    assert not any(v["failures"] for v in per_rank), _fail_report(name, sec, per_rank)
+    return per_rank
+
+
+@pytest.mark.parametrize("topo", list(TOPOLOGIES))
+def test_correctness(topo):
+    per_rank = assert_no_failures(topo, "correctness")
+    # every rank got bit-identical results
+    d0 = per_rank[0]["digests"]
+    assert len(d0) > 100
+    for r, v in enumerate(per_rank[1:], 1):
+        diff = [k for k in d0 if v["digests"].get(k) != d0[k]]
+        assert not diff, f"{topo}: rank {r} result bits differ from rank 0 for {diff[:20]}"
+
+
+@pytest.mark.parametrize("topo", list(TOPOLOGIES))
+def test_noncontiguous(topo):
+    per_rank = assert_no_failures(topo, "noncontig")
+    for r, v in enumerate(per_rank[1:], 1):
+        assert v["digests"] == per_rank[0]["digests"], f"{topo}: non-contiguous results differ between rank 0 and {r}"
+
+
+@pytest.mark.parametrize("topo", list(TOPOLOGIES))
+def test_shared_memory_hygiene(topo):
+    per_rank = assert_no_failures(topo, "shm")
+    res, before, after, _ = session(topo)
+    names = {n for v in per_rank for n in v["names"]}
+    leftover = [n for n in names if n in after]
+    assert not leftover, f"{topo}: segments mapped by the job still in /dev/shm after it ended: {leftover}"
+    new = sorted(after - before)
+    if new:  # other jobs may run concurrently on this machine: re-check
+        time.sleep(2)
+        new = sorted(launch.list_shm() & set(new))
+    assert not new, f"{topo}: fairring-* files appeared in /dev/shm during the job and remain: {new}"
+
+
+@pytest.mark.parametrize("topo", list(TOPOLOGIES))
+def test_listen_address(topo):
+    per_rank = assert_no_failures(topo, "listen")
+    nodes = _nodes_of(topo)
+    addrs = [v["addr"] for v in per_rank]
+    if len(set(nodes)) == 1:
+        assert addrs == [""] * len(nodes), f"{topo}: single-node job must have listen_address() == '': {addrs}"
+    else:
+        for r, a in enumerate(addrs):
+            assert isinstance(a, str) and re.fullmatch(r"\[?[0-9a-fA-F.:]+\]?:\d+", a), (
+                f"{topo}: rank {r} listen_address() is {a!r}, expected 'ip:port'")
+            assert 0 < int(a.rpartition(":")[2]) < 65536
+        assert len(set(addrs)) == len(addrs), f"{topo}: listen addresses are not distinct: {addrs}"
+
+
+_WARN_RE = re.compile(r"UserWarning: (.*)")
+
+
+def _fairring_warnings(output):
+    """UserWarnings that talk about the node layout."""
+    out = []
+    for m in _WARN_RE.finditer(output):
+        msg = m.group(1).lower()
+        if "node" in msg and ("rank" in msg or "uneven" in msg or "unequal" in msg or "different" in msg):
+            out.append(m.group(1))
+    return out
+
+
+@pytest.mark.parametrize("topo", list(TOPOLOGIES))
+def test_topology_warning(topo):
+    """Uneven nodes log one warning (per process at most); even layouts none."""
+    res, _, _, _ = session(topo)
+    warns = [_fairring_warnings(r.output) for r in res]
+    nodes = _nodes_of(topo)
+    counts = {n: nodes.count(n) for n in nodes}
+    if len(set(counts.values())) > 1:
+        assert sum(len(w) for w in warns) >= 1, (
+            f"{topo}: uneven node sizes {counts} but no UserWarning about it in any rank's output")
+        assert all(len(w) <= 1 for w in warns), f"{topo}: warning repeated: {warns}"
+    else:
+        assert not any(warns), f"{topo}: unexpected layout warning on an even topology: {warns}"
+
+
+def test_session_timing():
+    """Informational bound: the 2x2 correctness matrix must not crawl."""
+    per_rank, _ = section("2x2", "correctness")
+    secs = max(v["seconds"] for v in per_rank)
+    assert secs < 120, f"2x2 correctness matrix took {secs:.1f}s"
+
+
+def test_unsupported_ops_raise():
+    for topo in ("1x2", "2x2"):
+        assert_no_failures(topo, "unsupported")
+
+
+def test_async_many_in_flight():
+    assert_no_failures("2x2", "async")
+
+
+def test_ddp_matches_gloo():
+    per_rank = assert_no_failures("2x2", "ddp")
+    digs = {v["digest"] for v in per_rank}
+    assert len(digs) == 1, f"DDP parameters differ across ranks: {[v['digest'] for v in per_rank]}"
+
+
+def test_subgroups():
+    assert_no_failures("2x2", "subgroups")
+
+
+def test_delegated_collectives():
+    assert_no_failures("2x2", "collectives")
+
+
+def test_intruder_rejected():
+    per_rank = assert_no_failures("2x2", "intruder")
+    for r, v in enumerate(per_rank):
+        kind, secs, _ = v["results"]["garbage"]
+        assert kind in ("eof", "reset") and secs < 5, f"rank {r}: intruder connection outcome {kind} after {secs:.1f}s"

@@ -1,0 +1,141 @@
+"""Failures must surface as errors on every rank, in time, never as hangs."""
+from __future__ import annotations
+
+import re
+import tempfile
+import time
+
+import pytest
+
+import launch
+import rank_errors
+
+MARGIN_S = 5.0  # slack over the process-group timeout for detection + teardown
+
+
+def _fmt(results):
+    return "\n".join(f"rank {r.rank}: {r.value!r:.3000}" for r in results)
+
+
+@pytest.mark.parametrize("nodes", [["a", "a", "b", "b"], ["a", "a"]], ids=["2x2", "1x2"])
+def test_mismatch_raises_everywhere(nodes):
+    timeout_s = 10
+    res = launch.run_ranks(rank_errors.mismatch, nodes, args=(timeout_s,), timeout_s=4 * (timeout_s + 10) + 60)
+    problems = []
+    for r in res:
+        v = r.value
+        if not all(v.get("warmup_ok", [])):
+            problems.append(f"rank {r.rank}: a warm-up all_reduce was wrong")
+        for kind in rank_errors.MISMATCH_KINDS:
+            first, later = v[kind]["first"], v[kind]["later"]
+            if not first["raised"]:
+                problems.append(f"rank {r.rank} [{kind}]: mismatched all_reduce did not raise")
+            else:
+                if not first["is_runtime"]:
+                    problems.append(f"rank {r.rank} [{kind}]: raised {first['type']}, expected RuntimeError")
+                if "mismatch" not in first["msg"].lower():
+                    problems.append(f"rank {r.rank} [{kind}]: message lacks 'mismatch': {first['msg'][:300]!r}")
+            if first["elapsed"] > timeout_s + MARGIN_S:
+                problems.append(f"rank {r.rank} [{kind}]: took {first['elapsed']:.1f}s (timeout {timeout_s}s)")
+            if not later["raised"]:
+                problems.append(f"rank {r.rank} [{kind}]: next all_reduce on the broken group did not raise")
+            elif not later["is_runtime"]:
+                problems.append(f"rank {r.rank} [{kind}]: next all_reduce raised {later['type']}, expected RuntimeError")
+            if later["elapsed"] > timeout_s + MARGIN_S:
+                problems.append(f"rank {r.rank} [{kind}]: next all_reduce took {later['elapsed']:.1f}s")
+    assert not problems, "\n".join(problems) + "\n" + _fmt(res)
+
+
+def _check_culprit_named(res, culprit, timeout_s, how):
+    problems = []
+    for r in res:
+        if r.rank == culprit:
+            continue
+        v = r.value
+        if v is None:
+            problems.append(f"rank {r.rank}: returned nothing ({r.exc_type}: {r.exc_msg})")
+            continue
+        if not v["warm"]:
+            problems.append(f"rank {r.rank}: warm-up all_reduce was wrong")
+        for key in ("first", "later", "later_async"):
+            a = v[key]
+            if not a["raised"]:
+                problems.append(f"rank {r.rank}: {key} all_reduce did not raise after rank {culprit} {how}")
+                continue
+            if not a["is_runtime"]:
+                problems.append(f"rank {r.rank}: {key} raised {a['type']}, expected RuntimeError")
+            if a["elapsed"] > timeout_s + MARGIN_S:
+                problems.append(f"rank {r.rank}: {key} raised after {a['elapsed']:.1f}s (timeout {timeout_s}s)")
+        a = v["first"]
+        if a["raised"] and not re.search(rf"\brank {culprit}\b", a["msg"]):
+            problems.append(f"rank {r.rank}: error does not name 'rank {culprit}': {a['msg'][:400]!r}")
+    return problems
+
+
+STALL_CASES = [(["a", "a", "b", "b"], 3), (["a", "a", "b", "b"], 0), (["a", "a"], 1)]
+
+
+@pytest.mark.parametrize("nodes,culprit", STALL_CASES, ids=["2x2-rank3", "2x2-rank0", "1x2-rank1"])
+def test_stalled_rank_named_within_timeout(nodes, culprit):
+    timeout_s = 5
+    res = launch.run_ranks(rank_errors.stall_or_die, nodes, args=(culprit, "stall", timeout_s),
+                           pg_timeout_s=timeout_s, timeout_s=90)
+    problems = _check_culprit_named(res, culprit, timeout_s, "stalled")
+    assert not problems, "\n".join(problems) + "\n" + _fmt(res)
+
+
+DEAD_CASES = [(["a", "a", "b", "b"], 1), (["a", "b"], 1), (["a", "a"], 0)]
+
+
+@pytest.mark.parametrize("nodes,culprit", DEAD_CASES, ids=["2x2-rank1", "2x1-rank1", "1x2-rank0"])
+def test_dead_rank_named_within_timeout(nodes, culprit):
+    timeout_s = 8
+    shm_before = launch.list_shm()
+    res = launch.run_ranks(rank_errors.stall_or_die, nodes, args=(culprit, "die", timeout_s),
+                           pg_timeout_s=timeout_s, timeout_s=90, check=False)
+    problems = []
+    for r in res:
+        if r.rank == culprit:
+            if r.exitcode != launch.DELIBERATE_EXIT:
+                problems.append(f"culprit rank {r.rank} exit code {r.exitcode} (expected {launch.DELIBERATE_EXIT})")
+        elif not (r.ok and r.exitcode == 0):
+            problems.append(f"surviving rank {r.rank} did not finish cleanly:\n{r.describe()}")
+    if not problems:
+        problems += _check_culprit_named(res, culprit, timeout_s, "died")
+    # shared memory of the job is gone, also after a crash
+    names = {n for r in res if r.value for n in r.value["maps"]}
+    left = sorted(n for n in names if n in launch.list_shm())
+    if left:
+        problems.append(f"segments of the job left in /dev/shm after a rank crashed: {left}")
+    new = launch.list_shm() - shm_before
+    if new:
+        time.sleep(2)
+        new &= launch.list_shm()
+        if new:
+            problems.append(f"fairring-* files created during the job remain in /dev/shm: {sorted(new)}")
+    assert not problems, "\n".join(problems) + "\n" + launch.describe_all(res)
+
+
+def test_option_validation():
+    with tempfile.TemporaryDirectory(prefix="fairring-test-store-") as d:
+        res = launch.run_ranks(rank_errors.validation, ["a", "b"], backend=None, args=(d,), timeout_s=180)
+    problems = []
+    for r in res:
+        v = r.value
+        for var, val, kind, msg in v["env"]:
+            if kind != "ValueError":
+                problems.append(f"rank {r.rank}: {var}={val!r}: {kind} (expected ValueError) {msg[:200]!r}")
+            elif var not in msg:
+                problems.append(f"rank {r.rank}: {var}={val!r}: ValueError does not name {var}: {msg[:200]!r}")
+        for field, kw, kind, msg in v["options"]:
+            if kind != "ValueError":
+                problems.append(f"rank {r.rank}: Options({kw}): {kind} (expected ValueError) {msg[:200]!r}")
+            elif field.lower() not in msg.lower():
+                problems.append(f"rank {r.rank}: Options({kw}): ValueError does not name {field}: {msg[:200]!r}")
+        if v["good"] != ("no error", ""):
+            problems.append(f"rank {r.rank}: valid env settings (256K, ...) failed: {v['good']}")
+        elif not str(v.get("good_addr", "")).startswith("127."):
+            problems.append(f"rank {r.rank}: FAIRRING_SOCKET_IFNAME=lo but listen_address() = {v.get('good_addr')!r}")
+        if v["good_options"] != ("no error", ""):
+            problems.append(f"rank {r.rank}: valid Options failed: {v['good_options']}")
+    assert not problems, "\n".join(problems)
