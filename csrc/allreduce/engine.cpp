@@ -8,6 +8,7 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "common/errors.h"
 #include "common/log.h"
 #include "kernels/reduce_cpu.h"
 
@@ -149,7 +150,7 @@ std::function<void()> Engine::wait_check(int local_peer, const char* what, const
   const uint64_t op_seq = p.op->seq;
   const int peer_rank = local_peer >= 0 ? topo_.local_ranks()[local_peer] : -1;
   auto next_pid_check = start;
-  return [=]() mutable {
+  return [this, local_peer, what, start, stall_at, give_up_at, op_seq, peer_rank, next_pid_check]() mutable {
     if (failed_.load()) {
       std::lock_guard<std::mutex> lock(mu_);
       throw std::runtime_error(error_);
@@ -175,9 +176,8 @@ std::function<void()> Engine::wait_check(int local_peer, const char* what, const
     if (now > stall_at && !issued) {
       throw std::runtime_error(
           "timed out: rank " + std::to_string(peer_rank) + " has not called all_reduce #" +
-          std::to_string(op_seq) + " (waited " +
-          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count() / 1000.0) +
-          " s). Is it stalled, or did it skip this collective?");
+          std::to_string(op_seq) + " (waited " + seconds(std::chrono::duration<double>(now - start).count()) +
+          "). Is it stalled, or did it skip this collective?");
     }
     if (now > give_up_at) {
       throw std::runtime_error(
@@ -314,9 +314,7 @@ void Engine::local_loop() {
       pending.pop_front();
     }
   } catch (const std::exception& e) {
-    std::string why = e.what();
-    if (why.rfind("rank ", 0) != 0) why = "rank " + std::to_string(topo_.rank) + ": " + why;
-    fail(why);
+    fail(attribute_to_rank(topo_.rank, e.what()));
   }
 
   // Failed: everything in flight or queued fails with the group's error.

@@ -23,11 +23,28 @@ struct AllreduceOp {
   std::function<void(std::exception_ptr)> on_complete;
 };
 
-// "1000 elements of float32 with SUM", for error messages.
+// torch's name of a dtype ("float32"), for messages.
+inline std::string dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::Float: return "float32";
+    case c10::ScalarType::Double: return "float64";
+    case c10::ScalarType::Half: return "float16";
+    case c10::ScalarType::BFloat16: return "bfloat16";
+    case c10::ScalarType::Char: return "int8";
+    case c10::ScalarType::Byte: return "uint8";
+    case c10::ScalarType::Short: return "int16";
+    case c10::ScalarType::Int: return "int32";
+    case c10::ScalarType::Long: return "int64";
+    case c10::ScalarType::Bool: return "bool";
+    default: return c10::toString(t);
+  }
+}
+
+// "1000 elements of float32 with SUM", for error messages.  Complex tensors
+// travel as their real view (twice the elements).
 inline std::string describe(int64_t numel, int32_t dtype, int32_t op) {
-  return std::to_string(numel) + " elements of " +
-      std::string(c10::toString(static_cast<c10::ScalarType>(dtype))) + " with " +
-      redop_name(static_cast<RedOp>(op));
+  return std::to_string(numel) + " elements of " + dtype_name(static_cast<c10::ScalarType>(dtype)) +
+      " with " + redop_name(static_cast<RedOp>(op));
 }
 
 }  // namespace fairring

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "allreduce/op.h"
+#include "common/errors.h"
 #include "transport/tcp_mesh.h"
 
 namespace fairring {
@@ -264,8 +265,8 @@ void RailStage::loop() {
         if (ch->has_pending_recv() && now - ch->last_recv_progress > remote_timeout) {
           throw std::runtime_error(
               "timed out: rank " + std::to_string(ch->peer_rank()) + " sent nothing for " +
-              std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now - ch->last_recv_progress).count()) +
-              " s while this rank waited for its part of an all_reduce (is rank " +
+              seconds(std::chrono::duration<double>(now - ch->last_recv_progress).count()) +
+              " while this rank waited for its part of an all_reduce (is rank " +
               std::to_string(ch->peer_rank()) + " stalled, or did it skip the collective?)");
         }
       }
@@ -276,7 +277,7 @@ void RailStage::loop() {
     callbacks_.failed(why);
     send_aborts(why);
   } catch (const std::exception& e) {
-    const std::string why = "rank " + std::to_string(topo_.rank) + ": " + e.what();
+    const std::string why = attribute_to_rank(topo_.rank, e.what());
     callbacks_.failed(why);
     send_aborts(why);
   }

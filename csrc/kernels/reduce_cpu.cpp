@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "common/reduce_op.h"
 #include "kernels/reduce_cpu_internal.h"

@@ -10,10 +10,12 @@
 // Everything the kernel code needs is included *before* the target switch, so
 // that only the functions defined below are compiled for AVX2.
 #include <c10/core/ScalarType.h>
+#include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "common/reduce_op.h"
 
@@ -24,11 +26,14 @@
 #pragma GCC target("avx2,fma,f16c")
 #endif
 
+// Lets float16 use the F16C conversion instructions (see HalfCvt).
+#define FAIRRING_REDUCE_IMPL_F16C 1
 namespace fairring {
 namespace kernels_avx2 {
 #include "kernels/reduce_impl.h"
 }  // namespace kernels_avx2
 }  // namespace fairring
+#undef FAIRRING_REDUCE_IMPL_F16C
 
 #if defined(__clang__)
 #pragma clang attribute pop

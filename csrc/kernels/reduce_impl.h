@@ -3,8 +3,9 @@
 //
 // NOT a normal header: it has no include guard and includes nothing.  A
 // translation unit includes it *inside its own namespace* after including
-// <cstdint>, <cstring>, <type_traits>, <c10/core/ScalarType.h> and
-// "common/reduce_op.h" itself, so that each instruction set (the baseline
+// <cstdint>, <cstring>, <type_traits>, <utility>, <c10/core/ScalarType.h> and
+// "common/reduce_op.h" itself (and <immintrin.h> if it defines
+// FAIRRING_REDUCE_IMPL_F16C), so that each instruction set (the baseline
 // build in reduce_cpu.cpp, the AVX2 build in reduce_cpu_avx2.cpp) gets its own
 // copy of these templates under its own mangled names (no ODR clash between
 // the two instantiations).  It defines, in the enclosing namespace:
@@ -61,25 +62,11 @@ inline float f16_to_f32(uint16_t h) {
   const uint32_t normal = ((e + 112u) << 23) | (m << 13);
   // Inf, or NaN made quiet (as c10 and F16C do).
   const uint32_t inf_nan = 0x7F800000u | (m << 13) | (mask_if(m != 0u) & 0x00400000u);
-  // Subnormal: m * 2^-24 with m in [1, 1023].  Shift m left by k until its
-  // top bit is bit 9 (greedy 8/4/2/1 steps), which makes the value
-  // 2^(-15 - k) * 1.fraction: exponent field 112 - k, fraction the low 9 bits
-  // of the shifted m.  Integer-only, so that nothing in the loop is
-  // floating-point work GCC would refuse to if-convert.  m == 0 gives +0.
-  // (Unrolled by hand, with constant shifts: GCC does not always unroll the
-  // loop before vectorising, and SSE2 has no per-lane variable shifts.)
-  uint32_t v = m;
-  const uint32_t m8 = mask_if(v < (0x400u >> 8));
-  v = select_bits(m8, v << 8, v);
-  const uint32_t m4 = mask_if(v < (0x400u >> 4));
-  v = select_bits(m4, v << 4, v);
-  const uint32_t m2 = mask_if(v < (0x400u >> 2));
-  v = select_bits(m2, v << 2, v);
-  const uint32_t m1 = mask_if(v < (0x400u >> 1));
-  v = select_bits(m1, v << 1, v);
-  const uint32_t k = (m8 & 8u) + (m4 & 4u) + (m2 & 2u) + (m1 & 1u);
+  // Subnormal: m * 2^-24, exact in float32 (m == 0 gives +0).  Computed for
+  // every lane and picked with a mask: GCC will not if-convert
+  // floating-point work out of a branch, and would not vectorise.
   const uint32_t subnormal =
-      select_bits(mask_if(m != 0u), ((112u - k) << 23) | ((v & 0x1FFu) << 14), 0u);
+      f32_bits(static_cast<float>(static_cast<int32_t>(m)) * 0x1p-24f);
   const uint32_t mag = select_bits(
       mask_if(e == 0u), subnormal, select_bits(mask_if(e == 31u), inf_nan, normal));
   return f32_from_bits(sign | mag);
@@ -134,11 +121,52 @@ struct PlainCvt {
   static T store(Acc a) { return a; }
 };
 
+// float16 converts whole blocks at a time (kBlockConvert): the bit-twiddling
+// conversion is long enough that fusing it into the combine loops spills
+// registers, and with F16C (FAIRRING_REDUCE_IMPL_F16C, defined by the AVX2
+// build, which includes <immintrin.h> first) the conversion of a block is one
+// instruction per 8 elements.  Both give the same bits as f16_to_f32 and
+// f32_to_f16: F16C converts exactly / rounds to nearest even, and NaNs are
+// made canonical before rounding.
 struct HalfCvt {
   using Storage = uint16_t;
   using Acc = float;
+  static constexpr bool kBlockConvert = true;
   static Acc load(uint16_t x) { return f16_to_f32(x); }
   static uint16_t store(Acc a) { return f32_to_f16(a); }
+
+  static void load_block(float* dst, const uint16_t* src, int64_t len) {
+    int64_t j = 0;
+#if defined(FAIRRING_REDUCE_IMPL_F16C)
+    for (; j + 8 <= len; j += 8) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j));
+      _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(h));
+    }
+#endif
+    for (; j < len; ++j) {
+      dst[j] = f16_to_f32(src[j]);
+    }
+  }
+
+  static void store_block(uint16_t* dst, const float* src, int64_t len) {
+    int64_t j = 0;
+#if defined(FAIRRING_REDUCE_IMPL_F16C)
+    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+    const __m256 quiet_nan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000));
+    for (; j + 8 <= len; j += 8) {
+      __m256 v = _mm256_loadu_ps(src + j);
+      // Any NaN -> the canonical quiet NaN with its sign (F16C would keep
+      // the top payload bits), so that the result is 0x7E00 | sign.
+      const __m256 is_nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+      v = _mm256_blendv_ps(v, _mm256_or_ps(_mm256_and_ps(v, sign_bit), quiet_nan), is_nan);
+      _mm_storeu_si128(
+          reinterpret_cast<__m128i*>(dst + j), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    }
+#endif
+    for (; j < len; ++j) {
+      dst[j] = f32_to_f16(src[j]);
+    }
+  }
 };
 
 struct BFloat16Cvt {
@@ -240,13 +268,161 @@ struct OpXor {
   }
 };
 
-// ---- The blocked kernel ------------------------------------------------------
+// ---- The blocked kernels ------------------------------------------------------
 //
-// Per block: acc = in[0] (op) in[1], then fold in the remaining inputs two at
-// a time (one pass over acc per two inputs), then out = store(acc [/ div]).
-// Nothing is written to `out` before every input of the block has been read,
-// so `out` may be one of the inputs.  `acc` is a local array, so the compiler
-// knows it aliases nothing and vectorises every loop without runtime checks.
+// The inputs are processed in blocks of kBlockBytes of accumulator.  Per
+// block, up to kGroup inputs are combined in one fused pass (each element
+// loaded, combined in order, and written once), so that n <= kGroup inputs
+// take a single pass straight into `out`, and more inputs go through the
+// local accumulator `acc`: acc = in[0..3], acc = acc (op) in[4..7], ..., and
+// the last group's pass writes `out`.  (Longer groups gain little and cost
+// compile time; pairs were ~2x slower for 8 inputs.)
+//
+// `out` may be exactly one of the inputs: it is only written by the last pass
+// over a block, after every input's elements of that block were read, and
+// each element is read before it is written in the same iteration, so the
+// loop has no loop-carried dependence; FAIRRING_IVDEP tells the vectoriser
+// so, instead of it adding a runtime overlap check that an in-place call
+// would fail (and run scalar).  `acc` is a local array, aliasing nothing.
+
+#ifndef FAIRRING_IVDEP
+#if defined(__clang__)
+#define FAIRRING_IVDEP _Pragma("clang loop vectorize(assume_safety)")
+#elif defined(__GNUC__)
+#define FAIRRING_IVDEP _Pragma("GCC ivdep")
+#else
+#define FAIRRING_IVDEP
+#endif
+#endif
+
+constexpr int kGroup = 4;
+
+// v (op) load(x), or v unchanged when !kApply (the group's first element
+// when it starts the accumulation).
+template <bool kApply, typename Cvt, typename Op>
+inline typename Cvt::Acc step(typename Cvt::Acc v, typename Cvt::Storage x) {
+  if constexpr (kApply) {
+    return Op::apply(v, Cvt::load(x));
+  } else {
+    return v;
+  }
+}
+
+// One pass over a block: v = acc[j] (kFromAcc) or load(p[0][j]), combined
+// with load(p[i][j]) for the rest of the group in order; the result goes to
+// acc[j], or, if kToOut, to out[j] (divided first if kDivide).
+template <typename Cvt, typename Op, bool kFromAcc, bool kToOut, bool kDivide, size_t... I>
+inline void fused_pass(
+    typename Cvt::Acc* acc,
+    typename Cvt::Storage* out,
+    const typename Cvt::Storage* const* p,
+    int64_t len,
+    typename Cvt::Acc div,
+    std::index_sequence<I...>) {
+  using S = typename Cvt::Storage;
+  using A = typename Cvt::Acc;
+  const S* const q[sizeof...(I)] = {p[I]...};
+  if constexpr (kToOut) {
+    FAIRRING_IVDEP
+    for (int64_t j = 0; j < len; ++j) {
+      A v;
+      if constexpr (kFromAcc) {
+        v = acc[j];
+      } else {
+        v = Cvt::load(q[0][j]);
+      }
+      ((v = step<kFromAcc || I != 0, Cvt, Op>(v, q[I][j])), ...);
+      if constexpr (kDivide) {
+        out[j] = Cvt::store(v / div);
+      } else {
+        out[j] = Cvt::store(v);
+      }
+    }
+  } else {
+    for (int64_t j = 0; j < len; ++j) {
+      A v;
+      if constexpr (kFromAcc) {
+        v = acc[j];
+      } else {
+        v = Cvt::load(q[0][j]);
+      }
+      ((v = step<kFromAcc || I != 0, Cvt, Op>(v, q[I][j])), ...);
+      acc[j] = v;
+    }
+  }
+}
+
+// fused_pass over `g` (1..kGroup) inputs, chosen at run time.
+template <typename Cvt, typename Op, bool kFromAcc, bool kDivide>
+inline void group_pass(
+    int g,
+    bool to_out,
+    typename Cvt::Acc* acc,
+    typename Cvt::Storage* out,
+    const typename Cvt::Storage* const* p,
+    int64_t len,
+    typename Cvt::Acc div) {
+  static_assert(kGroup == 4, "group_pass handles groups of 1..4");
+#define FAIRRING_GROUP_CASE(G)                                                       \
+  case G:                                                                            \
+    if (to_out) {                                                                    \
+      fused_pass<Cvt, Op, kFromAcc, true, kDivide>(                                  \
+          acc, out, p, len, div, std::make_index_sequence<G>());                     \
+    } else {                                                                         \
+      fused_pass<Cvt, Op, kFromAcc, false, kDivide>(                                 \
+          acc, out, p, len, div, std::make_index_sequence<G>());                     \
+    }                                                                                \
+    return;
+  switch (g) {
+    FAIRRING_GROUP_CASE(1)
+    FAIRRING_GROUP_CASE(2)
+    FAIRRING_GROUP_CASE(3)
+    FAIRRING_GROUP_CASE(4)
+    default:
+      return;
+  }
+#undef FAIRRING_GROUP_CASE
+}
+
+template <typename Cvt, typename = void>
+struct HasBlockConvert : std::false_type {};
+template <typename Cvt>
+struct HasBlockConvert<Cvt, std::void_t<decltype(Cvt::kBlockConvert)>>
+    : std::integral_constant<bool, Cvt::kBlockConvert> {};
+
+// For storage types converted a block at a time (float16): each input block
+// is converted into `tmp`, then combined into `acc`; `acc` is converted into
+// `out` at the end.
+template <typename Cvt, typename Op, bool kDivide>
+void kernel_block_convert(
+    typename Cvt::Storage* out,
+    const typename Cvt::Storage* const* in,
+    int n,
+    int64_t count,
+    typename Cvt::Acc div) {
+  using A = typename Cvt::Acc;
+  constexpr int64_t kBlock = kBlockBytes / static_cast<int64_t>(sizeof(A));
+  alignas(64) A acc[kBlock];
+  alignas(64) A tmp[kBlock];
+
+  for (int64_t base = 0; base < count; base += kBlock) {
+    const int64_t len = count - base < kBlock ? count - base : kBlock;
+    Cvt::load_block(acc, in[0] + base, len);
+    for (int k = 1; k < n; ++k) {
+      Cvt::load_block(tmp, in[k] + base, len);
+      for (int64_t j = 0; j < len; ++j) {
+        acc[j] = Op::apply(acc[j], tmp[j]);
+      }
+    }
+    if constexpr (kDivide) {
+      for (int64_t j = 0; j < len; ++j) {
+        acc[j] = acc[j] / div;
+      }
+    }
+    Cvt::store_block(out + base, acc, len);
+  }
+}
+
 template <typename Cvt, typename Op, bool kDivide>
 void kernel(
     typename Cvt::Storage* out,
@@ -254,48 +430,30 @@ void kernel(
     int n,
     int64_t count,
     typename Cvt::Acc div) {
-  using S = typename Cvt::Storage;
-  using A = typename Cvt::Acc;
-  constexpr int64_t kBlock = kBlockBytes / static_cast<int64_t>(sizeof(A));
-  alignas(64) A acc[kBlock];
+  if constexpr (HasBlockConvert<Cvt>::value) {
+    kernel_block_convert<Cvt, Op, kDivide>(out, in, n, count, div);
+  } else {
+    using S = typename Cvt::Storage;
+    using A = typename Cvt::Acc;
+    constexpr int64_t kBlock = kBlockBytes / static_cast<int64_t>(sizeof(A));
+    alignas(64) A acc[kBlock];
 
-  for (int64_t base = 0; base < count; base += kBlock) {
-    const int64_t len = count - base < kBlock ? count - base : kBlock;
-    const S* p0 = in[0] + base;
-    int k;
-    if (n >= 2) {
-      const S* p1 = in[1] + base;
-      for (int64_t j = 0; j < len; ++j) {
-        acc[j] = Op::apply(Cvt::load(p0[j]), Cvt::load(p1[j]));
-      }
-      k = 2;
-    } else {
-      for (int64_t j = 0; j < len; ++j) {
-        acc[j] = Cvt::load(p0[j]);
-      }
-      k = 1;
-    }
-    for (; k + 1 < n; k += 2) {
-      const S* p = in[k] + base;
-      const S* q = in[k + 1] + base;
-      for (int64_t j = 0; j < len; ++j) {
-        acc[j] = Op::apply(Op::apply(acc[j], Cvt::load(p[j])), Cvt::load(q[j]));
-      }
-    }
-    if (k < n) {
-      const S* p = in[k] + base;
-      for (int64_t j = 0; j < len; ++j) {
-        acc[j] = Op::apply(acc[j], Cvt::load(p[j]));
-      }
-    }
-    S* o = out + base;
-    if constexpr (kDivide) {
-      for (int64_t j = 0; j < len; ++j) {
-        o[j] = Cvt::store(acc[j] / div);
-      }
-    } else {
-      for (int64_t j = 0; j < len; ++j) {
-        o[j] = Cvt::store(acc[j]);
+    for (int64_t base = 0; base < count; base += kBlock) {
+      const int64_t len = count - base < kBlock ? count - base : kBlock;
+      const S* p[kGroup];
+      int k = 0;
+      while (k < n) {
+        const int g = n - k < kGroup ? n - k : kGroup;
+        for (int i = 0; i < g; ++i) {
+          p[i] = in[k + i] + base;
+        }
+        const bool last = k + g == n;
+        if (k == 0) {
+          group_pass<Cvt, Op, false, kDivide>(g, last, acc, out + base, p, len, div);
+        } else {
+          group_pass<Cvt, Op, true, kDivide>(g, last, acc, out + base, p, len, div);
+        }
+        k += g;
       }
     }
   }

@@ -33,7 +33,7 @@ inline void cpu_relax() {
 #endif
 }
 
-constexpr int kSpins = 2000;                     // a few microseconds
+constexpr int kSpins = 256;  // about a microsecond or two
 constexpr long kSleepSliceNs = 20L * 1000 * 1000;  // re-check every 20 ms
 
 }  // namespace
