@@ -1,0 +1,114 @@
+"""The pure logic behind the schedule: topology grouping and slice planning.
+No processes: these call the C++ functions directly."""
+
+import pytest
+
+from fairring_py import _C
+
+
+def topo(keys, rank):
+    return _C._topology_for_test(keys, rank)
+
+
+def test_contiguous_nodes():
+    keys = ["a", "a", "b", "b"]
+    t = [topo(keys, r) for r in range(4)]
+    assert [x["node"] for x in t] == [0, 0, 1, 1]
+    assert [x["local_rank"] for x in t] == [0, 1, 0, 1]
+    assert t[0]["node_ranks"] == [[0, 1], [2, 3]]
+    assert t[1]["rail"] == [1, 3]
+    assert not any(x["flattened"] for x in t)
+
+
+def test_interleaved_nodes_ordered_by_lowest_rank():
+    keys = ["y", "x", "y", "x", "y", "x"]
+    t = topo(keys, 3)
+    assert t["node_ranks"] == [[0, 2, 4], [1, 3, 5]]
+    assert (t["node"], t["local_rank"]) == (1, 1)
+    assert t["rail"] == [2, 3]
+    # Every rank computes the same grouping.
+    assert all(topo(keys, r)["node_ranks"] == t["node_ranks"] for r in range(6))
+
+
+def test_single_node_and_single_rank_nodes():
+    t = topo(["h"] * 3, 2)
+    assert (t["num_nodes"], t["ranks_per_node"], t["local_rank"]) == (1, 3, 2)
+    t = topo(["a", "b", "c"], 1)
+    assert (t["num_nodes"], t["ranks_per_node"], t["node"]) == (3, 1, 1)
+    assert t["rail"] == [0, 1, 2]
+
+
+def test_uneven_nodes_flatten():
+    t = topo(["a", "a", "b"], 2)
+    assert t["flattened"]
+    assert (t["num_nodes"], t["ranks_per_node"], t["node"]) == (3, 1, 2)
+
+
+def test_bad_rank_rejected():
+    with pytest.raises(Exception):
+        topo(["a"], 1)
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, 63, 64, 65, 1000, 4099])
+@pytest.mark.parametrize("parts", [1, 2, 3, 4, 7])
+def test_split_even_covers_exactly(count, parts):
+    ranges = _C._split_even_for_test(count, parts, 16)
+    assert len(ranges) == parts
+    offset = 0
+    for i, (o, n) in enumerate(ranges):
+        assert o == offset and n >= 0
+        if i < parts - 1:
+            assert o % 16 == 0 and n % 16 == 0  # aligned boundaries
+        offset += n
+    assert offset == count
+    sizes = [n for _, n in ranges[:-1]]
+    if sizes:
+        assert max(sizes) - min(sizes) <= 16  # even
+
+
+def check_plan(numel, elem, k, n, **kw):
+    slices = _C._plan_for_test(numel, elem, k, n, **kw)
+    assert len(slices) >= 1
+    covered = 0
+    for s in slices:
+        off, cnt = s["slice"]
+        assert off == covered
+        covered += cnt
+        c_cov = 0
+        assert 1 <= len(s["chunks"]) <= k
+        for ci, (co, cc) in enumerate(s["chunks"]):
+            assert co == c_cov
+            c_cov += cc
+            shards = s["shards"][ci]
+            assert 1 <= len(shards) <= n
+            assert sum(x[1] for x in shards) == cc
+        assert c_cov == cnt
+    assert covered == numel
+    return slices
+
+
+@pytest.mark.parametrize("numel", [0, 1, 2, 13, 1031, 65537, 3_000_017])
+@pytest.mark.parametrize("k,n", [(1, 1), (2, 1), (1, 2), (2, 2), (4, 3)])
+def test_plan_covers_tensor(numel, k, n):
+    check_plan(numel, 4, k, n, slice_bytes=64 << 10)
+
+
+def test_large_slices_use_every_rank_and_node():
+    s = check_plan(1 << 20, 4, 4, 3, slice_bytes=1 << 20)
+    assert len(s) == 4
+    assert all(len(x["chunks"]) == 4 and len(x["shards"][0]) == 3 for x in s)
+
+
+def test_small_message_uses_fewer_pieces():
+    # 4 KiB on 4 ranks x 3 nodes: one chunk, one shard (one server per rail).
+    s = check_plan(1024, 4, 4, 3)
+    assert len(s) == 1 and len(s[0]["chunks"]) == 1 and len(s[0]["shards"][0]) == 1
+    # 128 KiB: two chunks of 64 KiB, each split in two 32 KiB shards.
+    s = check_plan(32 * 1024, 4, 4, 3)
+    assert len(s[0]["chunks"]) == 2 and len(s[0]["shards"][0]) == 2
+
+
+def test_slices_are_balanced():
+    s = check_plan(1_000_003, 4, 2, 2, slice_bytes=1 << 20)
+    counts = [x["slice"][1] for x in s]
+    assert max(counts) - min(counts) <= 16 + 3
