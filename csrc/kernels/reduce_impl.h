@@ -20,8 +20,8 @@
 // Every variant computes bit-identical results: the combine order is fixed
 // (in[0], in[1], ..., in[n-1]), each step is a single IEEE operation (no
 // contraction, no reassociation), and the half-precision conversions are
-// integer bit manipulation, not hardware conversions whose NaN handling might
-// differ between machines.
+// exact / round to nearest even with canonical NaNs whether done with bit
+// manipulation or F16C.
 
 namespace detail {
 
@@ -121,49 +121,35 @@ struct PlainCvt {
   static T store(Acc a) { return a; }
 };
 
-// float16 converts whole blocks at a time (kBlockConvert): the bit-twiddling
+#if defined(FAIRRING_REDUCE_IMPL_F16C)
+constexpr bool kHaveF16C = true;
+#else
+constexpr bool kHaveF16C = false;
+#endif
+
+// float16.  With F16C (FAIRRING_REDUCE_IMPL_F16C, defined by the AVX2 build,
+// which includes <immintrin.h> first) the fused passes convert 8 elements per
+// instruction (f16c_fused_pass below).  Without it, the bit-twiddling
 // conversion is long enough that fusing it into the combine loops spills
-// registers, and with F16C (FAIRRING_REDUCE_IMPL_F16C, defined by the AVX2
-// build, which includes <immintrin.h> first) the conversion of a block is one
-// instruction per 8 elements.  Both give the same bits as f16_to_f32 and
-// f32_to_f16: F16C converts exactly / rounds to nearest even, and NaNs are
-// made canonical before rounding.
+// registers, so whole (small) blocks are converted at a time instead
+// (kBlockConvert).  All give the same bits: F16C converts exactly / rounds to
+// nearest even like f16_to_f32 / f32_to_f16, and NaNs are made canonical
+// before rounding.
 struct HalfCvt {
   using Storage = uint16_t;
   using Acc = float;
-  static constexpr bool kBlockConvert = true;
+  static constexpr bool kBlockConvert = !kHaveF16C;
   static Acc load(uint16_t x) { return f16_to_f32(x); }
   static uint16_t store(Acc a) { return f32_to_f16(a); }
 
   static void load_block(float* dst, const uint16_t* src, int64_t len) {
-    int64_t j = 0;
-#if defined(FAIRRING_REDUCE_IMPL_F16C)
-    for (; j + 8 <= len; j += 8) {
-      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j));
-      _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(h));
-    }
-#endif
-    for (; j < len; ++j) {
+    for (int64_t j = 0; j < len; ++j) {
       dst[j] = f16_to_f32(src[j]);
     }
   }
 
   static void store_block(uint16_t* dst, const float* src, int64_t len) {
-    int64_t j = 0;
-#if defined(FAIRRING_REDUCE_IMPL_F16C)
-    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
-    const __m256 quiet_nan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000));
-    for (; j + 8 <= len; j += 8) {
-      __m256 v = _mm256_loadu_ps(src + j);
-      // Any NaN -> the canonical quiet NaN with its sign (F16C would keep
-      // the top payload bits), so that the result is 0x7E00 | sign.
-      const __m256 is_nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-      v = _mm256_blendv_ps(v, _mm256_or_ps(_mm256_and_ps(v, sign_bit), quiet_nan), is_nan);
-      _mm_storeu_si128(
-          reinterpret_cast<__m128i*>(dst + j), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-    }
-#endif
-    for (; j < len; ++j) {
+    for (int64_t j = 0; j < len; ++j) {
       dst[j] = f32_to_f16(src[j]);
     }
   }
@@ -275,8 +261,11 @@ struct OpXor {
 // loaded, combined in order, and written once), so that n <= kGroup inputs
 // take a single pass straight into `out`, and more inputs go through the
 // local accumulator `acc`: acc = in[0..3], acc = acc (op) in[4..7], ..., and
-// the last group's pass writes `out`.  (Longer groups gain little and cost
-// compile time; pairs were ~2x slower for 8 inputs.)
+// the last group's pass writes `out`.  Streaming all of a group's inputs
+// together keeps the hardware prefetchers busy; longer groups gained little
+// (~5% for 8 inputs) and cost compile time.  (Beware loop shapes GCC can
+// unroll-and-jam at -O3: a perfect nest of an inner j loop inside a k loop
+// over inputs got jammed into a scalar loop, 2x slower.)
 //
 // `out` may be exactly one of the inputs: it is only written by the last pass
 // over a block, after every input's elements of that block were read, and
@@ -308,6 +297,97 @@ inline typename Cvt::Acc step(typename Cvt::Acc v, typename Cvt::Storage x) {
   }
 }
 
+#if defined(FAIRRING_REDUCE_IMPL_F16C)
+// float16 with F16C: the fused pass below on 8 floats at a time, with vector
+// versions of the operations that give exactly the scalar Op::apply results
+// (min/max: same comparisons and NaN rule, selected with blends).
+inline __m256 f16c_load(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+inline void f16c_store(uint16_t* p, __m256 v) {
+  // Any NaN -> the quiet NaN with its sign, which rounds to 0x7E00 | sign
+  // like f32_to_f16 (F16C alone would keep the top payload bits).
+  const __m256 is_nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  const __m256 canonical = _mm256_or_ps(
+      _mm256_and_ps(v, _mm256_set1_ps(-0.0f)),
+      _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)));
+  v = _mm256_blendv_ps(v, canonical, is_nan);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+
+inline __m256 vec_apply(OpSum, __m256 a, __m256 b) {
+  return _mm256_add_ps(a, b);
+}
+inline __m256 vec_apply(OpProduct, __m256 a, __m256 b) {
+  return _mm256_mul_ps(a, b);
+}
+inline __m256 vec_apply(OpMin, __m256 a, __m256 b) {  // b != b ? b : (b < a ? b : a)
+  const __m256 r = _mm256_blendv_ps(a, b, _mm256_cmp_ps(b, a, _CMP_LT_OQ));
+  return _mm256_blendv_ps(r, b, _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
+}
+inline __m256 vec_apply(OpMax, __m256 a, __m256 b) {  // b != b ? b : (a < b ? b : a)
+  const __m256 r = _mm256_blendv_ps(a, b, _mm256_cmp_ps(a, b, _CMP_LT_OQ));
+  return _mm256_blendv_ps(r, b, _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
+}
+
+template <bool kApply, typename Op>
+inline __m256 vec_step(__m256 v, const uint16_t* x) {
+  if constexpr (kApply) {
+    return vec_apply(Op{}, v, f16c_load(x));
+  } else {
+    return v;
+  }
+}
+
+template <typename Op, bool kFromAcc, bool kToOut, bool kDivide, size_t... I>
+inline void f16c_fused_pass(
+    float* acc,
+    uint16_t* out,
+    const uint16_t* const* p,
+    int64_t len,
+    float div,
+    std::index_sequence<I...>) {
+  const uint16_t* const q[sizeof...(I)] = {p[I]...};
+  const __m256 vdiv = _mm256_set1_ps(div);
+  int64_t j = 0;
+  for (; j + 8 <= len; j += 8) {
+    __m256 v;
+    if constexpr (kFromAcc) {
+      v = _mm256_load_ps(acc + j);
+    } else {
+      v = f16c_load(q[0] + j);
+    }
+    ((v = vec_step<kFromAcc || I != 0, Op>(v, q[I] + j)), ...);
+    if constexpr (kToOut) {
+      if constexpr (kDivide) {
+        v = _mm256_div_ps(v, vdiv);
+      }
+      f16c_store(out + j, v);  // after every load of these 8 elements
+    } else {
+      _mm256_store_ps(acc + j, v);
+    }
+  }
+  for (; j < len; ++j) {  // the last < 8 elements, same results
+    float v;
+    if constexpr (kFromAcc) {
+      v = acc[j];
+    } else {
+      v = HalfCvt::load(q[0][j]);
+    }
+    ((v = step<kFromAcc || I != 0, HalfCvt, Op>(v, q[I][j])), ...);
+    if constexpr (kToOut) {
+      if constexpr (kDivide) {
+        v = v / div;
+      }
+      out[j] = HalfCvt::store(v);
+    } else {
+      acc[j] = v;
+    }
+  }
+}
+#endif  // FAIRRING_REDUCE_IMPL_F16C
+
 // One pass over a block: v = acc[j] (kFromAcc) or load(p[0][j]), combined
 // with load(p[i][j]) for the rest of the group in order; the result goes to
 // acc[j], or, if kToOut, to out[j] (divided first if kDivide).
@@ -321,6 +401,13 @@ inline void fused_pass(
     std::index_sequence<I...>) {
   using S = typename Cvt::Storage;
   using A = typename Cvt::Acc;
+#if defined(FAIRRING_REDUCE_IMPL_F16C)
+  if constexpr (std::is_same_v<Cvt, HalfCvt>) {
+    f16c_fused_pass<Op, kFromAcc, kToOut, kDivide>(
+        acc, out, p, len, div, std::index_sequence<I...>());
+    return;
+  }
+#endif
   const S* const q[sizeof...(I)] = {p[I]...};
   if constexpr (kToOut) {
     FAIRRING_IVDEP
@@ -390,9 +477,12 @@ template <typename Cvt>
 struct HasBlockConvert<Cvt, std::void_t<decltype(Cvt::kBlockConvert)>>
     : std::integral_constant<bool, Cvt::kBlockConvert> {};
 
-// For storage types converted a block at a time (float16): each input block
-// is converted into `tmp`, then combined into `acc`; `acc` is converted into
-// `out` at the end.
+// For storage types converted a block at a time (float16 without F16C):
+// each input's block is converted into `tmp`, then combined into `acc`;
+// `acc` is converted into `out` at the end.  The blocks are small so that all
+// the input streams advance together (as in the fused passes), which keeps
+// the hardware prefetchers busy: 256 elements measured ~2x faster for 8
+// inputs than 2048.
 template <typename Cvt, typename Op, bool kDivide>
 void kernel_block_convert(
     typename Cvt::Storage* out,
@@ -401,7 +491,7 @@ void kernel_block_convert(
     int64_t count,
     typename Cvt::Acc div) {
   using A = typename Cvt::Acc;
-  constexpr int64_t kBlock = kBlockBytes / static_cast<int64_t>(sizeof(A));
+  constexpr int64_t kBlock = 256;
   alignas(64) A acc[kBlock];
   alignas(64) A tmp[kBlock];
 
