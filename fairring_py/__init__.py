@@ -6,6 +6,9 @@ all-reduce.  Importing this package registers the backend ``"fairring"``::
     dist.init_process_group("fairring")
 """
 
+import warnings
+from collections import Counter
+
 import torch
 import torch.distributed as dist
 
@@ -31,7 +34,21 @@ def _create_backend(dist_opts, pg_options):
     config.parallelism = resolved.parallelism
     config.socket_ifname = resolved.socket_ifname
     config.timeout = timeout
-    return _C.FairringBackend(store, rank, size, config, _node_key(resolved), fallback)
+    backend = _C.FairringBackend(store, rank, size, config, _node_key(resolved), fallback)
+    if rank == 0 and backend.topology()["flattened"]:
+        _warn_uneven(store, size)
+    return backend
+
+
+def _warn_uneven(store, size):
+    counts = Counter(store.get(f"fairring/node/{r}").decode() for r in range(size))
+    sizes = ", ".join(f"{key!r}: {n}" for key, n in counts.items())
+    warnings.warn(
+        f"fairring: the nodes of this process group have different numbers of ranks ({sizes}); "
+        "using a flat schedule in which every rank is its own node. Results are correct, "
+        "but intra-node shared memory is not used.",
+        stacklevel=3,
+    )
 
 
 if not hasattr(dist.Backend, BACKEND_NAME.upper()):

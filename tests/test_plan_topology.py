@@ -112,3 +112,17 @@ def test_slices_are_balanced():
     s = check_plan(1_000_003, 4, 2, 2, slice_bytes=1 << 20)
     counts = [x["slice"][1] for x in s]
     assert max(counts) - min(counts) <= 16 + 3
+
+
+@pytest.mark.parametrize("k,n", [(1, 2), (2, 2), (4, 3), (8, 16), (1, 7)])
+@pytest.mark.parametrize("elem", [1, 2, 4, 8])
+def test_shard_bound_holds_for_every_plan(k, n, elem):
+    # The reduction servers' staging buffers are sized by this bound.
+    kw = dict(slice_bytes=256 << 10, min_chunk_bytes=16 << 10, min_shard_bytes=4 << 10)
+    bound = _C._max_shard_bytes_for_test(k, n, kw["slice_bytes"], kw["min_chunk_bytes"], kw["min_shard_bytes"])
+    numels = [1, 63, 1000, 4097, 9999, 40_000, 70_001, 300_007, 1_000_003]
+    numels += [x // elem for x in (kw["min_chunk_bytes"] * j + d for j in range(1, 2 * k + 2) for d in (-64, 0, 64))]
+    for numel in numels:
+        for s in _C._plan_for_test(numel, elem, k, n, **kw):
+            for shards in s["shards"]:
+                assert max(c for _, c in shards) * elem <= bound, (numel, elem, k, n)

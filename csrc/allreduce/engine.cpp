@@ -32,11 +32,13 @@ bool process_alive(int pid) {
   return !(close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z');
 }
 
-int64_t required_memory(const Config& c, int k, int n) {
-  // Per rank: its share of the node's slot areas (K inputs + 1 output) and,
-  // between nodes, staging for the peers' shards.
-  const int64_t per_slot = c.slice_size * (k + 1) / k + (n > 1 ? c.slice_size * (n - 1) / k : 0);
-  return per_slot * c.parallelism;
+// Staging memory of one rank: its share of the node's shared slot areas (K
+// inputs + 1 output, none for a node of one) and, between nodes, the buffers
+// its reduction server receives the peers' shards into.
+int64_t required_memory(const Config& c, const PlanParams& p, int k, int n) {
+  const int64_t shared = k > 1 ? c.slice_size * (k + 1) / k : 0;
+  const int64_t staging = n > 1 ? (n - 1) * max_shard_bytes(p, k, n) : 0;
+  return (shared + staging) * c.parallelism;
 }
 
 }  // namespace
@@ -46,7 +48,7 @@ Engine::Engine(const c10::intrusive_ptr<c10d::Store>& store, const Topology& top
     : topo_(topo), config_(config) {
   params_.slice_bytes = config_.slice_size;
   slots_ = config_.parallelism;
-  const int64_t need = required_memory(config_, topo_.ranks_per_node, topo_.num_nodes);
+  const int64_t need = required_memory(config_, params_, topo_.ranks_per_node, topo_.num_nodes);
   if (need > config_.total_memory) {
     throw std::invalid_argument(
         "FAIRRING_TOTAL_MEMORY=" + std::to_string(config_.total_memory) + " bytes is too small for FAIRRING_PARALLELISM=" +
@@ -59,18 +61,19 @@ Engine::Engine(const c10::intrusive_ptr<c10d::Store>& store, const Topology& top
   arena_ = std::make_unique<NodeArena>(store, topo_, job_uid, slots_, config_.slice_size, config_.timeout);
 
   if (topo_.num_nodes > 1) {
-    mesh_ = std::make_unique<TcpMesh>(store, topo_.rank, secret, config_.socket_ifname, config_.timeout);
     std::vector<int> peers;
     for (int r : topo_.rail()) {
       if (r != topo_.rank) peers.push_back(r);
     }
-    mesh_->connect(peers);
+    mesh_ = std::make_unique<TcpMesh>(store, topo_.rank, peers, secret, config_.socket_ifname, config_.timeout);
+    mesh_->connect();
     RailStage::Callbacks cb;
     cb.slice_done = [this](uint64_t seq) {
       counter_publish(arena_->control().chunk_done[topo_.local_rank], static_cast<uint32_t>(seq + 1));
     };
     cb.failed = [this](const std::string& why) { fail(why); };
-    rail_ = std::make_unique<RailStage>(topo_, *mesh_, reduce_cpu, std::move(cb), config_.timeout);
+    rail_ = std::make_unique<RailStage>(topo_, *mesh_, reduce_cpu, std::move(cb), config_.timeout, slots_,
+                                        max_shard_bytes(params_, topo_.ranks_per_node, topo_.num_nodes));
   }
   local_ = std::thread([this] { local_loop(); });
 }
@@ -208,7 +211,14 @@ void Engine::reduce_scatter(Pending& p) {
     }
     arena_->header(slot, me) = SlotHeader{op.seq, p.seq, op.numel, static_cast<int32_t>(op.dtype),
                                           static_cast<int32_t>(op.op)};
-    std::memcpy(arena_->input_area(slot, me), tensor, p.plan.slice.count * esize);
+    // Peers read our input for their chunks only; our own chunk we reduce
+    // straight from the tensor, so it is not copied.
+    const bool own_chunk = me < p.plan.num_chunks();
+    const Range own = own_chunk ? p.plan.chunks[me] : Range{p.plan.slice.count, 0};
+    std::memcpy(arena_->input_area(slot, me), tensor, own.offset * esize);
+    const int64_t tail = own.offset + own.count;
+    std::memcpy(arena_->input_area(slot, me) + tail * esize, tensor + tail * esize,
+                (p.plan.slice.count - tail) * esize);
     counter_publish(c.in_ready[me], mark);
     for (int x = 0; x < k; ++x) {
       if (x != me) counter_wait(c.in_ready[x], mark, wait_check(x, "provide its input", p));
@@ -224,16 +234,16 @@ void Engine::reduce_scatter(Pending& p) {
             describe(h.numel, h.dtype, h.op) + ". Every rank must issue the same collectives in the same order.");
       }
     }
-    if (me >= p.plan.num_chunks()) return;  // small slice: fewer chunks than ranks
-    const Range& mine_range = p.plan.chunks[me];
+    if (!own_chunk) return;  // small slice: fewer chunks than ranks
     const void* inputs[kMaxLocalRanks];
-    for (int x = 0; x < k; ++x) inputs[x] = arena_->input_area(slot, x) + mine_range.offset * esize;
-    chunk = arena_->output_area(slot) + mine_range.offset * esize;
-    reduce_cpu(op.dtype, op.op, chunk, inputs, k, mine_range.count, topo_.num_nodes == 1 ? divisor : 0);
-  } else if (topo_.num_nodes == 1 && divisor > 1) {
-    const void* in = chunk;
-    reduce_cpu(op.dtype, op.op, chunk, &in, 1, p.plan.slice.count, divisor);
+    for (int x = 0; x < k; ++x) {
+      inputs[x] = (x == me ? tensor : arena_->input_area(slot, x)) + own.offset * esize;
+    }
+    chunk = arena_->output_area(slot) + own.offset * esize;
+    reduce_cpu(op.dtype, op.op, chunk, inputs, k, own.count, topo_.num_nodes == 1 ? divisor : 0);
   }
+  // A node of one rank (k == 1) reduces nothing locally: its chunk is the
+  // slice of its own tensor, which goes to the rail as it is.
 
   if (rail_) {
     RailTask t;

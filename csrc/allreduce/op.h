@@ -19,7 +19,8 @@ struct AllreduceOp {
   c10::ScalarType dtype = c10::ScalarType::Float;
   RedOp op = RedOp::kSum;
   int64_t numel = 0;
-  // Called once, from the engine's thread, with nullptr on success.
+  // Called once with nullptr on success: from the engine's thread, or from
+  // the issuing thread when the group had already failed.
   std::function<void(std::exception_ptr)> on_complete;
 };
 

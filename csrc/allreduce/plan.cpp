@@ -75,4 +75,13 @@ SlicePlan plan_slice(
   return plan;
 }
 
+int64_t max_shard_bytes(const PlanParams& params, int ranks_per_node, int num_nodes) {
+  // A chunk is a 1/K share of a full slice, or below min_chunk_bytes when the
+  // slice was too small to use every rank; a shard likewise.  The slack covers
+  // rounding to aligned boundaries and the unaligned tail of the last range.
+  const int64_t slack = 4 * params.align_bytes;
+  const int64_t chunk = std::max(params.slice_bytes / ranks_per_node, params.min_chunk_bytes) + slack;
+  return std::max(chunk / num_nodes, params.min_shard_bytes) + slack;
+}
+
 }  // namespace fairring

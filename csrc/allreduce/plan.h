@@ -49,4 +49,8 @@ SlicePlan plan_slice(
     int num_nodes,
     const PlanParams& params);
 
+// An upper bound on the bytes of any shard of any slice plan_slice makes with
+// these parameters, for sizing the reduction servers' staging buffers.
+int64_t max_shard_bytes(const PlanParams& params, int ranks_per_node, int num_nodes);
+
 }  // namespace fairring

@@ -19,7 +19,7 @@ struct RailStage::SliceState {
   int results_missing = 0;        // as a client
   int sends_pending = 0;
   bool served = true;             // our shard reduced and sent (or nothing to serve)
-  std::vector<std::vector<char>> staging;  // peers' contributions, by node
+  std::vector<std::vector<char>>* staging = nullptr;  // the slot's buffers, by node
 };
 
 namespace {
@@ -58,8 +58,15 @@ void check_match(const WireHeader& got, const WireHeader& want, int peer, int se
 }  // namespace
 
 RailStage::RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callbacks callbacks,
-                     std::chrono::milliseconds timeout)
+                     std::chrono::milliseconds timeout, int slots, int64_t max_shard_bytes)
     : topo_(topo), reduce_(std::move(reduce)), callbacks_(std::move(callbacks)), timeout_(timeout) {
+  staging_.resize(slots);
+  for (auto& slot : staging_) {
+    slot.resize(topo_.num_nodes);
+    for (int n = 0; n < topo_.num_nodes; ++n) {
+      if (n != topo_.node) slot[n].resize(max_shard_bytes);
+    }
+  }
   const std::vector<int> rail = topo_.rail();
   clients_.resize(topo_.num_nodes);
   servers_.resize(topo_.num_nodes);
@@ -152,16 +159,18 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
   if (me < shards) {
     const uint64_t bytes = static_cast<uint64_t>(bytes_of(t.shards[me], elem));
     s->served = false;
-    s->staging.resize(topo_.num_nodes);
+    s->staging = &staging_[t.slice_seq % staging_.size()];
     for (int i = 0; i < topo_.num_nodes; ++i) {
       if (i == me) continue;
-      s->staging[i].resize(bytes);
+      if (bytes > (*s->staging)[i].size()) {
+        throw std::logic_error("fairring: shard larger than its staging buffer (plan bound violated)");
+      }
       Channel& ch = *servers_[i];
       if (!ch.has_pending_recv()) ch.last_recv_progress = now;
       WireHeader want = header_for(t, WireKind::kContribution, bytes);
       const int peer = ch.peer_rank();
       const int self = topo_.rank;
-      char* dst = s->staging[i].data();
+      char* dst = (*s->staging)[i].data();
       ch.post_recv({[want, dst, peer, self](const WireHeader& got) -> void* {
                       check_match(got, want, peer, self);
                       return dst;
@@ -173,7 +182,7 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
                       char* own = t.chunk + t.shards[topo_.node].offset * elem;
                       std::vector<const void*> inputs(topo_.num_nodes);
                       for (int n = 0; n < topo_.num_nodes; ++n) {
-                        inputs[n] = (n == topo_.node) ? own : s->staging[n].data();
+                        inputs[n] = (n == topo_.node) ? own : (*s->staging)[n].data();
                       }
                       reduce_(t.dtype, t.op, own, inputs.data(), topo_.num_nodes,
                               t.shards[topo_.node].count, t.divisor);
@@ -231,6 +240,9 @@ void RailStage::loop() {
         auto st = std::make_unique<SliceState>();
         st->task = std::move(t);
         start(std::move(st));
+      }
+      for (Channel* ch : chans) {
+        if (ch->parked() && ch->has_pending_recv()) ch->progress_recv();
       }
 
       fds.clear();

@@ -49,8 +49,9 @@ class RailStage {
     std::function<void(const std::string& why)> failed;  // once, from the stage's thread
   };
 
+  // `slots` slices can be in flight; no shard is larger than `max_shard_bytes`.
   RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callbacks callbacks,
-            std::chrono::milliseconds timeout);
+            std::chrono::milliseconds timeout, int slots, int64_t max_shard_bytes);
   ~RailStage();
 
   void post(RailTask task);
@@ -72,6 +73,8 @@ class RailStage {
   std::vector<std::unique_ptr<Channel>> clients_;  // by node; null for ours
   std::vector<std::unique_ptr<Channel>> servers_;  // by node; null for ours
   int wake_fd_ = -1;
+  // Where the server receives the peers' shards: [slot][node], allocated once.
+  std::vector<std::vector<std::vector<char>>> staging_;
 
   std::mutex mu_;
   std::deque<RailTask> incoming_;

@@ -2,10 +2,9 @@
 
 #include <sys/random.h>
 
-#include <map>
-#include <sstream>
 
 #include "allreduce/engine.h"
+#include "allreduce/op.h"
 #include "backend/work.h"
 #include "kernels/reduce_cpu.h"
 
@@ -16,7 +15,7 @@ namespace {
 std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 std::string string_of(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 
-RedOp to_redop(const c10d::ReduceOp& op) {
+RedOp to_redop(const c10d::ReduceOp& op, c10::ScalarType dtype) {
   switch (op.op_) {
     case c10d::ReduceOp::SUM: return RedOp::kSum;
     case c10d::ReduceOp::AVG: return RedOp::kAvg;
@@ -27,8 +26,8 @@ RedOp to_redop(const c10d::ReduceOp& op) {
     case c10d::ReduceOp::BOR: return RedOp::kBor;
     case c10d::ReduceOp::BXOR: return RedOp::kBxor;
     default:
-      TORCH_CHECK(false, "fairring: all_reduce does not support ReduceOp PREMUL_SUM; "
-                         "scale the tensor and use SUM instead");
+      TORCH_CHECK(false, "fairring: all_reduce does not support ReduceOp PREMUL_SUM (tensor of ",
+                  dtype_name(dtype), "); scale the tensor and use SUM instead");
   }
 }
 
@@ -65,17 +64,6 @@ FairringBackend::FairringBackend(
   std::vector<std::string> keys(size);
   for (int r = 0; r < size; ++r) keys[r] = string_of(store->get("fairring/node/" + std::to_string(r)));
   topo_ = build_topology(keys, rank);
-  if (topo_.flattened && rank == 0) {
-    std::map<std::string, int> count;
-    for (const auto& k : keys) ++count[k];
-    std::ostringstream sizes;
-    for (const auto& [k, n] : count) sizes << (sizes.tellp() > 0 ? ", " : "") << "'" << k << "': " << n;
-    TORCH_WARN(
-        "fairring: the nodes of this process group have different numbers of ranks (", sizes.str(),
-        "); falling back to a flat schedule in which every rank is its own node. Results are "
-        "correct, but intra-node shared memory is not used.");
-  }
-
   // The group's secret (TCP peers must present it) and a unique name for its
   // shared memory, chosen by rank 0.
   Secret secret;
@@ -108,7 +96,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce(
               t.layout());
   TORCH_CHECK(t.device().is_cpu(), "fairring: all_reduce of ", t.device().str(),
               " tensors is not supported by this build; only CPU tensors are");
-  const RedOp op = to_redop(opts.reduceOp);
+  const RedOp op = to_redop(opts.reduceOp, t.scalar_type());
 
   at::Tensor buffer = t.is_contiguous() ? t : t.contiguous();
   c10::ScalarType dtype = buffer.scalar_type();

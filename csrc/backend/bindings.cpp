@@ -95,5 +95,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("slice_bytes") = PlanParams().slice_bytes, py::arg("min_chunk_bytes") = PlanParams().min_chunk_bytes,
       py::arg("min_shard_bytes") = PlanParams().min_shard_bytes);
 
+  m.def(
+      "_max_shard_bytes_for_test",
+      [](int ranks_per_node, int num_nodes, int64_t slice_bytes, int64_t min_chunk_bytes, int64_t min_shard_bytes) {
+        PlanParams p;
+        p.slice_bytes = slice_bytes;
+        p.min_chunk_bytes = min_chunk_bytes;
+        p.min_shard_bytes = min_shard_bytes;
+        return max_shard_bytes(p, ranks_per_node, num_nodes);
+      });
+
   register_kernel_bindings(m);
 }

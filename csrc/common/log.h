@@ -1,6 +1,6 @@
 // Minimal logging to stderr with the rank as a prefix.  Warnings meant for the
-// user (once per process group) go through TORCH_WARN instead, so that Python
-// shows them as UserWarning.
+// user are raised by the Python side (fairring_py/__init__.py), where they
+// become UserWarnings.
 #pragma once
 
 #include <cstdio>

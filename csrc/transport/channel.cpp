@@ -69,7 +69,8 @@ bool Channel::start_parked_header() {
     payload_dst_ = abort_text_.data();
     return true;
   }
-  if (recvq_.empty()) return false;  // parked until a receive is posted
+  parked_ = recvq_.empty();
+  if (parked_) return false;  // until a receive is posted
   payload_dst_ = recvq_.front().on_header(h);
   return true;
 }
@@ -92,7 +93,7 @@ bool Channel::progress_recv() {
       payload_got_ = 0;
       payload_dst_ = nullptr;
       if (!start_parked_header()) return moved;
-    } else if (payload_dst_ == nullptr) {
+    } else if (parked_) {
       if (!start_parked_header()) return moved;
     }
     // Payload.

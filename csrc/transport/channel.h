@@ -60,7 +60,10 @@ class Channel {
   bool has_pending_recv() const { return !recvq_.empty(); }
   bool has_pending_send() const { return !sendq_.empty(); }
   // Poll for reading unless a header is parked waiting for its receive.
-  bool wants_read() const { return !(header_got_ == sizeof(WireHeader) && recvq_.empty()); }
+  bool wants_read() const { return !parked_; }
+  // A header arrived before its receive was posted; once one is posted, call
+  // progress_recv() (the payload may be empty: poll would not say so).
+  bool parked() const { return parked_; }
   bool wants_write() const { return !sendq_.empty(); }
 
   // Move as many bytes as the socket takes; true if anything moved.  Throw on
@@ -83,6 +86,7 @@ class Channel {
   std::deque<Recv> recvq_;
   WireHeader header_;
   size_t header_got_ = 0;
+  bool parked_ = false;
   void* payload_dst_ = nullptr;
   size_t payload_got_ = 0;
   std::string abort_text_;

@@ -152,6 +152,21 @@ std::string default_address() {
     if (!is_loop && other.empty()) other = buf;
   }
   freeaddrinfo(res);
+  if (!other.empty()) return other;
+  // The hostname maps to loopback only (common on Debian: 127.0.1.1), which
+  // peers on other machines cannot reach: take an interface that is up.
+  struct ifaddrs* list = nullptr;
+  if (getifaddrs(&list) == 0) {
+    for (auto* it = list; it != nullptr; it = it->ifa_next) {
+      if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET) continue;
+      if ((it->ifa_flags & IFF_UP) == 0 || (it->ifa_flags & IFF_LOOPBACK) != 0) continue;
+      char buf[INET_ADDRSTRLEN] = {0};
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr, buf, sizeof(buf));
+      other = buf;
+      break;
+    }
+    freeifaddrs(list);
+  }
   return !other.empty() ? other : (!loopback.empty() ? loopback : "127.0.0.1");
 }
 

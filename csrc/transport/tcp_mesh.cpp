@@ -47,10 +47,11 @@ Secret random_secret() {
 TcpMesh::TcpMesh(
     c10::intrusive_ptr<c10d::Store> store,
     int rank,
+    std::vector<int> peers,
     const Secret& secret,
     const std::string& ifname,
     std::chrono::milliseconds timeout)
-    : store_(std::move(store)), rank_(rank), secret_(secret), timeout_(timeout) {
+    : store_(std::move(store)), rank_(rank), secret_(secret), timeout_(timeout), expected_(std::move(peers)) {
   address_ = ifname.empty() ? default_address() : interface_address(ifname);
   listener_ = listen_on(address_, &port_);
   const std::string value = listen_address();
@@ -100,11 +101,8 @@ void TcpMesh::accept_loop() {
   }
 }
 
-void TcpMesh::connect(const std::vector<int>& peers) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    expected_ = peers;
-  }
+void TcpMesh::connect() {
+  const std::vector<int>& peers = expected_;
   const auto deadline = Clock::now() + timeout_;
   for (int peer : peers) {
     auto raw = store_->get(addr_key(peer));

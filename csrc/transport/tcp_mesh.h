@@ -29,17 +29,19 @@ using Secret = std::array<uint8_t, 32>;
 
 class TcpMesh {
  public:
-  // Starts listening and publishes this rank's address in the store.
+  // Starts listening for `peers` (group ranks) and publishes this rank's
+  // address in the store.
   TcpMesh(
       c10::intrusive_ptr<c10d::Store> store,
       int rank,
+      std::vector<int> peers,
       const Secret& secret,
       const std::string& ifname,
       std::chrono::milliseconds timeout);
   ~TcpMesh();
 
-  // Connects to every peer (group ranks) and waits for each to connect back.
-  void connect(const std::vector<int>& peers);
+  // Connects to every peer and waits for each to connect back.
+  void connect();
 
   // Available after connect(); each taken once.
   Socket take_client(int peer) { return std::move(clients_.at(peer)); }
@@ -62,7 +64,7 @@ class TcpMesh {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<int> expected_;  // peers allowed to connect
+  const std::vector<int> expected_;  // peers allowed to connect
   std::map<int, Socket> servers_;
   std::map<int, Socket> clients_;
 };
