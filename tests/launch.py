@@ -8,6 +8,11 @@ fresh TCP port, runs ``fn(rank, world_size, *args)`` and returns one
 pytest never hangs); every rank's stdout/stderr is captured to a file and
 returned, so failures show what each rank printed.
 
+Ranks that report but do not exit within ``exit_grace_s`` are killed and
+flagged ``hung_at_exit``; on the hard deadline every rank first gets SIGUSR1
+(faulthandler dumps its Python stacks into its captured output), then SIGKILL.
+A run whose TCPStore port was taken in between is retried once.
+
 ``fn`` must be a module-level function of an importable module (a test module
 is fine: the child gets the parent's ``sys.path``).  It is looked up by name in
 the child only *after* the per-rank environment is in place, so environment
@@ -81,10 +86,12 @@ class RankResult:
     tb: Optional[str] = None
     exitcode: Optional[int] = None
     reported: bool = False  # a result came back through the queue
+    hung_at_exit: bool = False  # reported, but did not exit within exit_grace_s (killed)
     output: str = ""  # captured stdout+stderr of the rank
 
     def describe(self) -> str:
-        s = f"--- rank {self.rank}: ok={self.ok} reported={self.reported} exitcode={self.exitcode}\n"
+        s = f"--- rank {self.rank}: ok={self.ok} reported={self.reported} exitcode={self.exitcode}"
+        s += " HUNG AT EXIT (killed after the grace period)\n" if self.hung_at_exit else "\n"
         if self.tb:
             s += self.tb
         if not self.ok and not self.reported:
@@ -121,6 +128,10 @@ def _rank_main(
     os.close(fd)
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    # On a hang the harness sends SIGUSR1 before killing: dump Python stacks.
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     for k, v in env.items():
         if v is None:
@@ -189,7 +200,34 @@ def _rank_main(
     sys.stderr.flush()
 
 
-def run_ranks(
+def _port_clash(results) -> bool:
+    """The TCPStore port picked by free_port() was taken by someone else in
+    between (a rare race with other jobs on the machine)."""
+    return any(
+        r.tb and "init_process_group" in r.tb and ("ddress already in use" in r.tb or "EADDRINUSE" in r.tb)
+        for r in results
+    )
+
+
+def run_ranks(*a, **kw) -> list:
+    """See _run_ranks_once; retried once, with a fresh port, on a TCPStore port clash."""
+    kw_once = dict(kw)
+    check = kw_once.pop("check", True)
+    results = _run_ranks_once(*a, check=False, **kw_once)
+    if _port_clash(results):
+        results = _run_ranks_once(*a, check=False, **kw_once)
+    if check:
+        bad = [r for r in results if not (r.ok and r.exitcode == 0)]
+        if bad:
+            fn, node_ids = a[0], a[1]
+            raise RunFailed(
+                f"run of {fn.__qualname__} on nodes {list(node_ids)} failed on ranks "
+                f"{[r.rank for r in bad]}\n" + describe_all(results)
+            )
+    return results
+
+
+def _run_ranks_once(
     fn: Callable,
     node_ids: Sequence[Optional[str]],
     *,
@@ -214,7 +252,8 @@ def run_ranks(
     ``pg_options`` to pass to init_process_group.
     timeout_s: hard deadline for the whole run (start to every rank's exit);
     on expiry every rank is killed and RunFailed raised.
-    check: raise RunFailed unless every rank returned normally and exited 0.
+    check: raise RunFailed unless every rank returned normally and exited 0
+    within exit_grace_s of reporting (else see RankResult.hung_at_exit).
     """
     world_size = len(node_ids)
     ctx = mp.get_context("spawn")
@@ -239,6 +278,7 @@ def run_ranks(
     log_paths = []
     deadline = time.monotonic() + timeout_s
     timed_out = False
+    hung_at_exit = []
     try:
         for r in range(world_size):
             e = dict(base_env)
@@ -291,9 +331,18 @@ def run_ranks(
             exit_deadline = min(deadline, time.monotonic() + exit_grace_s)
             for p in procs:
                 p.join(max(0.0, exit_deadline - time.monotonic()))
-            if any(p.is_alive() for p in procs):
-                timed_out = True
+            for r, p in enumerate(procs):
+                if p.is_alive():
+                    hung_at_exit.append(r)
     finally:
+        alive = [p for p in procs if p.is_alive()]
+        for p in alive:
+            try:
+                os.kill(p.pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        if alive:
+            time.sleep(1.0)
         for p in procs:
             if p.is_alive():
                 try:
@@ -304,6 +353,7 @@ def run_ranks(
             p.join(10)
         for r, p in enumerate(procs):
             results[r].exitcode = p.exitcode
+            results[r].hung_at_exit = r in hung_at_exit
         for r, path in enumerate(log_paths):
             try:
                 with open(path, errors="replace") as f:

@@ -108,7 +108,7 @@ def sec_unsupported(rank, world, cfg):
             msg = str(e)
             if opname.lower() not in msg.lower() and not (opname == "PREMUL_SUM" and "premul" in msg.lower()):
                 failures.add(f"{label} on {dtype}: message does not name the op: {msg[:300]!r}")
-            if not any(n.lower() in msg.lower() for n in dtype_names[dtype]):
+            if opname != "PREMUL_SUM" and not any(n.lower() in msg.lower() for n in dtype_names[dtype]):
                 failures.add(f"{label} on {dtype}: message does not name the dtype: {msg[:300]!r}")
             continue
         except Exception as e:  # noqa: BLE001
@@ -176,13 +176,26 @@ def sec_noncontig(rank, world, cfg):
             failures.add(f"0-dim tensor: got {t.item()} expected {sum(float(v) for v in vals)}")
     except Exception as e:  # noqa: BLE001
         failures.add(f"0-dim tensor: raised {type(e).__name__}: {str(e)[:300]}")
-    # empty tensor: a no-op that must not hang or break the group
-    e_t = torch.empty(0, dtype=torch.float32)
-    try:
-        dist.all_reduce(e_t)
-    except Exception as e:  # noqa: BLE001
-        failures.add(f"empty tensor: raised {type(e).__name__}: {str(e)[:300]}")
     return {"failures": failures, "digests": digests}
+
+
+def sec_empty(rank, world, cfg):
+    """all_reduce of an empty tensor is a no-op that must not hang or break the
+    group (run last: a hang here would poison later sections)."""
+    failures = Failures()
+    for dt in (torch.float32, torch.int64):
+        e_t = torch.empty(0, dtype=dt)
+        try:
+            w = dist.all_reduce(e_t, async_op=True)
+            w.wait(timeout=timedelta(seconds=20))
+        except Exception as e:  # noqa: BLE001
+            failures.add(f"empty {dt} tensor: raised {type(e).__name__}: {str(e)[:300]}")
+            return {"failures": failures}
+    f = Failures()
+    _run_case(rank, world, 99, torch.float32, "SUM", 1031, f, None)
+    for m in f:
+        failures.add(f"all_reduce after empty tensors: {m}")
+    return {"failures": failures}
 
 
 def sec_shm(rank, world, cfg):
@@ -214,11 +227,15 @@ def _cpu_backend(group=None):
 def sec_listen(rank, world, cfg):
     failures = Failures()
     addr = None
+    topo = None
     try:
-        addr = _cpu_backend().listen_address()
+        be = _cpu_backend()
+        addr = be.listen_address()
+        if hasattr(be, "topology"):  # introspection helper of this implementation
+            topo = dict(be.topology())
     except Exception as e:  # noqa: BLE001
         failures.add(f"listen_address() raised {type(e).__name__}: {e}")
-    return {"failures": failures, "addr": addr}
+    return {"failures": failures, "addr": addr, "topology": topo}
 
 
 def sec_async(rank, world, cfg):
@@ -536,6 +553,7 @@ SECTIONS = {
     "collectives": sec_collectives,
     "unsupported": sec_unsupported,
     "intruder": sec_intruder,
+    "empty": sec_empty,
 }
 
 

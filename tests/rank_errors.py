@@ -54,23 +54,46 @@ def mismatch(rank, world, timeout_s):
     return out
 
 
-def stall_or_die(rank, world, culprit, how, timeout_s):
+def stall_or_die(rank, world, culprit, how, timeout_s, sync_dir=None):
     """Everyone does a correct all_reduce; then `culprit` stalls (sleeps past
-    the timeout) or dies (os._exit), the others all_reduce again."""
+    the timeout, staying alive until the others are done, as told by files in
+    sync_dir) or dies (os._exit), the others all_reduce again."""
     t = torch.ones(65537)
     dist.all_reduce(t)
     warm = bool(torch.all(t == world))
     maps = [n for n, _ in launch.own_shm_mappings()]
+    if how == "die-mid-op":
+        # everyone starts a large (many-slice) all_reduce; the culprit dies
+        # right after posting it, while data is in flight
+        big = torch.ones(16_000_057)
+        work = dist.all_reduce(big, async_op=True)
+        if rank == culprit:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(launch.DELIBERATE_EXIT)
+        first = _attempt(lambda: work.wait())
+        later = _attempt(lambda: dist.all_reduce(torch.ones(10)))
+        later_async = _attempt(lambda: dist.all_reduce(torch.ones(10), async_op=True).wait())
+        return {"culprit": False, "warm": warm, "maps": maps, "first": first, "later": later,
+                "later_async": later_async}
     if rank == culprit:
         if how == "die":
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(launch.DELIBERATE_EXIT)
-        time.sleep(timeout_s + 6)
+        give_up = time.monotonic() + 2 * timeout_s + 15
+        others = [r for r in range(world) if r != culprit]
+        while time.monotonic() < give_up:
+            if sync_dir and all(os.path.exists(os.path.join(sync_dir, f"done{r}")) for r in others):
+                break
+            time.sleep(0.2)
+        time.sleep(1.0)
         return {"culprit": True, "warm": warm, "maps": maps}
     first = _attempt(lambda: dist.all_reduce(torch.ones(4099)))
     later = _attempt(lambda: dist.all_reduce(torch.ones(10)))
     later_async = _attempt(lambda: dist.all_reduce(torch.ones(10), async_op=True).wait())
+    if sync_dir:
+        open(os.path.join(sync_dir, f"done{rank}"), "w").close()
     return {"culprit": False, "warm": warm, "maps": maps, "first": first, "later": later, "later_async": later_async}
 
 

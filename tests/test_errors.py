@@ -78,20 +78,23 @@ STALL_CASES = [(["a", "a", "b", "b"], 3), (["a", "a", "b", "b"], 0), (["a", "a"]
 @pytest.mark.parametrize("nodes,culprit", STALL_CASES, ids=["2x2-rank3", "2x2-rank0", "1x2-rank1"])
 def test_stalled_rank_named_within_timeout(nodes, culprit):
     timeout_s = 5
-    res = launch.run_ranks(rank_errors.stall_or_die, nodes, args=(culprit, "stall", timeout_s),
-                           pg_timeout_s=timeout_s, timeout_s=90)
+    with tempfile.TemporaryDirectory(prefix="fairring-test-sync-") as sync_dir:
+        res = launch.run_ranks(rank_errors.stall_or_die, nodes, args=(culprit, "stall", timeout_s, sync_dir),
+                               pg_timeout_s=timeout_s, timeout_s=90)
     problems = _check_culprit_named(res, culprit, timeout_s, "stalled")
     assert not problems, "\n".join(problems) + "\n" + _fmt(res)
 
 
-DEAD_CASES = [(["a", "a", "b", "b"], 1), (["a", "b"], 1), (["a", "a"], 0)]
+DEAD_CASES = [(["a", "a", "b", "b"], 1, "die"), (["a", "b"], 1, "die"), (["a", "a"], 0, "die"),
+              (["a", "a", "b", "b"], 2, "die-mid-op")]
 
 
-@pytest.mark.parametrize("nodes,culprit", DEAD_CASES, ids=["2x2-rank1", "2x1-rank1", "1x2-rank0"])
-def test_dead_rank_named_within_timeout(nodes, culprit):
+@pytest.mark.parametrize("nodes,culprit,how", DEAD_CASES,
+                         ids=["2x2-rank1", "2x1-rank1", "1x2-rank0", "2x2-rank2-mid-op"])
+def test_dead_rank_named_within_timeout(nodes, culprit, how):
     timeout_s = 8
     shm_before = launch.list_shm()
-    res = launch.run_ranks(rank_errors.stall_or_die, nodes, args=(culprit, "die", timeout_s),
+    res = launch.run_ranks(rank_errors.stall_or_die, nodes, args=(culprit, how, timeout_s),
                            pg_timeout_s=timeout_s, timeout_s=90, check=False)
     problems = []
     for r in res:
