@@ -8,6 +8,7 @@
 #include <functional>
 #include <string>
 
+#include "common/dtype_name.h"
 #include "common/reduce_op.h"
 
 namespace fairring {
@@ -23,23 +24,6 @@ struct AllreduceOp {
   // the issuing thread when the group had already failed.
   std::function<void(std::exception_ptr)> on_complete;
 };
-
-// torch's name of a dtype ("float32"), for messages.
-inline std::string dtype_name(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::Float: return "float32";
-    case c10::ScalarType::Double: return "float64";
-    case c10::ScalarType::Half: return "float16";
-    case c10::ScalarType::BFloat16: return "bfloat16";
-    case c10::ScalarType::Char: return "int8";
-    case c10::ScalarType::Byte: return "uint8";
-    case c10::ScalarType::Short: return "int16";
-    case c10::ScalarType::Int: return "int32";
-    case c10::ScalarType::Long: return "int64";
-    case c10::ScalarType::Bool: return "bool";
-    default: return c10::toString(t);
-  }
-}
 
 // "1000 elements of float32 with SUM", for error messages.  Complex tensors
 // travel as their real view (twice the elements).

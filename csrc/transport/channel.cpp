@@ -75,20 +75,25 @@ bool Channel::start_parked_header() {
   return true;
 }
 
+size_t Channel::recv_some(char* dst, size_t len) {
+  ssize_t r = recv(socket_.fd(), dst, len, MSG_DONTWAIT);
+  if (r == 0) lost(peer_rank_, "was closed");
+  if (r < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+    lost(peer_rank_, (std::string("failed: ") + std::strerror(errno)).c_str());
+  }
+  last_recv_progress = Clock::now();
+  return static_cast<size_t>(r);
+}
+
 bool Channel::progress_recv() {
   bool moved = false;
   for (;;) {
     if (header_got_ < sizeof(WireHeader)) {
-      ssize_t r = recv(socket_.fd(), reinterpret_cast<char*>(&header_) + header_got_,
-                       sizeof(WireHeader) - header_got_, MSG_DONTWAIT);
-      if (r == 0) lost(peer_rank_, "was closed");
-      if (r < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return moved;
-        lost(peer_rank_, (std::string("failed: ") + std::strerror(errno)).c_str());
-      }
+      const size_t r = recv_some(reinterpret_cast<char*>(&header_) + header_got_, sizeof(WireHeader) - header_got_);
+      if (r == 0) return moved;
       moved = true;
-      last_recv_progress = Clock::now();
-      header_got_ += static_cast<size_t>(r);
+      header_got_ += r;
       if (header_got_ < sizeof(WireHeader)) continue;
       payload_got_ = 0;
       payload_dst_ = nullptr;
@@ -98,16 +103,10 @@ bool Channel::progress_recv() {
     }
     // Payload.
     while (payload_got_ < header_.bytes) {
-      ssize_t r = recv(socket_.fd(), static_cast<char*>(payload_dst_) + payload_got_,
-                       header_.bytes - payload_got_, MSG_DONTWAIT);
-      if (r == 0) lost(peer_rank_, "was closed");
-      if (r < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return moved;
-        lost(peer_rank_, (std::string("failed: ") + std::strerror(errno)).c_str());
-      }
+      const size_t r = recv_some(static_cast<char*>(payload_dst_) + payload_got_, header_.bytes - payload_got_);
+      if (r == 0) return moved;
       moved = true;
-      last_recv_progress = Clock::now();
-      payload_got_ += static_cast<size_t>(r);
+      payload_got_ += r;
     }
     header_got_ = 0;
     payload_dst_ = nullptr;

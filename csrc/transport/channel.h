@@ -79,6 +79,8 @@ class Channel {
 
  private:
   bool start_parked_header();
+  // Reads what is there, up to len (0: nothing yet); throws on end of stream.
+  size_t recv_some(char* dst, size_t len);
 
   Socket socket_;
   int peer_rank_;
