@@ -289,6 +289,30 @@ def sec_async(rank, world, cfg):
         exp = 5000.0 * sum(float(r + i) for r in range(world))
         if got != exp:
             failures.add(f"future.then #{i}: got {got} expected {exp}")
+    # A callback that issues a delegated collective (as a DDP comm hook may),
+    # with and without further all_reduces queued behind its own: no deadlock.
+    for queued_behind in (0, 3):
+        b = torch.full((10,), float(rank))
+        head = dist.all_reduce(torch.ones(1000), async_op=True)
+        chained = head.get_future().then(lambda f, b=b: dist.broadcast(b, src=0) or b.clone())
+        rest = [dist.all_reduce(torch.ones(1000), async_op=True) for _ in range(queued_behind)]
+        try:
+            got = chained.wait()
+            for w in rest:
+                w.wait()
+            if not torch.equal(got, torch.zeros(10)):
+                failures.add(f"broadcast inside a future callback ({queued_behind} queued): got {got}")
+        except Exception as e:  # noqa: BLE001
+            failures.add(f"broadcast inside a future callback ({queued_behind} queued) raised {e!r:.300}")
+    # A non-contiguous leaf that requires grad is reduced in place too.
+    leaf = (torch.arange(12, dtype=torch.float32).reshape(3, 4) * (rank + 1)).t().requires_grad_()
+    try:
+        dist.all_reduce(leaf)
+        exp = torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * sum(range(1, world + 1))
+        if not torch.equal(leaf.detach(), exp):
+            failures.add(f"non-contiguous leaf requiring grad: got {leaf.detach()}")
+    except Exception as e:  # noqa: BLE001
+        failures.add(f"non-contiguous leaf requiring grad raised {e!r:.300}")
     return {"failures": failures}
 
 

@@ -174,6 +174,16 @@ def validation(rank, world, store_dir):
         for k in good_env:
             del os.environ[k]
 
+    # Options that fix the shared layout and the slices must agree between
+    # ranks: every rank is told which one differs.
+    out["disagree"] = []
+    for var, vals in (("FAIRRING_SLICE_SIZE", ("64K", "128K")), ("FAIRRING_PARALLELISM", ("2", "3"))):
+        os.environ[var] = vals[rank % 2]
+        try:
+            out["disagree"].append((var,) + outcome(init))
+        finally:
+            del os.environ[var]
+
     def good_opts():
         init(pg_options=fairring_py.Options(slice_size=16 * 1024, total_memory=4 << 20, parallelism=4,
                                             socket_ifname="lo"))

@@ -139,6 +139,10 @@ def test_option_validation():
             problems.append(f"rank {r.rank}: valid env settings (256K, ...) failed: {v['good']}")
         elif not str(v.get("good_addr", "")).startswith("127."):
             problems.append(f"rank {r.rank}: FAIRRING_SOCKET_IFNAME=lo but listen_address() = {v.get('good_addr')!r}")
+        for var, kind, msg in v["disagree"]:
+            if kind != "ValueError" or var not in msg:
+                problems.append(f"rank {r.rank}: ranks with different {var}: {kind} {msg[:200]!r} "
+                                f"(expected a ValueError naming {var})")
         if v["good_options"] != ("no error", ""):
             problems.append(f"rank {r.rank}: valid Options failed: {v['good_options']}")
     assert not problems, "\n".join(problems)

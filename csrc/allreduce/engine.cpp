@@ -91,7 +91,9 @@ Engine::~Engine() {
 
 void Engine::submit(std::shared_ptr<AllreduceOp> op) {
   std::unique_lock<std::mutex> lock(mu_);
-  ++submitted_;
+  // Numbered here, under the lock, so that ops issued from several threads
+  // are queued in the order of their numbers.
+  op->seq = submitted_++;
   arena_->control().issued[topo_.local_rank].store(op->seq + 1, std::memory_order_release);
   if (!error_.empty()) {
     const std::string why = error_;
@@ -107,6 +109,9 @@ void Engine::submit(std::shared_ptr<AllreduceOp> op) {
 }
 
 void Engine::wait_idle() {
+  // From a future callback (which runs on the local thread) the ops queued
+  // behind the current one cannot progress until it returns: do not wait.
+  if (std::this_thread::get_id() == local_.get_id()) return;
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return completed_ == submitted_; });
 }
@@ -114,21 +119,22 @@ void Engine::wait_idle() {
 void Engine::complete(const std::shared_ptr<AllreduceOp>& op, std::exception_ptr error) {
   if (!error && op->user.defined()) {
     try {
+      at::NoGradGuard no_grad;  // the caller's tensor may be a leaf that requires grad
       op->user.copy_(op->buffer);
     } catch (...) {
       error = std::current_exception();
     }
   }
-  if (op->on_complete) {
-    auto cb = std::move(op->on_complete);
-    op->on_complete = nullptr;
-    cb(error);
-  }
+  auto cb = std::move(op->on_complete);
+  op->on_complete = nullptr;
+  // Count the op as done before running its callbacks: a future callback may
+  // issue a delegated collective, which waits (wait_idle) for this count.
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++completed_;
   }
   cv_.notify_all();
+  if (cb) cb(error);
 }
 
 void Engine::fail(const std::string& why) {
@@ -226,7 +232,8 @@ void Engine::reduce_scatter(Pending& p) {
     const SlotHeader& mine = arena_->header(slot, me);
     for (int x = 0; x < k; ++x) {
       const SlotHeader& h = arena_->header(slot, x);
-      if (h.op_seq != mine.op_seq || h.numel != mine.numel || h.dtype != mine.dtype || h.op != mine.op) {
+      if (h.op_seq != mine.op_seq || h.slice_seq != mine.slice_seq || h.numel != mine.numel ||
+          h.dtype != mine.dtype || h.op != mine.op) {
         throw std::runtime_error(
             "all_reduce mismatch between ranks: for collective #" + std::to_string(op.seq) + " rank " +
             std::to_string(topo_.rank) + " has " + describe(mine.numel, mine.dtype, mine.op) + " but rank " +

@@ -41,9 +41,11 @@ class Engine {
          const std::string& job_uid, const Secret& secret);
   ~Engine();
 
-  // Queues an op; it completes through op->on_complete.
+  // Numbers the op (issue order) and queues it; it completes through
+  // op->on_complete.
   void submit(std::shared_ptr<AllreduceOp> op);
-  // Blocks until every submitted op has completed (successfully or not).
+  // Blocks until every submitted op has completed (successfully or not);
+  // returns at once when called from an op's completion callback.
   void wait_idle();
 
   std::string listen_address() const { return mesh_ ? mesh_->listen_address() : std::string(); }
@@ -77,7 +79,7 @@ class Engine {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<AllreduceOp>> queue_;
-  uint64_t submitted_ = 0;
+  uint64_t submitted_ = 0;  // also the next op's number
   uint64_t completed_ = 0;
   bool stopping_ = false;
   std::string error_;  // first failure; the group is unusable after it

@@ -14,7 +14,7 @@
 namespace fairring {
 
 struct AllreduceOp {
-  uint64_t seq = 0;       // issue order on the process group, from 0
+  uint64_t seq = 0;       // issue order on the process group, from 0 (set by Engine::submit)
   at::Tensor buffer;      // contiguous tensor reduced in place
   at::Tensor user;        // the caller's tensor if it is not `buffer` (copied back at the end)
   c10::ScalarType dtype = c10::ScalarType::Float;

@@ -227,14 +227,16 @@ void RailStage::loop() {
   try {
     for (;;) {
       std::deque<RailTask> fresh;
+      std::string abort_reason;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (!abort_reason_.empty()) {
-          send_aborts(abort_reason_);
-          return;
-        }
-        if (stopping_ && incoming_.empty() && active_.empty()) return;
+        abort_reason = abort_reason_;
+        if (abort_reason.empty() && stopping_ && incoming_.empty() && active_.empty()) return;
         fresh.swap(incoming_);
+      }
+      if (!abort_reason.empty()) {
+        send_aborts(abort_reason);
+        return;
       }
       for (auto& t : fresh) {
         auto st = std::make_unique<SliceState>();
@@ -251,7 +253,10 @@ void RailStage::loop() {
         short ev = 0;
         if (ch->wants_read()) ev |= POLLIN;
         if (ch->wants_write()) ev |= POLLOUT;
-        fds.push_back({ch->fd(), ev, 0});
+        // A parked channel is not read until its receive is posted; leaving
+        // it out keeps a hang-up from waking poll() over and over meanwhile
+        // (the hang-up is seen once it is read again).
+        fds.push_back({ev != 0 ? ch->fd() : -1, ev, 0});
       }
       // Try sending first: most of the time the socket has room.
       for (Channel* ch : chans) {
@@ -267,8 +272,8 @@ void RailStage::loop() {
       }
       for (size_t i = 0; i < chans.size(); ++i) {
         const short re = fds[i + 1].revents;
-        if (re & (POLLIN | POLLERR | POLLHUP)) chans[i]->progress_recv();
-        if (re & POLLOUT) chans[i]->progress_send();
+        if ((re & (POLLIN | POLLERR | POLLHUP)) && chans[i]->wants_read()) chans[i]->progress_recv();
+        if (re & (POLLOUT | POLLERR | POLLHUP)) chans[i]->progress_send();
       }
       maybe_finish();
 

@@ -59,10 +59,20 @@ FairringBackend::FairringBackend(
     const std::string& node_key,
     c10::intrusive_ptr<c10d::Backend> fallback)
     : c10d::Backend(rank, size), config_(config), fallback_(std::move(fallback)) {
-  // Which ranks share a machine.
+  // Which ranks share a machine, and the settings that must agree between
+  // ranks (they fix the shared-memory layout and the slices).
+  const std::string settings = "FAIRRING_SLICE_SIZE=" + std::to_string(config.slice_size) +
+      ", FAIRRING_PARALLELISM=" + std::to_string(config.parallelism);
   store->set("fairring/node/" + std::to_string(rank), bytes_of(node_key));
+  store->set("fairring/settings/" + std::to_string(rank), bytes_of(settings));
   std::vector<std::string> keys(size);
-  for (int r = 0; r < size; ++r) keys[r] = string_of(store->get("fairring/node/" + std::to_string(r)));
+  for (int r = 0; r < size; ++r) {
+    keys[r] = string_of(store->get("fairring/node/" + std::to_string(r)));
+    const std::string theirs = string_of(store->get("fairring/settings/" + std::to_string(r)));
+    TORCH_CHECK_VALUE(theirs == settings, "fairring: ranks of one process group must use the same options, but rank ",
+                rank, " has ", settings, " and rank ", r, " has ", theirs,
+                ". Set them the same way on every rank (environment or pg_options).");
+  }
   topo_ = build_topology(keys, rank);
   // The group's secret (TCP peers must present it) and a unique name for its
   // shared memory, chosen by rank 0.
@@ -112,7 +122,6 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce(
 
   auto work = c10::make_intrusive<FairringWork>(getRank(), c10d::OpType::ALLREDUCE, tensors);
   auto aop = std::make_shared<AllreduceOp>();
-  aop->seq = next_seq_++;
   aop->buffer = buffer;
   if (!buffer.is_same(t)) aop->user = t;
   aop->dtype = dtype;

@@ -6,7 +6,6 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include <atomic>
 #include <memory>
 #include <string>
 
@@ -92,7 +91,6 @@ class FairringBackend : public c10d::Backend {
   Config config_;
   c10::intrusive_ptr<c10d::Backend> fallback_;
   std::unique_ptr<Engine> engine_;
-  std::atomic<uint64_t> next_seq_{0};
 };
 
 }  // namespace fairring

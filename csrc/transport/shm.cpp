@@ -48,11 +48,13 @@ ShmSegment ShmSegment::create(const std::string& name, size_t size) {
   ShmSegment s;
   s.name_ = name;
   s.linked_ = true;
-  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
-    int err = errno;
+  // Reserve the pages now: a /dev/shm too small for the segment is an error
+  // here rather than a SIGBUS at first touch.
+  int err = posix_fallocate(fd, 0, static_cast<off_t>(size));
+  if (err != 0) {
     close(fd);
     shm_unlink(name.c_str());
-    fail("cannot size (is /dev/shm full?)", name, err);
+    fail("cannot allocate " + std::to_string(size) + " bytes (is /dev/shm too small?) for", name, err);
   }
   try {
     s.data_ = map(fd, size, name);
@@ -70,9 +72,10 @@ ShmSegment ShmSegment::open(const std::string& name, size_t size) {
   int fd = shm_open(name.c_str(), O_RDWR, 0600);
   if (fd < 0) fail("cannot open", name, errno);
   struct stat st;
-  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < size) {
+  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != size) {
     close(fd);
-    throw std::runtime_error("fairring: shared memory segment /dev/shm" + name + " is smaller than expected");
+    throw std::runtime_error("fairring: shared memory segment /dev/shm" + name +
+                             " does not have the size this rank expects (do the ranks use the same options?)");
   }
   ShmSegment s;
   s.name_ = name;

@@ -184,14 +184,6 @@ Socket listen_on(const std::string& addr, int* port_out) {
   return s;
 }
 
-Socket accept_within(const Socket& listener, std::chrono::milliseconds timeout) {
-  struct pollfd p{listener.fd(), POLLIN, 0};
-  int r = poll(&p, 1, static_cast<int>(timeout.count()));
-  if (r <= 0) return Socket();
-  int fd = accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-  return Socket(fd);
-}
-
 Socket connect_to(const std::string& addr, int port, Clock::time_point deadline) {
   sockaddr_in sa = make_addr(addr, port);
   auto backoff = std::chrono::milliseconds(5);

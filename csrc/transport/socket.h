@@ -46,8 +46,6 @@ std::string default_address();
 
 // Listens on addr, port chosen by the kernel.
 Socket listen_on(const std::string& addr, int* port_out);
-// Accepts one connection; returns an invalid socket if none came within timeout.
-Socket accept_within(const Socket& listener, std::chrono::milliseconds timeout);
 // Connects, retrying while the peer is not listening yet, until the deadline.
 Socket connect_to(const std::string& addr, int port, Clock::time_point deadline);
 

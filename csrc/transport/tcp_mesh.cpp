@@ -1,6 +1,8 @@
 #include "transport/tcp_mesh.h"
 
+#include <poll.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <algorithm>
@@ -15,12 +17,6 @@ namespace {
 
 constexpr char kHelloMagic[8] = {'F', 'A', 'I', 'R', 'R', 'N', 'G', '1'};
 
-struct Hello {
-  char magic[8];
-  int32_t rank;
-  uint32_t reserved;
-  uint8_t secret[32];
-};
 
 // Constant-time comparison: a wrong guess takes as long as a near miss.
 bool same_secret(const uint8_t* a, const uint8_t* b) {
@@ -65,40 +61,89 @@ TcpMesh::~TcpMesh() {
 }
 
 void TcpMesh::accept_loop() {
-  while (!stop_) {
-    Socket s = accept_within(listener_, std::chrono::milliseconds(100));
-    if (!s.valid()) continue;
-    const std::string from = s.peer_name();
+  // Greetings are read from many connections at once, each with its own
+  // deadline, so a client that connects and stays silent cannot hold up the
+  // real peers.
+  struct Pending {
+    Socket socket;
+    std::string from;
+    Clock::time_point deadline;
     Hello hello{};
-    try {
-      // A short deadline: a silent intruder must not hold up the peers.
-      s.recv_all(&hello, sizeof(hello), Clock::now() + std::chrono::seconds(5));
-    } catch (const std::exception& e) {
-      FAIRRING_LOG(rank_, "rejected a connection from %s: no valid greeting (%s)", from.c_str(), e.what());
-      continue;
+    size_t got = 0;
+  };
+  constexpr size_t kMaxPending = 64;
+  constexpr auto kGreetingTimeout = std::chrono::seconds(5);
+  std::vector<Pending> pending;
+  std::vector<struct pollfd> fds;
+  while (!stop_) {
+    fds.assign(1, {listener_.fd(), POLLIN, 0});
+    for (auto& p : pending) fds.push_back({p.socket.fd(), POLLIN, 0});
+    if (poll(fds.data(), fds.size(), 100) < 0 && errno != EINTR) break;
+    const auto now = Clock::now();
+
+    std::vector<Pending> keep;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      Pending& p = pending[i];
+      bool drop = false;
+      if (fds[i + 1].revents != 0) {
+        ssize_t n = recv(p.socket.fd(), reinterpret_cast<char*>(&p.hello) + p.got, sizeof(Hello) - p.got,
+                         MSG_DONTWAIT);
+        if (n > 0) {
+          p.got += static_cast<size_t>(n);
+        } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+          FAIRRING_LOG(rank_, "rejected a connection from %s: closed before its greeting", p.from.c_str());
+          drop = true;
+        }
+      }
+      if (!drop && p.got == sizeof(Hello)) {
+        admit(std::move(p.socket), p.hello, p.from);
+        drop = true;
+      } else if (!drop && now > p.deadline) {
+        FAIRRING_LOG(rank_, "rejected a connection from %s: no greeting within 5 s", p.from.c_str());
+        drop = true;
+      }
+      if (!drop) keep.push_back(std::move(p));
     }
-    if (std::memcmp(hello.magic, kHelloMagic, sizeof(kHelloMagic)) != 0 ||
-        !same_secret(hello.secret, secret_.data())) {
-      FAIRRING_LOG(rank_, "rejected a connection from %s: it does not know this process group's secret", from.c_str());
-      continue;
+    pending.swap(keep);
+
+    if (fds[0].revents & POLLIN) {
+      Socket s(accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+      if (!s.valid()) continue;
+      std::string from = s.peer_name();
+      if (pending.size() >= kMaxPending) {
+        FAIRRING_LOG(rank_, "rejected a connection from %s: too many connections awaiting their greeting",
+                     from.c_str());
+        continue;
+      }
+      pending.push_back(Pending{std::move(s), std::move(from), now + kGreetingTimeout});
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    const int peer = hello.rank;
-    const bool expected = std::find(expected_.begin(), expected_.end(), peer) != expected_.end();
-    if (!expected || servers_.count(peer) != 0) {
-      FAIRRING_LOG(rank_, "rejected a connection from %s claiming rank %d: not an expected rail peer", from.c_str(), peer);
-      continue;
-    }
-    // Acknowledge, then hand the link over.
-    uint8_t ok = 1;
-    try {
-      s.send_all(&ok, 1, Clock::now() + std::chrono::seconds(5));
-    } catch (const std::exception&) {
-      continue;
-    }
-    servers_.emplace(peer, std::move(s));
-    cv_.notify_all();
   }
+}
+
+void TcpMesh::admit(Socket s, const Hello& hello, const std::string& from) {
+  if (std::memcmp(hello.magic, kHelloMagic, sizeof(kHelloMagic)) != 0 ||
+      !same_secret(hello.secret, secret_.data())) {
+    FAIRRING_LOG(rank_, "rejected a connection from %s: it does not know this process group's secret",
+                 from.c_str());
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const int peer = hello.rank;
+  const bool expected = std::find(expected_.begin(), expected_.end(), peer) != expected_.end();
+  if (!expected || servers_.count(peer) != 0) {
+    FAIRRING_LOG(rank_, "rejected a connection from %s claiming rank %d: not an expected rail peer",
+                 from.c_str(), peer);
+    return;
+  }
+  // Acknowledge, then hand the link over.
+  uint8_t ok = 1;
+  try {
+    s.send_all(&ok, 1, Clock::now() + std::chrono::seconds(5));
+  } catch (const std::exception&) {
+    return;
+  }
+  servers_.emplace(peer, std::move(s));
+  cv_.notify_all();
 }
 
 void TcpMesh::connect() {

@@ -27,6 +27,14 @@ namespace fairring {
 
 using Secret = std::array<uint8_t, 32>;
 
+// The first bytes a connecting peer sends.
+struct Hello {
+  char magic[8];
+  int32_t rank;  // the peer's rank in the group
+  uint32_t reserved;
+  uint8_t secret[32];
+};
+
 class TcpMesh {
  public:
   // Starts listening for `peers` (group ranks) and publishes this rank's
@@ -51,6 +59,8 @@ class TcpMesh {
 
  private:
   void accept_loop();
+  // Keeps the connection if the greeting is right and from an expected peer.
+  void admit(Socket socket, const Hello& hello, const std::string& from);
 
   c10::intrusive_ptr<c10d::Store> store_;
   int rank_;
