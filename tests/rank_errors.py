@@ -31,6 +31,7 @@ def mismatch(rank, world, timeout_s):
     """One fresh fairring group per kind of mismatch; the odd rank out differs."""
     groups = {k: dist.new_group(list(range(world)), backend="fairring", timeout=timedelta(seconds=timeout_s))
               for k in MISMATCH_KINDS}
+    sync = dist.new_group(list(range(world)), backend="gloo")
     out = {}
     for k in MISMATCH_KINDS:
         g = groups[k]
@@ -38,6 +39,9 @@ def mismatch(rank, world, timeout_s):
             t = torch.ones(1000)
             dist.all_reduce(t, group=g)
             out.setdefault("warmup_ok", []).append(bool(torch.all(t == world)))
+            # An error aborts what is still in flight on every rank; let the
+            # warm-up finish everywhere before the mismatch.
+            dist.barrier(group=sync)
         n, dt, op = 1000, torch.float32, R.SUM
         if k == "numel" and rank == world - 1:
             n = 1001

@@ -75,6 +75,7 @@ Engine::Engine(const c10::intrusive_ptr<c10d::Store>& store, const Topology& top
     rail_ = std::make_unique<RailStage>(topo_, *mesh_, reduce_cpu, std::move(cb), config_.timeout, slots_,
                                         max_shard_bytes(params_, topo_.ranks_per_node, topo_.num_nodes));
   }
+  completer_ = std::thread([this] { completion_loop(); });
   local_ = std::thread([this] { local_loop(); });
 }
 
@@ -85,6 +86,19 @@ Engine::~Engine() {
   }
   cv_.notify_all();
   if (local_.joinable()) local_.join();
+  {
+    std::lock_guard<std::mutex> lock(done_mu_);
+    done_stopping_ = true;
+  }
+  done_cv_.notify_all();
+  if (completer_.joinable()) {
+    // Dropping the group from inside a future callback: let the thread end on its own.
+    if (std::this_thread::get_id() == completer_.get_id()) {
+      completer_.detach();
+    } else {
+      completer_.join();
+    }
+  }
   rail_.reset();
   mesh_.reset();
 }
@@ -109,9 +123,6 @@ void Engine::submit(std::shared_ptr<AllreduceOp> op) {
 }
 
 void Engine::wait_idle() {
-  // From a future callback (which runs on the local thread) the ops queued
-  // behind the current one cannot progress until it returns: do not wait.
-  if (std::this_thread::get_id() == local_.get_id()) return;
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return completed_ == submitted_; });
 }
@@ -125,16 +136,41 @@ void Engine::complete(const std::shared_ptr<AllreduceOp>& op, std::exception_ptr
       error = std::current_exception();
     }
   }
-  auto cb = std::move(op->on_complete);
+  auto done = std::move(op->on_complete);
+  auto after = std::move(op->after_complete);
   op->on_complete = nullptr;
-  // Count the op as done before running its callbacks: a future callback may
-  // issue a delegated collective, which waits (wait_idle) for this count.
+  op->after_complete = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++completed_;
   }
   cv_.notify_all();
-  if (cb) cb(error);
+  if (done) done(error);
+  if (after) {
+    {
+      std::lock_guard<std::mutex> lock(done_mu_);
+      done_queue_.push_back([after = std::move(after), error] { after(error); });
+    }
+    done_cv_.notify_one();
+  }
+}
+
+void Engine::completion_loop() {
+  for (;;) {
+    std::function<void()> next;
+    {
+      std::unique_lock<std::mutex> lock(done_mu_);
+      done_cv_.wait(lock, [&] { return !done_queue_.empty() || done_stopping_; });
+      if (done_queue_.empty()) return;
+      next = std::move(done_queue_.front());
+      done_queue_.pop_front();
+    }
+    try {
+      next();
+    } catch (const std::exception& e) {
+      FAIRRING_LOG(topo_.rank, "a completion callback raised: %s", e.what());
+    }
+  }
 }
 
 void Engine::fail(const std::string& why) {

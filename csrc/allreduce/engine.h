@@ -44,8 +44,9 @@ class Engine {
   // Numbers the op (issue order) and queues it; it completes through
   // op->on_complete.
   void submit(std::shared_ptr<AllreduceOp> op);
-  // Blocks until every submitted op has completed (successfully or not);
-  // returns at once when called from an op's completion callback.
+  // The thread that runs after_complete calls.
+  std::thread::id completion_thread() const { return completer_.get_id(); }
+  // Blocks until every submitted op has completed (successfully or not).
   void wait_idle();
 
   std::string listen_address() const { return mesh_ ? mesh_->listen_address() : std::string(); }
@@ -60,6 +61,7 @@ class Engine {
   };
 
   void local_loop();
+  void completion_loop();
   void reduce_scatter(Pending& p);
   void all_gather(Pending& p);
   void complete(const std::shared_ptr<AllreduceOp>& op, std::exception_ptr error);
@@ -87,6 +89,13 @@ class Engine {
 
   uint64_t next_slice_seq_ = 0;  // local thread only
   std::thread local_;
+
+  // after_complete calls, run in order by their own thread.
+  std::mutex done_mu_;
+  std::condition_variable done_cv_;
+  std::deque<std::function<void()>> done_queue_;
+  bool done_stopping_ = false;
+  std::thread completer_;
 };
 
 }  // namespace fairring

@@ -21,8 +21,13 @@ struct AllreduceOp {
   RedOp op = RedOp::kSum;
   int64_t numel = 0;
   // Called once with nullptr on success: from the engine's thread, or from
-  // the issuing thread when the group had already failed.
+  // the issuing thread when the group had already failed.  Must be quick and
+  // must not block (it marks the Work done).
   std::function<void(std::exception_ptr)> on_complete;
+  // Then called once from the engine's completion thread, in completion
+  // order.  May block: future callbacks (DDP comm hooks, user code) run here,
+  // off the pipeline, so they cannot stall the slices of other ops.
+  std::function<void(std::exception_ptr)> after_complete;
 };
 
 // "1000 elements of float32 with SUM", for error messages.  Complex tensors

@@ -120,14 +120,16 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce(
   const std::string why = reduce_unsupported_reason(dtype, op);
   TORCH_CHECK(why.empty(), "fairring: all_reduce: ", why);
 
-  auto work = c10::make_intrusive<FairringWork>(getRank(), c10d::OpType::ALLREDUCE, tensors);
+  auto work = c10::make_intrusive<FairringWork>(getRank(), c10d::OpType::ALLREDUCE, tensors,
+                                                engine_->completion_thread());
   auto aop = std::make_shared<AllreduceOp>();
   aop->buffer = buffer;
   if (!buffer.is_same(t)) aop->user = t;
   aop->dtype = dtype;
   aop->op = op;
   aop->numel = numel;
-  aop->on_complete = [work](std::exception_ptr error) { work->complete(error); };
+  aop->on_complete = [work](std::exception_ptr error) { work->mark_done(error); };
+  aop->after_complete = [work](std::exception_ptr error) { work->complete_future(error); };
   engine_->submit(std::move(aop));
   return work;
 }
