@@ -297,6 +297,52 @@ inline typename Cvt::Acc step(typename Cvt::Acc v, typename Cvt::Storage x) {
   }
 }
 
+// Elements [begin, len) of a fused pass, one at a time in plain C++ (GCC
+// vectorises it): v = acc[j] (kFromAcc) or load(p[0][j]), combined with
+// load(p[i][j]) for the rest of the group in order; the result goes to
+// acc[j], or, if kToOut, to out[j] (divided first if kDivide).
+template <typename Cvt, typename Op, bool kFromAcc, bool kToOut, bool kDivide, size_t... I>
+inline void scalar_pass(
+    typename Cvt::Acc* acc,
+    typename Cvt::Storage* out,
+    const typename Cvt::Storage* const* p,
+    int64_t begin,
+    int64_t len,
+    typename Cvt::Acc div,
+    std::index_sequence<I...>) {
+  using S = typename Cvt::Storage;
+  using A = typename Cvt::Acc;
+  const S* const q[sizeof...(I)] = {p[I]...};
+  if constexpr (kToOut) {
+    FAIRRING_IVDEP
+    for (int64_t j = begin; j < len; ++j) {
+      A v;
+      if constexpr (kFromAcc) {
+        v = acc[j];
+      } else {
+        v = Cvt::load(q[0][j]);
+      }
+      ((v = step<kFromAcc || I != 0, Cvt, Op>(v, q[I][j])), ...);
+      if constexpr (kDivide) {
+        out[j] = Cvt::store(v / div);
+      } else {
+        out[j] = Cvt::store(v);
+      }
+    }
+  } else {
+    for (int64_t j = begin; j < len; ++j) {
+      A v;
+      if constexpr (kFromAcc) {
+        v = acc[j];
+      } else {
+        v = Cvt::load(q[0][j]);
+      }
+      ((v = step<kFromAcc || I != 0, Cvt, Op>(v, q[I][j])), ...);
+      acc[j] = v;
+    }
+  }
+}
+
 #if defined(FAIRRING_REDUCE_IMPL_F16C)
 // float16 with F16C: the fused pass below on 8 floats at a time, with vector
 // versions of the operations that give exactly the scalar Op::apply results
@@ -368,23 +414,8 @@ inline void f16c_fused_pass(
       _mm256_store_ps(acc + j, v);
     }
   }
-  for (; j < len; ++j) {  // the last < 8 elements, same results
-    float v;
-    if constexpr (kFromAcc) {
-      v = acc[j];
-    } else {
-      v = HalfCvt::load(q[0][j]);
-    }
-    ((v = step<kFromAcc || I != 0, HalfCvt, Op>(v, q[I][j])), ...);
-    if constexpr (kToOut) {
-      if constexpr (kDivide) {
-        v = v / div;
-      }
-      out[j] = HalfCvt::store(v);
-    } else {
-      acc[j] = v;
-    }
-  }
+  // The last < 8 elements, same results.
+  scalar_pass<HalfCvt, Op, kFromAcc, kToOut, kDivide>(acc, out, p, j, len, div, std::index_sequence<I...>());
 }
 #endif  // FAIRRING_REDUCE_IMPL_F16C
 
@@ -399,8 +430,6 @@ inline void fused_pass(
     int64_t len,
     typename Cvt::Acc div,
     std::index_sequence<I...>) {
-  using S = typename Cvt::Storage;
-  using A = typename Cvt::Acc;
 #if defined(FAIRRING_REDUCE_IMPL_F16C)
   if constexpr (std::is_same_v<Cvt, HalfCvt>) {
     f16c_fused_pass<Op, kFromAcc, kToOut, kDivide>(
@@ -408,35 +437,7 @@ inline void fused_pass(
     return;
   }
 #endif
-  const S* const q[sizeof...(I)] = {p[I]...};
-  if constexpr (kToOut) {
-    FAIRRING_IVDEP
-    for (int64_t j = 0; j < len; ++j) {
-      A v;
-      if constexpr (kFromAcc) {
-        v = acc[j];
-      } else {
-        v = Cvt::load(q[0][j]);
-      }
-      ((v = step<kFromAcc || I != 0, Cvt, Op>(v, q[I][j])), ...);
-      if constexpr (kDivide) {
-        out[j] = Cvt::store(v / div);
-      } else {
-        out[j] = Cvt::store(v);
-      }
-    }
-  } else {
-    for (int64_t j = 0; j < len; ++j) {
-      A v;
-      if constexpr (kFromAcc) {
-        v = acc[j];
-      } else {
-        v = Cvt::load(q[0][j]);
-      }
-      ((v = step<kFromAcc || I != 0, Cvt, Op>(v, q[I][j])), ...);
-      acc[j] = v;
-    }
-  }
+  scalar_pass<Cvt, Op, kFromAcc, kToOut, kDivide>(acc, out, p, 0, len, div, std::index_sequence<I...>());
 }
 
 // fused_pass over `g` (1..kGroup) inputs, chosen at run time.
