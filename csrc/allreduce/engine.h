@@ -50,7 +50,6 @@ class Engine {
   void wait_idle();
 
   std::string listen_address() const { return mesh_ ? mesh_->listen_address() : std::string(); }
-  const PlanParams& plan_params() const { return params_; }
 
  private:
   struct Pending {

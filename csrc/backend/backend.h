@@ -80,7 +80,6 @@ class FairringBackend : public c10d::Backend {
 
   const Topology& topology() const { return topo_; }
   std::string listen_address() const;
-  const c10::intrusive_ptr<c10d::Backend>& fallback() const { return fallback_; }
 
  private:
   // Lets the all-reduces issued so far finish before a delegated collective

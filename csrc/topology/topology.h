@@ -21,7 +21,6 @@ struct Topology {
   // by their lowest rank, local ranks by rank, so every rank computes the same.
   std::vector<std::vector<int>> node_ranks;
 
-  int rank_of(int node_index, int local) const { return node_ranks[node_index][local]; }
   // Group ranks of this rank's node.
   const std::vector<int>& local_ranks() const { return node_ranks[node]; }
   // Group rank of each node's member of this rank's rail (index = node).

@@ -58,7 +58,6 @@ class Channel {
   void post_send(Send s) { sendq_.push_back(std::move(s)); }
   void post_recv(Recv r) { recvq_.push_back(std::move(r)); }
   bool has_pending_recv() const { return !recvq_.empty(); }
-  bool has_pending_send() const { return !sendq_.empty(); }
   // Poll for reading unless a header is parked waiting for its receive.
   bool wants_read() const { return !parked_; }
   // A header arrived before its receive was posted; once one is posted, call
