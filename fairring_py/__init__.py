@@ -6,6 +6,7 @@ all-reduce.  Importing this package registers the backend ``"fairring"``::
     dist.init_process_group("fairring")
 """
 
+import atexit
 import warnings
 from collections import Counter
 
@@ -19,6 +20,11 @@ __all__ = ["Options", "BACKEND_NAME"]
 __version__ = "0.1.0"
 
 BACKEND_NAME = "fairring"
+
+# Before the interpreter finalizes: the engines' threads must not be the ones
+# to drop the last reference to a tensor then (that needs the GIL, which a
+# finalizing interpreter no longer hands out).
+atexit.register(_C._quiesce_all)
 
 
 def _create_backend(dist_opts, pg_options):

@@ -291,11 +291,14 @@ def sec_async(rank, world, cfg):
             failures.add(f"future.then #{i}: got {got} expected {exp}")
     # A callback that issues a delegated collective (as a DDP comm hook may),
     # with and without further all_reduces queued behind its own: no deadlock.
+    # The callback may run at then() (the op already done) or later on the
+    # engine's completion thread, so the all_reduces are issued before it is
+    # chained: then its broadcast comes after them on every rank.
     for queued_behind in (0, 3):
         b = torch.full((10,), float(rank))
         head = dist.all_reduce(torch.ones(1000), async_op=True)
-        chained = head.get_future().then(lambda f, b=b: dist.broadcast(b, src=0) or b.clone())
         rest = [dist.all_reduce(torch.ones(1000), async_op=True) for _ in range(queued_behind)]
+        chained = head.get_future().then(lambda f, b=b: dist.broadcast(b, src=0) or b.clone())
         try:
             got = chained.wait()
             for w in rest:
@@ -313,6 +316,45 @@ def sec_async(rank, world, cfg):
             failures.add(f"non-contiguous leaf requiring grad: got {leaf.detach()}")
     except Exception as e:  # noqa: BLE001
         failures.add(f"non-contiguous leaf requiring grad raised {e!r:.300}")
+    return {"failures": failures}
+
+
+def sec_late_peer(rank, world, cfg):
+    """A small all_reduce must not wait for late peers inside the call.  Rank 0
+    issues it, then serves a gloo broadcast that the others wait for before
+    they join: if the call blocked until they joined, this would deadlock."""
+    failures = Failures()
+    gloo = dist.new_group(backend="gloo")
+    for n in (1, 1000, 16387):
+        t = torch.full((n,), float(rank + 1))
+        flag = torch.zeros(1)
+        try:
+            if rank == 0:
+                w = dist.all_reduce(t, async_op=True)
+                flag.fill_(1.0)
+                dist.broadcast(flag, src=0, group=gloo)
+                w.wait()
+            else:
+                dist.broadcast(flag, src=0, group=gloo)
+                time.sleep(0.05)  # well past the caller's spin: rank 0's op is on its engine thread now
+                dist.all_reduce(t)
+        except Exception as e:  # noqa: BLE001
+            failures.add(f"n={n}: raised {type(e).__name__}: {str(e)[:300]}")
+            continue
+        want = float(sum(range(1, world + 1)))
+        if flag.item() != 1.0 or not torch.equal(t, torch.full((n,), want)):
+            failures.add(f"n={n}: got {t[:3].tolist()} (flag {flag.item()}), expected {want}")
+    # The same late start, then back-to-back small ops (some may run on the
+    # caller's thread, some behind the handed-over one): all in order.
+    if rank != 0:
+        time.sleep(0.05)
+    ts = [torch.full((100 + i,), float(rank + i)) for i in range(20)]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    for i, (w, t) in enumerate(zip(works, ts)):
+        w.wait()
+        want = float(sum(r + i for r in range(world)))
+        if not torch.equal(t, torch.full_like(t, want)):
+            failures.add(f"back-to-back #{i}: got {t[:3].tolist()}, expected {want}")
     return {"failures": failures}
 
 
@@ -578,6 +620,7 @@ SECTIONS = {
     "unsupported": sec_unsupported,
     "intruder": sec_intruder,
     "empty": sec_empty,
+    "late_peer": sec_late_peer,
 }
 
 

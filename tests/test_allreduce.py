@@ -18,12 +18,12 @@ import launch
 import rank_checks
 
 BASE = ["correctness", "noncontig", "shm", "listen"]
-FEATURES = ["async", "ddp", "subgroups", "collectives", "unsupported", "intruder", "empty"]
+FEATURES = ["async", "ddp", "subgroups", "collectives", "unsupported", "intruder", "empty", "late_peer"]
 FEW_SIZES = [1, 13, 1031, 4099, 65537]
 
 TOPOLOGIES = {
     # name: (node ids, extra env, sections, cfg, use Options for config)
-    "1x2": (["a", "a"], {}, BASE + ["unsupported", "empty"], {}, False),
+    "1x2": (["a", "a"], {}, BASE + ["unsupported", "empty", "late_peer"], {}, False),
     "2x1": (["a", "b"], {}, BASE, {}, False),
     "3x1-options": ([None, None, None], {}, BASE, {"sizes": FEW_SIZES}, True),
     "2x2": (["a", "a", "b", "b"], {}, BASE + FEATURES,
@@ -208,6 +208,11 @@ def test_unsupported_ops_raise():
 def test_empty_tensor():
     for topo in ("1x2", "2x2"):
         assert_no_failures(topo, "empty")
+
+
+def test_small_op_does_not_wait_for_late_peer():
+    for topo in ("1x2", "2x2"):
+        assert_no_failures(topo, "late_peer")
 
 
 def test_async_many_in_flight():

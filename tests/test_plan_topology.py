@@ -108,6 +108,15 @@ def test_small_message_uses_fewer_pieces():
     assert len(s[0]["chunks"]) == 2 and len(s[0]["shards"][0]) == 2
 
 
+def test_replicated_only_for_one_chunk_on_one_node():
+    # One node: a slice too small to split is reduced by every local rank.
+    assert [x["replicated"] for x in check_plan(1024, 4, 4, 1)] == [True]
+    # Large enough for two chunks, or several nodes, or a rank alone: not replicated.
+    assert [x["replicated"] for x in check_plan(32 * 1024, 4, 4, 1)] == [False]
+    assert [x["replicated"] for x in check_plan(1024, 4, 4, 3)] == [False]
+    assert [x["replicated"] for x in check_plan(1024, 4, 1, 1)] == [False]
+
+
 def test_slices_are_balanced():
     s = check_plan(1_000_003, 4, 2, 2, slice_bytes=1 << 20)
     counts = [x["slice"][1] for x in s]

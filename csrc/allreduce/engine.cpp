@@ -6,10 +6,12 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <stdexcept>
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "kernels/copy_cpu.h"
 #include "kernels/reduce_cpu.h"
 
 namespace fairring {
@@ -19,6 +21,19 @@ namespace {
 // A stalled peer is named after this share of the timeout, so that its name
 // reaches every rank (through the abort) before their own waits give up.
 constexpr double kStallShare = 0.9;
+
+// Ops up to this size run on the caller's thread when the engine is idle.
+// Larger ones would keep the caller from overlapping them with its work.
+constexpr int64_t kInlineMaxBytes = 64 << 10;
+// How long an inline op spins for a peer before the local thread takes over.
+constexpr auto kInlineSpin = std::chrono::microseconds(200);
+// Results of ops at least this large are written to the tensor with
+// non-temporal stores: it outgrows the caches, so caching it only costs.
+constexpr int64_t kStreamingBytes = 4 << 20;
+
+// Live engines, for quiesce_all().
+std::mutex g_engines_mu;
+std::set<Engine*> g_engines;
 
 bool process_alive(int pid) {
   if (pid <= 0) return true;
@@ -77,9 +92,15 @@ Engine::Engine(const c10::intrusive_ptr<c10d::Store>& store, const Topology& top
   }
   completer_ = std::thread([this] { completion_loop(); });
   local_ = std::thread([this] { local_loop(); });
+  std::lock_guard<std::mutex> lock(g_engines_mu);
+  g_engines.insert(this);
 }
 
 Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lock(g_engines_mu);
+    g_engines.erase(this);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
@@ -117,8 +138,61 @@ void Engine::submit(std::shared_ptr<AllreduceOp> op) {
                      " not started: this process group failed earlier: " + why)));
     return;
   }
+  // Inline only when every earlier op has completed: then the local thread
+  // holds no slice and the pipeline is ours.
+  const bool idle = completed_ + 1 == submitted_ && queue_.empty() && !inline_busy_ && !handoff_;
+  const int64_t esize = c10::elementSize(op->dtype);
+  if (idle && op->numel * esize <= kInlineMaxBytes && num_slices(op->numel, esize, params_) == 1) {
+    inline_busy_ = true;
+    lock.unlock();
+    run_inline(make_pending(op, 0));
+    return;
+  }
   queue_.push_back(std::move(op));
   lock.unlock();
+  cv_.notify_all();
+}
+
+Engine::Pending Engine::make_pending(const std::shared_ptr<AllreduceOp>& op, int64_t index) {
+  Pending p;
+  p.op = op;
+  p.index = index;
+  p.seq = next_slice_seq_++;
+  p.plan = plan_slice(op->numel, c10::elementSize(op->dtype), index, topo_.ranks_per_node, topo_.num_nodes, params_);
+  return p;
+}
+
+void Engine::run_inline(Pending p) {
+  const TimePoint until = std::chrono::steady_clock::now() + kInlineSpin;
+  std::exception_ptr error;
+  bool finished = false;
+  try {
+    finished = reduce_scatter(p, &until) && all_gather(p, &until);
+  } catch (const std::exception& e) {
+    fail(attribute_to_rank(topo_.rank, e.what()));
+    std::lock_guard<std::mutex> lock(mu_);
+    error = std::make_exception_ptr(
+        std::runtime_error("fairring: all_reduce #" + std::to_string(p.op->seq) + " failed: " + error_));
+  }
+  if (!finished && !error) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (error_.empty()) {
+      handoff_ = std::move(p);
+      inline_busy_ = false;
+      lock.unlock();
+      cv_.notify_all();
+      return;
+    }
+    // The group failed meanwhile (another thread's op): the local thread
+    // is gone or going, so this op fails here.
+    error = std::make_exception_ptr(
+        std::runtime_error("fairring: all_reduce #" + std::to_string(p.op->seq) + " failed: " + error_));
+  }
+  complete(p.op, error, /*on_caller=*/true);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inline_busy_ = false;
+  }
   cv_.notify_all();
 }
 
@@ -127,7 +201,31 @@ void Engine::wait_idle() {
   cv_.wait(lock, [&] { return completed_ == submitted_; });
 }
 
-void Engine::complete(const std::shared_ptr<AllreduceOp>& op, std::exception_ptr error) {
+bool Engine::quiesce(std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    // A failed group's local thread has ended and dropped what it held.
+    if (!cv_.wait_until(lock, until, [&] {
+          return completed_ == submitted_ && !inline_busy_ && !handoff_ && (local_parked_ || failed_);
+        })) {
+      return false;
+    }
+  }
+  std::unique_lock<std::mutex> lock(done_mu_);
+  return done_cv_.wait_until(lock, until, [&] { return done_busy_ == 0; });
+}
+
+void Engine::quiesce_all() {
+  std::lock_guard<std::mutex> lock(g_engines_mu);
+  for (Engine* e : g_engines) {
+    if (!e->quiesce(e->config_.timeout)) {
+      FAIRRING_LOG(e->topo_.rank, "all_reduces still in flight at exit (a peer is stalled?); not waiting for them");
+    }
+  }
+}
+
+void Engine::complete(const std::shared_ptr<AllreduceOp>& op, std::exception_ptr error, bool on_caller) {
   if (!error && op->user.defined()) {
     try {
       at::NoGradGuard no_grad;  // the caller's tensor may be a leaf that requires grad
@@ -146,12 +244,22 @@ void Engine::complete(const std::shared_ptr<AllreduceOp>& op, std::exception_ptr
   }
   cv_.notify_all();
   if (done) done(error);
-  if (after) {
-    {
-      std::lock_guard<std::mutex> lock(done_mu_);
+  if (!after) return;
+  {
+    std::lock_guard<std::mutex> lock(done_mu_);
+    // The caller's own op, with no earlier callback pending: nothing can be
+    // chained on its future yet, so completing it here runs no user code
+    // and saves waking the completion thread.
+    if (!(on_caller && done_busy_ == 0)) {
+      ++done_busy_;
       done_queue_.push_back([after = std::move(after), error] { after(error); });
+      after = nullptr;
     }
-    done_cv_.notify_one();
+  }
+  if (after) {
+    after(error);
+  } else {
+    done_cv_.notify_all();
   }
 }
 
@@ -170,6 +278,12 @@ void Engine::completion_loop() {
     } catch (const std::exception& e) {
       FAIRRING_LOG(topo_.rank, "a completion callback raised: %s", e.what());
     }
+    next = nullptr;  // releases the Work (and its tensors) before counting it done
+    {
+      std::lock_guard<std::mutex> lock(done_mu_);
+      --done_busy_;
+    }
+    done_cv_.notify_all();
   }
 }
 
@@ -232,7 +346,14 @@ std::function<void()> Engine::wait_check(int local_peer, const char* what, const
   };
 }
 
-void Engine::reduce_scatter(Pending& p) {
+bool Engine::await(SharedCounter& c, uint32_t target, int local_peer, const char* what, const Pending& p,
+                   const TimePoint* until) {
+  if (until) return counter_spin(c, target, *until);
+  counter_wait(c, target, wait_check(local_peer, what, p));
+  return true;
+}
+
+bool Engine::reduce_scatter(Pending& p, const TimePoint* until) {
   const AllreduceOp& op = *p.op;
   const int k = topo_.ranks_per_node;
   const int me = topo_.local_rank;
@@ -245,25 +366,29 @@ void Engine::reduce_scatter(Pending& p) {
 
   char* chunk = tensor;
   if (k > 1) {
-    if (p.seq >= static_cast<uint64_t>(slots_)) {
-      const uint32_t freed = static_cast<uint32_t>(p.seq - slots_ + 1);
-      for (int x = 0; x < k; ++x) {
-        if (x != me) counter_wait(c.consumed[x], freed, wait_check(x, "release a pipeline slot", p));
-      }
-    }
-    arena_->header(slot, me) = SlotHeader{op.seq, p.seq, op.numel, static_cast<int32_t>(op.dtype),
-                                          static_cast<int32_t>(op.op)};
     // Peers read our input for their chunks only; our own chunk we reduce
-    // straight from the tensor, so it is not copied.
+    // straight from the tensor, so it is not copied.  A replicated slice is
+    // reduced by everyone, so all of it is shared.
     const bool own_chunk = me < p.plan.num_chunks();
-    const Range own = own_chunk ? p.plan.chunks[me] : Range{p.plan.slice.count, 0};
-    std::memcpy(arena_->input_area(slot, me), tensor, own.offset * esize);
-    const int64_t tail = own.offset + own.count;
-    std::memcpy(arena_->input_area(slot, me) + tail * esize, tensor + tail * esize,
-                (p.plan.slice.count - tail) * esize);
-    counter_publish(c.in_ready[me], mark);
+    const Range own = own_chunk && !p.plan.replicated ? p.plan.chunks[me] : Range{p.plan.slice.count, 0};
+    if (p.stage == Stage::kSlotFree) {
+      if (p.seq >= static_cast<uint64_t>(slots_)) {
+        const uint32_t freed = static_cast<uint32_t>(p.seq - slots_ + 1);
+        for (int x = 0; x < k; ++x) {
+          if (x != me && !await(c.consumed[x], freed, x, "release a pipeline slot", p, until)) return false;
+        }
+      }
+      arena_->header(slot, me) = SlotHeader{op.seq, p.seq, op.numel, static_cast<int32_t>(op.dtype),
+                                            static_cast<int32_t>(op.op)};
+      std::memcpy(arena_->input_area(slot, me), tensor, own.offset * esize);
+      const int64_t tail = own.offset + own.count;
+      std::memcpy(arena_->input_area(slot, me) + tail * esize, tensor + tail * esize,
+                  (p.plan.slice.count - tail) * esize);
+      counter_publish(c.in_ready[me], mark);
+      p.stage = Stage::kInputs;
+    }
     for (int x = 0; x < k; ++x) {
-      if (x != me) counter_wait(c.in_ready[x], mark, wait_check(x, "provide its input", p));
+      if (x != me && !await(c.in_ready[x], mark, x, "provide its input", p, until)) return false;
     }
     const SlotHeader& mine = arena_->header(slot, me);
     for (int x = 0; x < k; ++x) {
@@ -277,8 +402,15 @@ void Engine::reduce_scatter(Pending& p) {
             describe(h.numel, h.dtype, h.op) + ". Every rank must issue the same collectives in the same order.");
       }
     }
-    if (!own_chunk) return;  // small slice: fewer chunks than ranks
+    p.stage = Stage::kGather;
     const void* inputs[kMaxLocalRanks];
+    if (p.plan.replicated) {
+      // Straight into the tensor: the result is complete, nothing to gather.
+      for (int x = 0; x < k; ++x) inputs[x] = x == me ? tensor : arena_->input_area(slot, x);
+      reduce_cpu(op.dtype, op.op, tensor, inputs, k, p.plan.slice.count, divisor);
+      return true;
+    }
+    if (!own_chunk) return true;  // small slice: fewer chunks than ranks
     for (int x = 0; x < k; ++x) {
       inputs[x] = (x == me ? tensor : arena_->input_area(slot, x)) + own.offset * esize;
     }
@@ -287,6 +419,7 @@ void Engine::reduce_scatter(Pending& p) {
   }
   // A node of one rank (k == 1) reduces nothing locally: its chunk is the
   // slice of its own tensor, which goes to the rail as it is.
+  p.stage = Stage::kGather;
 
   if (rail_) {
     RailTask t;
@@ -302,9 +435,10 @@ void Engine::reduce_scatter(Pending& p) {
   } else {
     counter_publish(c.chunk_done[me], mark);
   }
+  return true;
 }
 
-void Engine::all_gather(Pending& p) {
+bool Engine::all_gather(Pending& p, const TimePoint* until) {
   const AllreduceOp& op = *p.op;
   const int k = topo_.ranks_per_node;
   const int me = topo_.local_rank;
@@ -313,15 +447,25 @@ void Engine::all_gather(Pending& p) {
   if (k > 1) {
     const int slot = static_cast<int>(p.seq % slots_);
     const int64_t esize = c10::elementSize(op.dtype);
-    for (int x = 0; x < p.plan.num_chunks(); ++x) {
-      counter_wait(c.chunk_done[x], mark, wait_check(x == me ? -1 : x, "finish reducing its chunk", p));
+    if (!p.plan.replicated) {
+      for (int x = 0; x < p.plan.num_chunks(); ++x) {
+        if (!await(c.chunk_done[x], mark, x == me ? -1 : x, "finish reducing its chunk", p, until)) return false;
+      }
+      char* tensor = static_cast<char*>(op.buffer.data_ptr()) + p.plan.slice.offset * esize;
+      if (op.numel * esize >= kStreamingBytes) {
+        copy_streaming(tensor, arena_->output_area(slot), p.plan.slice.count * esize);
+      } else {
+        std::memcpy(tensor, arena_->output_area(slot), p.plan.slice.count * esize);
+      }
     }
-    char* tensor = static_cast<char*>(op.buffer.data_ptr()) + p.plan.slice.offset * esize;
-    std::memcpy(tensor, arena_->output_area(slot), p.plan.slice.count * esize);
+    // Published here, in slice order, also for a replicated slice (whose
+    // reads ended in reduce_scatter): the counter only moves forward.
     counter_publish(c.consumed[me], mark);
   } else {
-    counter_wait(c.chunk_done[me], mark, wait_check(-1, "", p));
+    if (!await(c.chunk_done[me], mark, -1, "", p, until)) return false;
   }
+  p.stage = Stage::kDone;
+  return true;
 }
 
 void Engine::local_loop() {
@@ -334,11 +478,24 @@ void Engine::local_loop() {
     for (;;) {
       if (!cur) {
         std::unique_lock<std::mutex> lock(mu_);
-        if (queue_.empty() && pending.empty()) {
-          cv_.wait(lock, [&] { return !queue_.empty() || stopping_ || failed_; });
+        if (pending.empty()) {
+          local_parked_ = true;
+          cv_.notify_all();  // quiesce() may be waiting for this
+          cv_.wait(lock, [&] {
+            return failed_ || handoff_ || (!inline_busy_ && (!queue_.empty() || stopping_));
+          });
+          local_parked_ = false;
         }
         if (failed_) break;
-        if (!queue_.empty()) {
+        if (handoff_) {
+          // An inline op whose peer was late: it is the oldest, finish it first.
+          pending.push_back(std::move(*handoff_));
+          handoff_.reset();
+          lock.unlock();
+          if (pending.back().stage < Stage::kGather) reduce_scatter(pending.back(), nullptr);
+          continue;
+        }
+        if (!queue_.empty() && !inline_busy_) {
           cur = std::move(queue_.front());
           queue_.pop_front();
           next_index = 0;
@@ -348,19 +505,14 @@ void Engine::local_loop() {
         }
       }
       if (cur) {
-        Pending p;
-        p.op = cur;
-        p.index = next_index;
-        p.seq = next_slice_seq_++;
-        p.plan = plan_slice(cur->numel, c10::elementSize(cur->dtype), next_index, topo_.ranks_per_node,
-                            topo_.num_nodes, params_);
-        reduce_scatter(p);
+        Pending p = make_pending(cur, next_index);
+        reduce_scatter(p, nullptr);
         pending.push_back(std::move(p));
         if (++next_index == cur_slices) cur.reset();
         if (pending.size() <= lag) continue;
       }
       Pending& front = pending.front();
-      all_gather(front);
+      all_gather(front, nullptr);
       if (front.index + 1 == num_slices(front.op->numel, c10::elementSize(front.op->dtype), params_)) {
         complete(front.op, nullptr);
       }
@@ -383,6 +535,12 @@ void Engine::local_loop() {
   };
   for (auto& p : pending) fail_op(p.op);
   fail_op(cur);
+  std::optional<Pending> handed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    handed.swap(handoff_);
+  }
+  if (handed) fail_op(handed->op);
   for (;;) {
     std::shared_ptr<AllreduceOp> op;
     {

@@ -65,6 +65,7 @@ SlicePlan plan_slice(
   const int chunks = static_cast<int>(std::clamp<int64_t>(
       ceil_div(std::max<int64_t>(bytes, 1), params.min_chunk_bytes), 1, ranks_per_node));
   plan.chunks = split_even(plan.slice.count, chunks, align);
+  plan.replicated = chunks == 1 && ranks_per_node > 1 && num_nodes == 1;
 
   const int64_t chunk_bytes = bytes / chunks;
   const int shards = static_cast<int>(std::clamp<int64_t>(

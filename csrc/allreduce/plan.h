@@ -30,6 +30,11 @@ struct SlicePlan {
   Range slice;                             // in the tensor
   std::vector<Range> chunks;               // in the slice; chunk k is reduced by local rank k
   std::vector<std::vector<Range>> shards;  // shards[k][j] in chunk k; served by node j
+  // Too small to split among the ranks of a single node: every local rank
+  // reduces the whole slice from the others' inputs, which saves the
+  // all-gather's synchronisation.  (With several nodes one rank reduces it
+  // and takes it to the rail.)
+  bool replicated = false;
   int num_chunks() const { return static_cast<int>(chunks.size()); }
   int num_shards() const { return shards.empty() ? 0 : static_cast<int>(shards[0].size()); }
 };
@@ -40,7 +45,7 @@ int64_t num_slices(int64_t numel, int64_t elem_size, const PlanParams& params);
 
 // The plan of slice `index` of that all-reduce on K ranks per node, N nodes.
 // Small slices use fewer chunks and shards (the small-message path): fewer,
-// larger pieces cost fewer synchronisations and messages.
+// larger pieces cost fewer synchronisations and messages; see `replicated`.
 SlicePlan plan_slice(
     int64_t numel,
     int64_t elem_size,

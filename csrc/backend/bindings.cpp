@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 #include <torch/extension.h>
 
+#include "allreduce/engine.h"
 #include "allreduce/plan.h"
 #include "backend/backend.h"
 #include "common/config.h"
@@ -63,6 +64,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "ip:port of this rank's TCP listener, or '' when the group is a single node")
       .def("topology", [](const FairringBackend& b) { return topology_dict(b.topology()); });
 
+  m.def("_quiesce_all", &Engine::quiesce_all, py::call_guard<py::gil_scoped_release>(),
+        "Waits for in-flight all_reduces and lets the engines' threads drop their "
+        "tensors; registered with atexit by fairring_py.");
   m.def("_topology_for_test", [](const std::vector<std::string>& keys, int rank) {
     return topology_dict(build_topology(keys, rank));
   });
@@ -87,6 +91,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::list shards;
           for (const auto& sh : s.shards) shards.append(ranges(sh));
           d["shards"] = shards;
+          d["replicated"] = s.replicated;
           slices.append(d);
         }
         return slices;

@@ -49,6 +49,19 @@ void counter_wake_all(SharedCounter& c) {
   futex_wake(&c.value);
 }
 
+bool counter_spin(SharedCounter& c, uint32_t target, std::chrono::steady_clock::time_point until) {
+  for (unsigned i = 1;; ++i) {
+    if (counter_reached(c.value.load(std::memory_order_acquire), target)) return true;
+    if (i % 64 == 0) {
+      if (std::chrono::steady_clock::now() >= until) return false;
+      // When ranks outnumber cores the peer may need this core to get there.
+      std::this_thread::yield();
+    } else {
+      cpu_relax();
+    }
+  }
+}
+
 void counter_wait(SharedCounter& c, uint32_t target, const std::function<void()>& check) {
   for (int i = 0; i < kSpins; ++i) {
     if (counter_reached(c.value.load(std::memory_order_acquire), target)) return;

@@ -33,4 +33,9 @@ void counter_wake_all(SharedCounter& c);
 // dead peer).
 void counter_wait(SharedCounter& c, uint32_t target, const std::function<void()>& check);
 
+// Spins (giving the core away now and then, never sleeping) until c.value
+// reaches `target` or `until` passes.  True if it was reached.  For a caller
+// that has other work to fall back on when the peer is late.
+bool counter_spin(SharedCounter& c, uint32_t target, std::chrono::steady_clock::time_point until);
+
 }  // namespace fairring
