@@ -85,13 +85,10 @@ def parse_int_list(text: str, name: str, lo: int = 1) -> List[int]:
 
 
 def fmt_size(n: int) -> str:
-    """4096 -> '4 KiB', 26214400 -> '25 MiB', 1000 -> '1000 B'."""
-    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale} {unit}"
+    """4096 -> '4 KiB', 26214400 -> '25 MiB', 16793600 -> '16.0 MiB', 1000 -> '1000 B'."""
     for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if n >= scale:
-            return f"{n / scale:.1f} {unit}"
+            return f"{n // scale} {unit}" if n % scale == 0 else f"{n / scale:.1f} {unit}"
     return f"{n} B"
 
 
