@@ -45,12 +45,12 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--netns-cleanup", action="store_true",
                    help="delete namespaces left by benchmarks whose launcher is gone, then exit")
     m = p.add_argument_group("measurement")
-    m.add_argument("--time-per-size", type=float, default=2.0,
-                   help="seconds of timed samples per size, all backends together (default 2)")
+    m.add_argument("--time-per-size", type=float, default=3.0,
+                   help="seconds of timed samples per size, all backends together (default 3)")
     m.add_argument("--min-samples", type=int, default=5)
     m.add_argument("--max-samples", type=int, default=30)
-    m.add_argument("--sample-ms", type=float, default=20.0,
-                   help="small sizes: run operations back to back until a sample lasts this long (default 20)")
+    m.add_argument("--sample-ms", type=float, default=50.0,
+                   help="small sizes: run operations back to back until a sample lasts this long (default 50)")
     m.add_argument("--max-reps", type=int, default=1000)
     m.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     o = p.add_argument_group("output")

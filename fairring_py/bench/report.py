@@ -30,11 +30,11 @@ def summarize_run(meta: dict, memcpy: dict, backends: List[str], results: List[d
         stats = [metrics.summarize(ts) for ts in res["times"]]
         base_median = stats[backends.index(baseline)]["median"]
         bound = metrics.link_bound_s(nbytes, nodes, rate) if rate else None
-        for name, st in zip(backends, stats):
+        for name, st, reps in zip(backends, stats, res["reps"]):
             bus = metrics.busbw(nbytes, st["median"], world)
             rows.append({
                 "size_bytes": res["size"], "backend": name, "inflight": meta["inflight"],
-                "reps": res["reps"], "samples": res["samples"],
+                "reps": reps, "samples": res["samples"],
                 "median_s": st["median"], "p10_s": st["p10"], "p90_s": st["p90"],
                 "min_s": st["min"], "max_s": st["max"],
                 "algbw_GBps": metrics.algbw(nbytes, st["median"]) / GB,
@@ -50,7 +50,7 @@ def summarize_run(meta: dict, memcpy: dict, backends: List[str], results: List[d
         "check": {"ok": checks_failed_ranks == 0, "failed_ranks": checks_failed_ranks,
                   "results_checked_per_rank": checked,
                   "errors": [r["error"] for r in results if r["error"]]},
-        "raw": [{"size_bytes": r["size"], "reps": r["reps"], "times_s": dict(zip(backends, r["times"]))}
+        "raw": [{"size_bytes": r["size"], "reps": dict(zip(backends, r["reps"])), "times_s": dict(zip(backends, r["times"]))}
                 for r in results],
     }
 

@@ -6,7 +6,8 @@ and runs the job the config names: the all-reduce sweep below, or the DDP
 benchmark (ddp.py).  Rank 0 writes the report.
 
 How a sample is timed: all ranks leave a barrier (on a separate gloo "control"
-group), each times ``reps`` operations back to back (with ``inflight`` > 1,
+group), each times ``reps`` operations back to back (``reps`` per backend and
+size, from a first timed operation, so that a sample lasts about --sample-ms) (with ``inflight`` > 1,
 groups of that many async all-reduces, then a wait on all of them), and the
 sample's time is the MAX over ranks of the per-rank time divided by ``reps``:
 the completion time as seen by the slowest rank.  The backends take turns
@@ -237,31 +238,35 @@ def sweep_size(ranks, backends, size, cfg) -> dict:
     inp = make_input(ranks.rank, ranks.world, numel, ranks.device)
     expected = make_expected(ranks.world, numel, ranks.device)
 
-    # Warm-up / calibration: one group per backend, checked like the rest.
+    # Warm-up, then calibration on the second group per backend (the first
+    # may pay for first-touch memory and connections); both checked.
     bufs = [torch.empty_like(inp) for _ in range(inflight)]
-    first = []
     errors = []
-    for be in backends:
-        first.append(time_once(ranks, be, bufs, be.prepare(bufs), inp, inflight))
-        errors.append(check(bufs, expected, be.name, ranks.rank))
-    slowest = max(ranks.max_over_ranks(first))
-    # Every rank derives the same counts from the same agreed numbers.
-    reps = metrics.choose_reps(slowest, cfg["sample_target_s"], cfg["max_reps"], size * inflight,
-                               cfg["buffer_budget"])
-    samples = metrics.choose_samples(slowest * reps * len(backends), cfg["time_per_size_s"],
+    for _ in range(2):
+        first = []
+        for be in backends:
+            first.append(time_once(ranks, be, bufs, be.prepare(bufs), inp, inflight))
+            errors.append(check(bufs, expected, be.name, ranks.rank))
+    slowest = ranks.max_over_ranks(first)
+    # Every rank derives the same counts from the same agreed numbers.  Each
+    # backend gets its own reps, so a fast one is not timed over a few
+    # operations only (the barrier's skew would dominate).
+    reps = [metrics.choose_reps(t, cfg["sample_target_s"], cfg["max_reps"], size * inflight, cfg["buffer_budget"])
+            for t in slowest]
+    samples = metrics.choose_samples(sum(t * r for t, r in zip(slowest, reps)), cfg["time_per_size_s"],
                                      cfg["min_samples"], cfg["max_samples"])
-    bufs = [torch.empty_like(inp) for _ in range(reps * inflight)]
-    prepared = [be.prepare(bufs) for be in backends]
+    bufs = [torch.empty_like(inp) for _ in range(max(reps) * inflight)]
+    mine = [bufs[:r * inflight] for r in reps]
+    prepared = [be.prepare(b) for be, b in zip(backends, mine)]
     times = [[] for _ in backends]
-    checked = len(backends) * inflight
+    checked = 2 * len(backends) * inflight
     for s in range(samples):
         for j in range(len(backends)):
             i = (j + s) % len(backends)  # rotate the order every sample
-            t = time_once(ranks, backends[i], bufs, prepared[i], inp, inflight)
-            times[i].append(t / reps)
-            err = check(bufs, expected, backends[i].name, ranks.rank)
-            errors.append(err)
-            checked += len(bufs)
+            t = time_once(ranks, backends[i], mine[i], prepared[i], inp, inflight)
+            times[i].append(t / reps[i])
+            errors.append(check(mine[i], expected, backends[i].name, ranks.rank))
+            checked += len(mine[i])
     flat = ranks.max_over_ranks([t for ts in times for t in ts])
     times = [flat[i * samples:(i + 1) * samples] for i in range(len(backends))]
     error = next((e for e in errors if e), "")
@@ -307,7 +312,7 @@ def run_allreduce(ranks: Ranks, cfg: dict) -> int:
             med = {be.name: metrics.percentile(ts, 50) for be, ts in zip(backends, res["times"])}
             parts = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in med.items())
             print(f"[{n + 1}/{len(sizes)} {time.monotonic() - t_start:6.1f} s] {metrics.fmt_size(size)}: {parts} "
-                  f"({res['samples']} samples x {res['reps']} reps)", file=sys.stderr, flush=True)
+                  f"({res['samples']} samples; reps {'/'.join(map(str, res['reps']))})", file=sys.stderr, flush=True)
     failed = ranks.sum_over_ranks(1 if errors else 0)
     if is0:
         meta = {
