@@ -131,6 +131,24 @@ def test_bench_netns_link_bound(tmp_path):
 
 
 @needs_root
+def test_bench_scaling(tmp_path):
+    before = _namespaces()
+    out = str(tmp_path / "out")
+    p = _run(["--netns", "--link-rate", "1gbit", "--scaling", "2,3", "--ranks-per-node", "1", "--out", out]
+             + QUICK[2:] + ["--sizes", "96K"])
+    assert p.returncode == 0, p.stdout + p.stderr
+    with open(os.path.join(out, "scaling.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["nodes"], r["backend"]) for r in rows] == [("2", "fairring"), ("2", "gloo"), ("3", "fairring"),
+                                                         ("3", "gloo")]
+    # the bound per byte grows as 2(N-1)/N
+    assert float(rows[2]["bound_ns_per_byte"]) / float(rows[0]["bound_ns_per_byte"]) == pytest.approx(4 / 3)
+    assert all(float(r["ns_per_byte"]) > 0 for r in rows)
+    _check_plot(p, os.path.join(out, "scaling.png"))
+    assert _namespaces() == before
+
+
+@needs_root
 def test_bench_netns_cleans_up_after_timeout(tmp_path):
     before, links = _namespaces(), _host_links()
     p = _run(["--netns", "--nodes", "2", "--ranks-per-node", "1", "--timeout", "0.5", "--out", str(tmp_path)] + QUICK)

@@ -124,6 +124,9 @@ def plot_busbw(summary: dict, path: str) -> Optional[str]:
     ax.axhline(summary["memcpy"]["concurrent_per_rank_Bps"] / GB, color="gray", linestyle="--",
                label="memcpy per rank (all ranks copying)")
     ax.set_xscale("log", base=2)
+    sizes = sorted({r["size_bytes"] for r in summary["rows"]})
+    ax.set_xticks(sizes, [metrics.fmt_size(x).replace(" ", "") for x in sizes])
+    ax.minorticks_off()
     ax.set_xlabel("bytes per rank")
     ax.set_ylabel("busbw (GB/s)")
     ax.set_title(f"all_reduce busbw, {m['world_size']} ranks, fairring topology {m['fairring_topology']}")
@@ -135,7 +138,7 @@ def plot_busbw(summary: dict, path: str) -> Optional[str]:
     return path
 
 
-def emit(summary: dict, out_dir: Optional[str], quiet: bool = False) -> None:
+def emit(summary: dict, out_dir: Optional[str]) -> None:
     """Print the table; with out_dir, write results.json, results.csv, busbw.png."""
     print(table(summary), flush=True)
     if not out_dir:
@@ -184,7 +187,7 @@ def scaling_table(rows: List[dict]) -> str:
     return "\n".join(out)
 
 
-def plot_scaling(rows: List[dict], path: str) -> Optional[str]:
+def plot_scaling(rows: List[dict], path: str, title: str = "") -> Optional[str]:
     plt = _pyplot()
     if plt is None:
         return None
@@ -201,9 +204,11 @@ def plot_scaling(rows: List[dict], path: str) -> Optional[str]:
         if seen:
             ax.plot(list(seen), list(seen.values()), color="gray", linestyle="--",
                     label=f"link bound {metrics.fmt_size(size)}")
+    nodes = sorted({r["nodes"] for r in rows})
+    ax.set_xticks(nodes, [str(n) for n in nodes])
     ax.set_xlabel("nodes")
     ax.set_ylabel("time per byte (ns/B)")
-    ax.set_title("all_reduce time per byte vs number of nodes")
+    ax.set_title(f"all_reduce time per byte vs number of nodes{title}")
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -219,6 +224,9 @@ def emit_scaling(runs: List[dict], out_dir: str) -> None:
     with open(os.path.join(out_dir, "scaling.json"), "w") as f:
         json.dump({"rows": rows, "runs": [s["meta"] for s in runs]}, f, indent=1)
     write_csv(os.path.join(out_dir, "scaling.csv"), rows, SCALING_FIELDS)
-    png = plot_scaling(rows, os.path.join(out_dir, "scaling.png"))
+    m = runs[0]["meta"]
+    title = f", {m['ranks_per_node']} rank(s)/node" + (
+        f", {m['link_rate_Bps'] * 8 / 1e9:g} Gbit/s links" if m.get("link_rate_Bps") else "")
+    png = plot_scaling(rows, os.path.join(out_dir, "scaling.png"), title)
     note = f", {png}" if png else " (plot skipped: matplotlib is not installed; pip install matplotlib)"
     print(f"wrote {os.path.join(out_dir, 'scaling.csv')}{note}", file=sys.stderr, flush=True)

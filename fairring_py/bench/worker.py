@@ -338,7 +338,7 @@ def run_allreduce(ranks: Ranks, cfg: dict) -> int:
         }
         summary = report.summarize_run(meta, memcpy, [be.name for be in backends], results,
                                        checks_failed_ranks=failed)
-        report.emit(summary, cfg.get("out"), quiet=cfg.get("quiet", False))
+        report.emit(summary, cfg.get("out"))
     return 1 if failed else 0
 
 
