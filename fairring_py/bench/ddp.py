@@ -114,6 +114,11 @@ def rank_main(ranks, cfg: dict) -> int:
         from .worker import fairring_topology, git_commit
         import datetime
 
+        rate, nodes = cfg.get("link_rate_Bps"), cfg.get("nodes") or 1
+        # Least time per step to all-reduce the gradients over the capped links
+        # (compute and overlap aside): a floor, not a prediction.
+        bound = metrics.link_bound_s(nparams * 4, nodes, rate) if rate else None
+
         summary = {
             "meta": {"date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": git_commit(),
                      "host": os.uname().nodename, "cpus": os.cpu_count(), "torch": torch.__version__,
@@ -122,7 +127,8 @@ def rank_main(ranks, cfg: dict) -> int:
                      "netns": cfg.get("netns", False), "link_rate_Bps": cfg.get("link_rate_Bps"),
                      "model": cfg["model"], "width": cfg["width"], "depth": cfg["depth"], "seq": cfg["seq"],
                      "params": nparams, "grad_bytes": nparams * 4, "batch_per_rank": cfg["batch"],
-                     "bucket_cap_mb": cfg["bucket_cap_mb"], "steps": n, "warmup": cfg["warmup"]},
+                     "bucket_cap_mb": cfg["bucket_cap_mb"], "steps": n, "warmup": cfg["warmup"],
+                     "grad_link_bound_s": bound},
             "rows": rows,
             "check": {"ok": ok, "identical_across_ranks": dict(zip(names, identical_across_ranks)),
                       "replica_max_rel_diff": replica_rel_diff, "rtol": REPLICA_RTOL},
@@ -143,7 +149,9 @@ def ddp_table(s: dict) -> str:
            f"bucket_cap_mb={m['bucket_cap_mb']}), batch {m['batch_per_rank']}/rank, {m['world_size']} ranks, "
            f"fairring topology {m['fairring_topology']}"
            + (f", netns links {m['link_rate_Bps'] * 8 / 1e9:g} Gbit/s" if m.get("link_rate_Bps") else ""),
-           f"{m['steps']} timed steps after {m['warmup']} warm-up; step time = slowest rank's, median (p10-p90)",
+           f"{m['steps']} timed steps after {m['warmup']} warm-up; step time = slowest rank's, median (p10-p90)"
+           + (f"; link bound of the gradient all-reduce {m['grad_link_bound_s'] * 1e3:.1f} ms/step"
+              if m.get("grad_link_bound_s") else ""),
            f"{'backend':<10}{'step ms':>10}{'p10-p90 ms':>19}{'samples/s':>12}{'vs ' + s['rows'][1]['backend']:>10}"]
     for r in s["rows"]:
         spread = f"{r['p10_step_s'] * 1e3:.1f}-{r['p90_step_s'] * 1e3:.1f}"
