@@ -82,6 +82,11 @@ def test_link_bound():
     assert metrics.link_bound_s(25 * MiB, 1, 125e6) == 0.0
 
 
+def test_tcp_payload_fraction():
+    assert metrics.tcp_payload_fraction() == pytest.approx(1448 / 1514)
+    assert metrics.tcp_payload_fraction(9000) > 0.99
+
+
 def test_percentile_and_summary():
     xs = [5.0, 1.0, 3.0, 2.0, 4.0]
     assert metrics.percentile(xs, 50) == 3.0

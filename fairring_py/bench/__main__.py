@@ -190,6 +190,8 @@ def main(argv=None) -> int:
     if kind is not None:
         if args.netns or args.scaling:
             p.error("--netns and --scaling start the ranks themselves; run without torchrun/mpirun")
+        if args.mpi and kind != "mpi":
+            p.error("--mpi under torchrun: start the ranks with mpirun instead (or let --mpi start them)")
         return run_external(cfg, kind, args)
     exit_on_signals()
     return run_local(cfg)

@@ -116,6 +116,13 @@ def link_bound_s(nbytes: float, nodes: int, rate_bytes_per_s: float) -> float:
     return busbw_factor(nodes) * nbytes / rate_bytes_per_s
 
 
+def tcp_payload_fraction(mtu: int = 1500) -> float:
+    """Share of a link's rate TCP can carry as payload: per frame of mtu + 14
+    (Ethernet header, which tbf counts) bytes, mtu - 52 are data (IPv4 20, TCP
+    20, timestamps option 12)."""
+    return (mtu - 52) / (mtu + 14)
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """Linear-interpolated percentile (q in [0, 100]), as numpy's default."""
     xs = sorted(values)

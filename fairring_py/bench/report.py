@@ -70,6 +70,9 @@ def table(summary: dict) -> str:
         f"alone, {mc['concurrent_per_rank_Bps'] / GB:.2f} GB/s per rank with all ranks copying (busbw% uses this)",
         "time: median (p10-p90) over samples of the slowest rank's time per op; busbw = algbw x 2(P-1)/P",
     ]
+    if m.get("link_rate_Bps"):
+        out.append(f"link bound = 2(N-1)/N x bytes / link rate; TCP over 1500-byte frames carries at most "
+                   f"{metrics.tcp_payload_fraction() * 100:.1f}% of the rate as payload, so bound/time stays below that")
     hdr = f"{'size':>9}  {'backend':<9}{'median ms':>11}{'p10-p90 ms':>19}{'algbw GB/s':>12}{'busbw GB/s':>12}" \
           f"{'busbw%cpy':>10}{'vs ' + base:>9}"
     if bounded:
