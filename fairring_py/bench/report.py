@@ -134,7 +134,9 @@ def plot_busbw(summary: dict, path: str) -> Optional[str]:
     ax.set_ylabel("busbw (GB/s)")
     ax.set_title(f"all_reduce busbw, {m['world_size']} ranks, fairring topology {m['fairring_topology']}")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.set_ylim(0, 1.45 * max([summary["memcpy"]["concurrent_per_rank_Bps"] / GB]
+                             + [r["busbw_GBps"] for r in summary["rows"]]))
+    ax.legend(loc="upper left", ncol=2, fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
