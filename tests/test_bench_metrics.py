@@ -3,6 +3,7 @@ argument checks of their command lines."""
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 
@@ -151,3 +152,9 @@ def test_external_launcher_detection():
     assert launch.external_launcher({"OMPI_COMM_WORLD_RANK": "0"}) == "mpi"
     env = launch.rank_env(5, 6, 2, "10.0.0.1", 1234)
     assert env["FAIRRING_NODE_ID"] == "2" and env["LOCAL_RANK"] == "1" and env["RANK"] == "5"
+
+
+def test_mpi_without_mpi4py_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # import mpi4py now raises ImportError
+    with pytest.raises(launch.LaunchError, match="--mpi needs (mpi4py|OpenMPI's mpirun)"):
+        launch.run_mpirun({"job": "allreduce"}, 1, 2, timeout_s=5)
