@@ -116,21 +116,19 @@ def exit_on_signals() -> None:
 
 
 def run_external(cfg: dict, kind: str, args) -> int:
-    """This process is a rank started by torchrun or mpirun."""
+    """This process is a rank started by torchrun or mpirun.  Nodes are the
+    real machines, unless --ranks-per-node K asks to simulate them (rank r on
+    node r // K)."""
     from . import worker
 
     env = os.environ
-    cfg["launcher"] = kind
-    cfg["mpi"] = kind == "mpi"
+    cfg.update(launcher=kind, mpi=kind == "mpi", nodes=None, ranks_per_node=None)
     if args.ranks_per_node:
-        cfg["simulate_ranks_per_node"] = args.ranks_per_node
+        cfg["ranks_per_node"] = args.ranks_per_node
+        cfg["simulate_ranks_per_node"] = args.ranks_per_node  # read by the worker under mpirun
         if kind == "torchrun":
             env["FAIRRING_NODE_ID"] = str(int(env["RANK"]) // args.ranks_per_node)
-    else:
-        cfg["ranks_per_node"] = int(env.get("LOCAL_WORLD_SIZE", env.get("OMPI_COMM_WORLD_LOCAL_SIZE", "0"))) or None
-        cfg["nodes"] = None
-    if kind == "torchrun":
-        cfg["nodes"] = cfg["nodes"] if args.ranks_per_node else None
+            cfg["nodes"] = -(-int(env["WORLD_SIZE"]) // args.ranks_per_node)
     return worker.run_config(cfg)
 
 

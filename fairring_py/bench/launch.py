@@ -144,7 +144,7 @@ def _wait(procs: List[subprocess.Popen], timeout_s: float) -> None:
             failed_at = now
         if now > deadline or (failed_at is not None and now - failed_at > FAILURE_GRACE_S):
             alive = [r for r, c in enumerate(codes) if c is None]
-            why = f"did not finish within {timeout_s:.0f} s" if now > deadline else \
+            why = f"did not finish within {timeout_s:g} s" if now > deadline else \
                 "still running after another rank failed"
             _kill(procs)
             raise LaunchError(f"ranks {alive} {why}; killed (exit codes {[p.returncode for p in procs]})")

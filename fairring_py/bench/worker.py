@@ -115,7 +115,7 @@ def fairring_topology() -> str:
 
 # ---------------------------------------------------------------- data
 
-def make_input(rank: int, world: int, numel: int, device) -> torch.Tensor:
+def make_input(rank: int, numel: int, device) -> torch.Tensor:
     """Integer-valued float32: every partial sum is exact in any order, so the
     result must equal the expectation bit for bit.  Rank r's data is a shared
     random base rolled by r positions plus r+1 (distinct per rank and per
@@ -235,7 +235,7 @@ def sweep_size(ranks, backends, size, cfg) -> dict:
     group of ``inflight`` operations, max over ranks) and the checks done."""
     numel = size // 4
     inflight = cfg["inflight"]
-    inp = make_input(ranks.rank, ranks.world, numel, ranks.device)
+    inp = make_input(ranks.rank, numel, ranks.device)
     expected = make_expected(ranks.world, numel, ranks.device)
 
     # Warm-up, then calibration on the second group per backend (the first
