@@ -2,9 +2,9 @@
 #
 #   docker build -t fairring .
 #   docker run --rm --gpus all --shm-size=1g fairring                       # the tests
-#   docker run --rm --gpus all --shm-size=1g fairring python -m fairring_py.demo
+#   docker run --rm --gpus all --shm-size=1g fairring python -m fairring_py.bench
 #
-# The tests and the demo run many ranks in one container and share memory
+# The tests and the benchmark run many ranks in one container and share memory
 # through /dev/shm, whose Docker default (64 MB) is too small: keep --shm-size
 # (or use --ipc=host).  The base must be a *devel* tag (it has nvcc, which the
 # CUDA sources need) with torch >= 2.11 (setup.py's requirement); another one can

@@ -1,0 +1,199 @@
+"""Fairring all-reduce microbenchmark: fairring vs gloo (CPU) or nccl (CUDA),
+optionally OpenMPI, interleaved in the same processes, over a sweep of sizes.
+
+    python -m fairring_py.bench                          # 2 nodes x 2 ranks simulated here
+    python -m fairring_py.bench --nodes 1 --ranks-per-node 2 --sizes 4K,25M --mpi
+    python -m fairring_py.bench --netns --link-rate 1gbit --sizes 25M     # root: namespaces
+    python -m fairring_py.bench --netns --link-rate 1gbit --scaling 2,3,4
+    torchrun --nproc_per_node=8 ... -m fairring_py.bench --sizes 4K:256M:4  # real machines
+
+See BENCHMARKS.md for what is measured and how.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+
+from . import metrics
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m fairring_py.bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    t = p.add_argument_group("topology (ranks started here; under torchrun/mpirun the launcher decides)")
+    t.add_argument("--nodes", type=int, help="simulated nodes (default 2)")
+    t.add_argument("--ranks-per-node", type=int,
+                   help="ranks per simulated node (default 2); under torchrun/mpirun: give rank r "
+                        "FAIRRING_NODE_ID=r // K to simulate nodes")
+    w = p.add_argument_group("workload")
+    w.add_argument("--sizes", help="bytes per rank: list '4K,25M', range '4K:256M' (x2 steps) or '4K:256M:4' "
+                                   "(x4 steps; default 4K:256M:4; scaling mode: 25M)")
+    w.add_argument("--inflight", type=int, default=1,
+                   help="all-reduces issued async before waiting on them (DDP-like buckets; default 1)")
+    w.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="tensor device (cuda: fairring vs nccl)")
+    w.add_argument("--mpi", action="store_true",
+                   help="also time OpenMPI's MPI_Allreduce (mpi4py); launches the ranks with mpirun")
+    c = p.add_argument_group("cluster simulation (root only)")
+    c.add_argument("--netns", action="store_true", help="each node in its own network namespace, veth links")
+    c.add_argument("--link-rate", help="cap each node's link with tc tbf, e.g. 1gbit (needs --netns)")
+    c.add_argument("--scaling", help="node counts to run one after another, e.g. 2,3,4; plots time per byte")
+    c.add_argument("--netns-cleanup", action="store_true",
+                   help="delete namespaces left by benchmarks whose launcher is gone, then exit")
+    m = p.add_argument_group("measurement")
+    m.add_argument("--time-per-size", type=float, default=3.0,
+                   help="seconds of timed samples per size, all backends together (default 3)")
+    m.add_argument("--min-samples", type=int, default=5)
+    m.add_argument("--max-samples", type=int, default=30)
+    m.add_argument("--sample-ms", type=float, default=50.0,
+                   help="small sizes: run operations back to back until a sample lasts this long (default 50)")
+    m.add_argument("--max-reps", type=int, default=1000)
+    m.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", default="bench_out", help="directory for results.json/.csv/busbw.png (default bench_out)")
+    o.add_argument("--no-progress", action="store_true")
+    o.add_argument("--timeout", type=float, default=3600, help="seconds before the whole run is killed")
+    return p
+
+
+def build_config(args, p) -> dict:
+    """Validate the arguments (errors through argparse) and make the worker's config."""
+    if args.link_rate and not args.netns:
+        p.error("--link-rate needs --netns (the cap is a tc qdisc on the namespaces' links)")
+    if args.mpi and args.netns:
+        p.error("--mpi cannot be combined with --netns (mpirun starts the ranks itself)")
+    if args.mpi and args.device != "cpu":
+        p.error("--mpi measures CPU tensors only")
+    for name in ("nodes", "ranks_per_node"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.inflight < 1 or args.min_samples < 1 or args.max_samples < args.min_samples or args.max_reps < 1:
+        p.error("--inflight, --min-samples, --max-reps must be >= 1 and --max-samples >= --min-samples")
+    try:
+        default_sizes = "25M" if args.scaling else "4K:256M:4"
+        sizes = metrics.parse_sizes(args.sizes or default_sizes)
+        rate = metrics.parse_rate(args.link_rate) if args.link_rate else None
+        scaling = metrics.parse_int_list(args.scaling, "--scaling", lo=2) if args.scaling else None
+    except ValueError as e:
+        p.error(str(e))
+    return {
+        "job": "allreduce",
+        "sizes": sizes,
+        "inflight": args.inflight,
+        "device": args.device,
+        "mpi": args.mpi,
+        "netns": args.netns,
+        "link_rate_Bps": rate,
+        "scaling": scaling,
+        "nodes": args.nodes or 2,
+        "ranks_per_node": args.ranks_per_node or 2,
+        "time_per_size_s": args.time_per_size,
+        "min_samples": args.min_samples,
+        "max_samples": args.max_samples,
+        "sample_target_s": args.sample_ms / 1e3,
+        "max_reps": args.max_reps,
+        "buffer_budget": 64 * metrics.MiB,
+        "threads": args.threads,
+        "out": args.out,
+        "progress": not args.no_progress,
+        "timeout_s": args.timeout,
+    }
+
+
+def exit_on_signals() -> None:
+    """SIGTERM/SIGHUP unwind like Ctrl-C, so every finally block (ranks killed,
+    namespaces deleted) runs."""
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, handler)
+
+
+def run_external(cfg: dict, kind: str, args) -> int:
+    """This process is a rank started by torchrun or mpirun.  Nodes are the
+    real machines, unless --ranks-per-node K asks to simulate them (rank r on
+    node r // K)."""
+    from . import worker
+
+    env = os.environ
+    cfg.update(launcher=kind, mpi=kind == "mpi", nodes=None, ranks_per_node=None)
+    if args.ranks_per_node:
+        cfg["ranks_per_node"] = args.ranks_per_node
+        cfg["simulate_ranks_per_node"] = args.ranks_per_node  # read by the worker under mpirun
+        if kind == "torchrun":
+            env["FAIRRING_NODE_ID"] = str(int(env["RANK"]) // args.ranks_per_node)
+            cfg["nodes"] = -(-int(env["WORLD_SIZE"]) // args.ranks_per_node)
+    return worker.run_config(cfg)
+
+
+def run_local(cfg: dict) -> int:
+    from . import launch, netns, report
+
+    def once(c, nodes):
+        c = dict(c, nodes=nodes)
+        if cfg["mpi"]:
+            c.update(launcher="mpirun", simulate_ranks_per_node=c["ranks_per_node"])
+            launch.run_mpirun(c, nodes, c["ranks_per_node"], cfg["timeout_s"])
+        elif cfg["netns"]:
+            c["launcher"] = "local+netns"
+            with netns.Cluster(nodes, cfg["link_rate_Bps"]) as cluster:
+                launch.run_ranks(c, nodes, c["ranks_per_node"], cfg["timeout_s"], cluster=cluster)
+        else:
+            c["launcher"] = "local"
+            launch.run_ranks(c, nodes, c["ranks_per_node"], cfg["timeout_s"])
+
+    try:
+        if cfg["netns"]:
+            netns.check_usable(link_rate=bool(cfg["link_rate_Bps"]))
+        if not cfg["scaling"]:
+            once(cfg, cfg["nodes"])
+            return 0
+        runs = []
+        for n in cfg["scaling"]:
+            print(f"== scaling: {n} nodes x {cfg['ranks_per_node']} ranks", file=sys.stderr, flush=True)
+            out = os.path.join(cfg["out"], f"nodes{n}")
+            once(dict(cfg, out=out), n)
+            with open(os.path.join(out, "results.json")) as f:
+                runs.append(json.load(f))
+        report.emit_scaling(runs, cfg["out"])
+        return 0
+    except (launch.LaunchError, netns.NetnsError) as e:
+        print(f"fairring bench: {e}", file=sys.stderr)
+        return 1
+
+
+def main(argv=None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    if args.netns_cleanup:
+        from . import netns
+
+        try:
+            netns.check_usable()
+        except netns.NetnsError as e:
+            p.error(str(e))
+        removed = netns.cleanup_leftovers()
+        print(f"removed {len(removed)} namespace(s){': ' + ', '.join(removed) if removed else ''}")
+        return 0
+    cfg = build_config(args, p)
+    from . import launch
+
+    kind = launch.external_launcher()
+    if kind is not None:
+        if args.netns or args.scaling:
+            p.error("--netns and --scaling start the ranks themselves; run without torchrun/mpirun")
+        if args.mpi and kind != "mpi":
+            p.error("--mpi under torchrun: start the ranks with mpirun instead (or let --mpi start them)")
+        return run_external(cfg, kind, args)
+    exit_on_signals()
+    return run_local(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""DDP end-to-end benchmark: samples/s of a small model trained with
+DistributedDataParallel over fairring vs gloo (nccl with --device cuda), in
+the same processes, on a simulated cluster.
+
+    python -m fairring_py.bench.ddp                         # 2 nodes x 2 ranks, MLP, CPU
+    python -m fairring_py.bench.ddp --model transformer --steps 30
+    python -m fairring_py.bench.ddp --netns --link-rate 1gbit   # root: namespaces
+
+Each rank builds two identical replicas (same seed), wraps one in DDP over the
+fairring group and one over the baseline group, and trains both on the same
+synthetic batches, alternating which goes first at every step.  A step
+(forward, backward with DDP's bucketed all-reduces, optimizer step) is timed
+between barriers, as the slowest rank sees it; samples/s = global batch /
+median step time.  Guards: within each replica the parameters are
+bit-identical on every rank, and the two replicas stay equal up to the
+rounding of a different reduction order.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from . import metrics
+
+SEED = 4321
+# Largest relative parameter difference between the fairring and baseline
+# replicas that a different summation order can explain after a few SGD steps.
+REPLICA_RTOL = 1e-4
+
+
+def make_model(cfg: dict) -> torch.nn.Module:
+    width, depth = cfg["width"], cfg["depth"]
+    if cfg["model"] == "transformer":
+        layer = torch.nn.TransformerEncoderLayer(d_model=width, nhead=max(1, width // 64),
+                                                 dim_feedforward=4 * width, dropout=0.0, batch_first=True)
+        return torch.nn.TransformerEncoder(layer, num_layers=depth, enable_nested_tensor=False)
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers[:-1])
+
+
+def make_batch(cfg: dict, rank: int, step: int, device):
+    g = torch.Generator().manual_seed(SEED + 1000003 * step + rank)
+    shape = (cfg["batch"], cfg["seq"], cfg["width"]) if cfg["model"] == "transformer" else (cfg["batch"], cfg["width"])
+    x = torch.randn(shape, generator=g)
+    y = torch.randn(shape, generator=g)
+    return x.to(device), y.to(device)
+
+
+def flat_params(model) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1).float().cpu() for p in model.parameters()])
+
+
+def same_on_all_ranks(ranks, flat: torch.Tensor) -> bool:
+    ref = flat.clone()
+    dist.broadcast(ref, src=0, group=ranks.control)
+    return ranks.sum_over_ranks(0 if torch.equal(ref, flat) else 1) == 0
+
+
+def rank_main(ranks, cfg: dict) -> int:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dev = ranks.device
+    torch.manual_seed(SEED)
+    model = make_model(cfg).to(dev)
+    names = ["fairring", ranks.baseline_name]
+    groups = [ranks.fairring, ranks.baseline]
+    ids = [dev.index] if dev.type == "cuda" else None
+    replicas = [DDP(copy.deepcopy(model), process_group=g, bucket_cap_mb=cfg["bucket_cap_mb"], device_ids=ids)
+                for g in groups]
+    opts = [torch.optim.SGD(r.parameters(), lr=cfg["lr"]) for r in replicas]
+    nparams = sum(p.numel() for p in model.parameters())
+    times = [[] for _ in replicas]
+    for step in range(cfg["warmup"] + cfg["steps"]):
+        x, y = make_batch(cfg, ranks.rank, step, dev)
+        for j in range(len(replicas)):
+            i = (j + step) % len(replicas)
+            ranks.sync()
+            ranks.barrier()
+            t0 = time.perf_counter()
+            loss = torch.nn.functional.mse_loss(replicas[i](x), y)
+            opts[i].zero_grad(set_to_none=True)
+            loss.backward()
+            opts[i].step()
+            ranks.sync()
+            if step >= cfg["warmup"]:
+                times[i].append(time.perf_counter() - t0)
+    flat = ranks.max_over_ranks([t for ts in times for t in ts])
+    n = cfg["steps"]
+    times = [flat[i * n:(i + 1) * n] for i in range(len(replicas))]
+
+    params = [flat_params(r.module) for r in replicas]
+    identical_across_ranks = [same_on_all_ranks(ranks, p) for p in params]
+    scale = params[1].abs().max().item() or 1.0
+    replica_rel_diff = (params[0] - params[1]).abs().max().item() / scale
+    ok = all(identical_across_ranks) and replica_rel_diff <= REPLICA_RTOL
+    if ranks.rank == 0:
+        global_batch = cfg["batch"] * ranks.world
+        rows = []
+        for name, ts in zip(names, times):
+            st = metrics.summarize(ts)
+            rows.append({"backend": name, "median_step_s": st["median"], "p10_step_s": st["p10"],
+                         "p90_step_s": st["p90"], "samples_per_s": global_batch / st["median"]})
+        for r in rows:
+            r["speedup_vs_baseline"] = r["samples_per_s"] / rows[1]["samples_per_s"]
+        from .worker import fairring_topology, git_commit
+        import datetime
+
+        rate, nodes = cfg.get("link_rate_Bps"), cfg.get("nodes") or 1
+        # Least time per step to all-reduce the gradients over the capped links
+        # (compute and overlap aside): a floor, not a prediction.
+        bound = metrics.link_bound_s(nparams * 4, nodes, rate) if rate else None
+
+        summary = {
+            "meta": {"date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": git_commit(),
+                     "host": os.uname().nodename, "cpus": os.cpu_count(), "torch": torch.__version__,
+                     "device": dev.type, "world_size": ranks.world, "nodes": cfg.get("nodes"),
+                     "ranks_per_node": cfg.get("ranks_per_node"), "fairring_topology": fairring_topology(),
+                     "netns": cfg.get("netns", False), "link_rate_Bps": cfg.get("link_rate_Bps"),
+                     "model": cfg["model"], "width": cfg["width"], "depth": cfg["depth"], "seq": cfg["seq"],
+                     "params": nparams, "grad_bytes": nparams * 4, "batch_per_rank": cfg["batch"],
+                     "bucket_cap_mb": cfg["bucket_cap_mb"], "steps": n, "warmup": cfg["warmup"],
+                     "grad_link_bound_s": bound},
+            "rows": rows,
+            "check": {"ok": ok, "identical_across_ranks": dict(zip(names, identical_across_ranks)),
+                      "replica_max_rel_diff": replica_rel_diff, "rtol": REPLICA_RTOL},
+        }
+        print(ddp_table(summary), flush=True)
+        if cfg.get("out"):
+            os.makedirs(cfg["out"], exist_ok=True)
+            path = os.path.join(cfg["out"], "ddp.json")
+            with open(path, "w") as f:
+                json.dump(summary, f, indent=1)
+            print(f"wrote {path}", file=sys.stderr, flush=True)
+    return 0 if ok else 1
+
+
+def ddp_table(s: dict) -> str:
+    m = s["meta"]
+    out = [f"DDP {m['model']} ({m['params'] / 1e6:.2f} M params, {metrics.fmt_size(m['grad_bytes'])} of gradients, "
+           f"bucket_cap_mb={m['bucket_cap_mb']}), batch {m['batch_per_rank']}/rank, {m['world_size']} ranks, "
+           f"fairring topology {m['fairring_topology']}"
+           + (f", netns links {m['link_rate_Bps'] * 8 / 1e9:g} Gbit/s" if m.get("link_rate_Bps") else ""),
+           f"{m['steps']} timed steps after {m['warmup']} warm-up; step time = slowest rank's, median (p10-p90)"
+           + (f"; link bound of the gradient all-reduce {m['grad_link_bound_s'] * 1e3:.1f} ms/step"
+              if m.get("grad_link_bound_s") else ""),
+           f"{'backend':<10}{'step ms':>10}{'p10-p90 ms':>19}{'samples/s':>12}{'vs ' + s['rows'][1]['backend']:>10}"]
+    for r in s["rows"]:
+        spread = f"{r['p10_step_s'] * 1e3:.1f}-{r['p90_step_s'] * 1e3:.1f}"
+        out.append(f"{r['backend']:<10}{r['median_step_s'] * 1e3:>10.1f}{spread:>19}{r['samples_per_s']:>12.1f}"
+                   f"{r['speedup_vs_baseline']:>9.2f}x")
+    c = s["check"]
+    same = ", ".join(f"{k} {'bit-identical' if v else 'DIFFERENT'} across ranks"
+                     for k, v in c["identical_across_ranks"].items())
+    out.append(f"check: {'OK' if c['ok'] else 'FAILED'} ({same}; replicas differ by at most "
+               f"{c['replica_max_rel_diff']:.1e} relative, limit {c['rtol']:.0e})")
+    return "\n".join(out)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m fairring_py.bench.ddp", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--ranks-per-node", type=int, default=2)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--model", choices=["mlp", "transformer"], default="mlp")
+    p.add_argument("--width", type=int, default=1024, help="hidden size (default 1024)")
+    p.add_argument("--depth", type=int, default=4, help="layers (default 4)")
+    p.add_argument("--seq", type=int, default=32, help="transformer sequence length (default 32)")
+    p.add_argument("--batch", type=int, default=32, help="samples per rank per step (default 32)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--bucket-cap-mb", type=float, default=2.0, help="DDP bucket size (default 2, so several buckets)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    p.add_argument("--netns", action="store_true", help="root: each node in its own network namespace")
+    p.add_argument("--link-rate", help="cap each node's link, e.g. 1gbit (needs --netns)")
+    p.add_argument("--out", default="bench_out", help="directory for ddp.json (default bench_out)")
+    p.add_argument("--timeout", type=float, default=1800)
+    return p
+
+
+def main(argv=None) -> int:
+    from . import launch, netns
+    from .__main__ import exit_on_signals
+
+    p = parser()
+    a = p.parse_args(argv)
+    if a.link_rate and not a.netns:
+        p.error("--link-rate needs --netns")
+    if min(a.nodes, a.ranks_per_node, a.width, a.depth, a.seq, a.batch, a.steps) < 1 or a.warmup < 0:
+        p.error("sizes and counts must be >= 1 (--warmup >= 0)")
+    try:
+        rate = metrics.parse_rate(a.link_rate) if a.link_rate else None
+    except ValueError as e:
+        p.error(str(e))
+    cfg = {"job": "ddp", "device": a.device, "model": a.model, "width": a.width, "depth": a.depth, "seq": a.seq,
+           "batch": a.batch, "steps": a.steps, "warmup": a.warmup, "bucket_cap_mb": a.bucket_cap_mb, "lr": a.lr,
+           "threads": a.threads, "nodes": a.nodes, "ranks_per_node": a.ranks_per_node, "netns": a.netns,
+           "link_rate_Bps": rate, "out": a.out}
+    if launch.external_launcher() == "torchrun":
+        from .worker import run_config
+
+        cfg.update(nodes=None, ranks_per_node=None)
+        return run_config(cfg)
+    exit_on_signals()
+    try:
+        if a.netns:
+            netns.check_usable(link_rate=bool(rate))
+            with netns.Cluster(a.nodes, rate) as cluster:
+                launch.run_ranks(cfg, a.nodes, a.ranks_per_node, a.timeout, cluster=cluster)
+        else:
+            launch.run_ranks(cfg, a.nodes, a.ranks_per_node, a.timeout)
+    except (launch.LaunchError, netns.NetnsError) as e:
+        print(f"fairring bench.ddp: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

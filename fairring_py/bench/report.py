@@ -1,0 +1,237 @@
+"""Reports of the microbenchmark: rows with the derived figures, a printed
+table, results.json, results.csv and busbw.png (scaling mode: scaling.*).
+The plot needs matplotlib; without it the plot is skipped with a message."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+from typing import List, Optional
+
+from . import metrics
+
+GB = 1e9
+CSV_FIELDS = ["size_bytes", "backend", "inflight", "reps", "samples", "median_s", "p10_s", "p90_s", "min_s",
+              "max_s", "algbw_GBps", "busbw_GBps", "busbw_of_memcpy", "speedup_vs_baseline", "link_bound_s",
+              "bound_over_time"]
+
+
+def summarize_run(meta: dict, memcpy: dict, backends: List[str], results: List[dict],
+                  checks_failed_ranks: int = 0) -> dict:
+    """Raw per-size samples -> the rows every output is made of."""
+    world = meta["world_size"]
+    baseline = backends[1]
+    nodes = meta.get("nodes") or 1
+    rate = meta.get("link_rate_Bps")
+    rows = []
+    for res in results:
+        nbytes = res["size"] * meta["inflight"]  # one timed unit: `inflight` all-reduces
+        stats = [metrics.summarize(ts) for ts in res["times"]]
+        base_median = stats[backends.index(baseline)]["median"]
+        bound = metrics.link_bound_s(nbytes, nodes, rate) if rate else None
+        for name, st, reps in zip(backends, stats, res["reps"]):
+            bus = metrics.busbw(nbytes, st["median"], world)
+            rows.append({
+                "size_bytes": res["size"], "backend": name, "inflight": meta["inflight"],
+                "reps": reps, "samples": res["samples"],
+                "median_s": st["median"], "p10_s": st["p10"], "p90_s": st["p90"],
+                "min_s": st["min"], "max_s": st["max"],
+                "algbw_GBps": metrics.algbw(nbytes, st["median"]) / GB,
+                "busbw_GBps": bus / GB,
+                "busbw_of_memcpy": bus / memcpy["concurrent_per_rank_Bps"],
+                "speedup_vs_baseline": base_median / st["median"],
+                "link_bound_s": bound,
+                "bound_over_time": (bound / st["median"]) if bound else None,
+            })
+    checked = sum(r["checked"] for r in results)
+    return {
+        "meta": meta, "memcpy": memcpy, "backends": backends, "baseline": baseline, "rows": rows,
+        "check": {"ok": checks_failed_ranks == 0, "failed_ranks": checks_failed_ranks,
+                  "results_checked_per_rank": checked,
+                  "errors": [r["error"] for r in results if r["error"]]},
+        "raw": [{"size_bytes": r["size"], "reps": dict(zip(backends, r["reps"])), "times_s": dict(zip(backends, r["times"]))}
+                for r in results],
+    }
+
+
+def table(summary: dict) -> str:
+    m, mc = summary["meta"], summary["memcpy"]
+    base = summary["baseline"]
+    bounded = any(r["link_bound_s"] for r in summary["rows"])
+    out = [
+        f"all_reduce {m['dtype']} {m['op']} on {m['device']}: {m['world_size']} ranks"
+        + (f" = {m['nodes']} node(s) x {m['ranks_per_node']}" if m.get("nodes") else "")
+        + f"; fairring topology {m['fairring_topology']}"
+        + (f"; netns links {m['link_rate_Bps'] * 8 / 1e9:g} Gbit/s" if m.get("link_rate_Bps") else
+           ("; netns, uncapped links" if m.get("netns") else ""))
+        + (f"; {m['inflight']} all-reduces in flight per timed unit" if m["inflight"] > 1 else ""),
+        f"memory copy ({metrics.fmt_size(mc['bytes'])} torch copy_): {mc['alone_Bps'] / GB:.2f} GB/s on one rank "
+        f"alone, {mc['concurrent_per_rank_Bps'] / GB:.2f} GB/s per rank with all ranks copying (busbw% uses this)",
+        "time: median (p10-p90) over samples of the slowest rank's time per op; busbw = algbw x 2(P-1)/P",
+    ]
+    if m.get("link_rate_Bps"):
+        out.append(f"link bound = 2(N-1)/N x bytes / link rate; TCP over 1500-byte frames carries at most "
+                   f"{metrics.tcp_payload_fraction() * 100:.1f}% of the rate as payload, so bound/time stays below that")
+    hdr = f"{'size':>9}  {'backend':<9}{'median ms':>11}{'p10-p90 ms':>19}{'algbw GB/s':>12}{'busbw GB/s':>12}" \
+          f"{'busbw%cpy':>10}{'vs ' + base:>9}"
+    if bounded:
+        hdr += f"{'bound ms':>10}{'bound/time':>11}"
+    out.append(hdr)
+    last = None
+    for r in summary["rows"]:
+        size = metrics.fmt_size(r["size_bytes"]) if r["size_bytes"] != last else ""
+        last = r["size_bytes"]
+        spread = f"{r['p10_s'] * 1e3:.3f}-{r['p90_s'] * 1e3:.3f}"
+        line = (f"{size:>9}  {r['backend']:<9}{r['median_s'] * 1e3:>11.3f}{spread:>19}{r['algbw_GBps']:>12.3f}"
+                f"{r['busbw_GBps']:>12.3f}{r['busbw_of_memcpy'] * 100:>9.1f}%{r['speedup_vs_baseline']:>8.2f}x")
+        if bounded:
+            line += f"{r['link_bound_s'] * 1e3:>10.3f}{r['bound_over_time'] * 100:>10.1f}%"
+        out.append(line)
+    c = summary["check"]
+    out.append(f"check: OK ({c['results_checked_per_rank']} results compared exactly on every rank)" if c["ok"]
+               else f"check: FAILED on {c['failed_ranks']} rank(s): {'; '.join(c['errors'][:3])}")
+    return "\n".join(out)
+
+
+def write_csv(path: str, rows: List[dict], fields: List[str]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in fields})
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        return plt
+    except ImportError:
+        return None
+
+
+def plot_busbw(summary: dict, path: str) -> Optional[str]:
+    """busbw vs size, one line per backend, log x; None when matplotlib is missing."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    m = summary["meta"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in summary["backends"]:
+        rows = [r for r in summary["rows"] if r["backend"] == name]
+        ax.plot([r["size_bytes"] for r in rows], [r["busbw_GBps"] for r in rows], marker="o", label=name)
+    ax.axhline(summary["memcpy"]["concurrent_per_rank_Bps"] / GB, color="gray", linestyle="--",
+               label="memcpy per rank (all ranks copying)")
+    ax.set_xscale("log", base=2)
+    sizes = sorted({r["size_bytes"] for r in summary["rows"]})
+    ax.set_xticks(sizes, [metrics.fmt_size(x).replace(" ", "") for x in sizes])
+    ax.minorticks_off()
+    ax.set_xlabel("bytes per rank")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(f"all_reduce busbw, {m['world_size']} ranks, fairring topology {m['fairring_topology']}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_ylim(0, 1.45 * max([summary["memcpy"]["concurrent_per_rank_Bps"] / GB]
+                             + [r["busbw_GBps"] for r in summary["rows"]]))
+    ax.legend(loc="upper left", ncol=2, fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def emit(summary: dict, out_dir: Optional[str]) -> None:
+    """Print the table; with out_dir, write results.json, results.csv, busbw.png."""
+    print(table(summary), flush=True)
+    if not out_dir:
+        return
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    write_csv(os.path.join(out_dir, "results.csv"), summary["rows"], CSV_FIELDS)
+    png = plot_busbw(summary, os.path.join(out_dir, "busbw.png"))
+    note = f", {png}" if png else " (plot skipped: matplotlib is not installed; pip install matplotlib)"
+    print(f"wrote {os.path.join(out_dir, 'results.json')}, {os.path.join(out_dir, 'results.csv')}{note}",
+          file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- scaling mode
+
+SCALING_FIELDS = ["nodes", "size_bytes", "backend", "median_s", "ns_per_byte", "link_bound_s",
+                  "bound_ns_per_byte", "bound_over_time"]
+
+
+def scaling_rows(runs: List[dict]) -> List[dict]:
+    """One results.json summary per node count -> time per byte rows."""
+    rows = []
+    for s in runs:
+        n = s["meta"]["nodes"]
+        for r in s["rows"]:
+            nbytes = r["size_bytes"] * r["inflight"]
+            rows.append({
+                "nodes": n, "size_bytes": r["size_bytes"], "backend": r["backend"], "median_s": r["median_s"],
+                "ns_per_byte": r["median_s"] / nbytes * 1e9,
+                "link_bound_s": r["link_bound_s"],
+                "bound_ns_per_byte": (r["link_bound_s"] / nbytes * 1e9) if r["link_bound_s"] else None,
+                "bound_over_time": r["bound_over_time"],
+            })
+    return rows
+
+
+def scaling_table(rows: List[dict]) -> str:
+    out = [f"{'nodes':>5}  {'size':>9}  {'backend':<9}{'median ms':>11}{'ns/byte':>10}{'bound ns/B':>11}"
+           f"{'bound/time':>11}"]
+    for r in rows:
+        b = r["bound_ns_per_byte"]
+        out.append(f"{r['nodes']:>5}  {metrics.fmt_size(r['size_bytes']):>9}  {r['backend']:<9}"
+                   f"{r['median_s'] * 1e3:>11.3f}{r['ns_per_byte']:>10.3f}"
+                   + (f"{b:>11.3f}{r['bound_over_time'] * 100:>10.1f}%" if b else f"{'-':>11}{'-':>11}"))
+    return "\n".join(out)
+
+
+def plot_scaling(rows: List[dict], path: str, title: str = "") -> Optional[str]:
+    plt = _pyplot()
+    if plt is None:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for size in sorted({r["size_bytes"] for r in rows}):
+        for name in dict.fromkeys(r["backend"] for r in rows):
+            pts = [r for r in rows if r["backend"] == name and r["size_bytes"] == size]
+            ax.plot([r["nodes"] for r in pts], [r["ns_per_byte"] for r in pts], marker="o",
+                    label=f"{name} {metrics.fmt_size(size)}")
+        pts = [r for r in rows if r["size_bytes"] == size and r["bound_ns_per_byte"]]
+        seen = {}
+        for r in pts:
+            seen[r["nodes"]] = r["bound_ns_per_byte"]
+        if seen:
+            ax.plot(list(seen), list(seen.values()), color="gray", linestyle="--",
+                    label=f"link bound {metrics.fmt_size(size)}")
+    nodes = sorted({r["nodes"] for r in rows})
+    ax.set_xticks(nodes, [str(n) for n in nodes])
+    ax.set_xlabel("nodes")
+    ax.set_ylabel("time per byte (ns/B)")
+    ax.set_title(f"all_reduce time per byte vs number of nodes{title}")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def emit_scaling(runs: List[dict], out_dir: str) -> None:
+    rows = scaling_rows(runs)
+    print("scaling: time per byte vs nodes\n" + scaling_table(rows), flush=True)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "scaling.json"), "w") as f:
+        json.dump({"rows": rows, "runs": [s["meta"] for s in runs]}, f, indent=1)
+    write_csv(os.path.join(out_dir, "scaling.csv"), rows, SCALING_FIELDS)
+    m = runs[0]["meta"]
+    title = f", {m['ranks_per_node']} rank(s)/node" + (
+        f", {m['link_rate_Bps'] * 8 / 1e9:g} Gbit/s links" if m.get("link_rate_Bps") else "")
+    png = plot_scaling(rows, os.path.join(out_dir, "scaling.png"), title)
+    note = f", {png}" if png else " (plot skipped: matplotlib is not installed; pip install matplotlib)"
+    print(f"wrote {os.path.join(out_dir, 'scaling.csv')}{note}", file=sys.stderr, flush=True)

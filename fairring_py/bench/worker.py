@@ -1,0 +1,383 @@
+"""One rank of a benchmark: ``python -m fairring_py.bench.worker CONFIG.json``.
+
+Reads the rank from the environment (torchrun's variables, or OpenMPI's under
+mpirun), joins a "fairring" process group plus gloo groups on the same ranks,
+and runs the job the config names: the all-reduce sweep below, or the DDP
+benchmark (ddp.py).  Rank 0 writes the report.
+
+How a sample is timed: all ranks leave a barrier (on a separate gloo "control"
+group), each times ``reps`` operations back to back (``reps`` per backend and
+size, from a first timed operation, so that a sample lasts about --sample-ms) (with ``inflight`` > 1,
+groups of that many async all-reduces, then a wait on all of them), and the
+sample's time is the MAX over ranks of the per-rank time divided by ``reps``:
+the completion time as seen by the slowest rank.  The backends take turns
+within each sample, in an order that rotates from sample to sample, so machine
+noise hits all of them alike.  Every result of every timed operation is
+compared exactly with an expectation computed on each rank without any
+collective.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Dict, List
+
+import torch
+import torch.distributed as dist
+
+from . import metrics
+
+SEED = 1234
+# Memory-copy bandwidth probe: bytes per copy, copies per measurement.
+MEMCPY_BYTES = 64 * metrics.MiB
+MEMCPY_REPS = 5
+
+
+# ---------------------------------------------------------------- process setup
+
+class Ranks:
+    """This process's place in the job and its groups."""
+
+    def __init__(self, config: dict):
+        self.mpi_comm = None
+        env = os.environ
+        if "OMPI_COMM_WORLD_RANK" in env or "PMIX_RANK" in env or config.get("mpi"):
+            self._from_mpi(config)
+        self.rank = int(env["RANK"])
+        self.world = int(env["WORLD_SIZE"])
+        self.local_rank = int(env.get("LOCAL_RANK", "0"))
+        self.device = torch.device(config.get("device", "cpu"))
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        torch.set_num_threads(int(config.get("threads", 1)))
+
+        import fairring_py  # noqa: F401  registers the "fairring" backend
+
+        timeout = datetime.timedelta(seconds=float(config.get("pg_timeout_s", 300)))
+        dist.init_process_group("fairring", init_method="env://", timeout=timeout)
+        self.fairring = dist.group.WORLD
+        # Measurement plumbing (barriers, gathering times) never shares a
+        # group with a backend under test.
+        self.control = dist.new_group(backend="gloo", timeout=timeout)
+        self.baseline_name = "nccl" if self.device.type == "cuda" else "gloo"
+        self.baseline = dist.new_group(backend=self.baseline_name, timeout=timeout)
+
+    def _from_mpi(self, config: dict) -> None:
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            raise SystemExit("fairring bench: --mpi needs mpi4py (python3 -m pip install mpi4py)") from None
+        comm = MPI.COMM_WORLD
+        env = os.environ
+        env["RANK"], env["WORLD_SIZE"] = str(comm.Get_rank()), str(comm.Get_size())
+        env["LOCAL_RANK"] = env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")
+        env.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in env:  # started by a user's own mpirun
+            from .launch import free_port
+
+            env["MASTER_PORT"] = str(comm.bcast(free_port() if comm.Get_rank() == 0 else None, root=0))
+        k = config.get("simulate_ranks_per_node")
+        if k:  # simulated nodes: mpirun cannot give each rank its own variable
+            env["FAIRRING_NODE_ID"] = str(comm.Get_rank() // int(k))
+        self.mpi_comm = comm.Dup()
+
+    def max_over_ranks(self, values: List[float]) -> List[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.control)
+        return t.tolist()
+
+    def sum_over_ranks(self, value: int) -> int:
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, group=self.control)
+        return int(t.item())
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.control)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+
+def fairring_topology() -> str:
+    try:
+        pg = dist.distributed_c10d._get_default_group()
+        t = pg._get_backend(torch.device("cpu")).topology()
+        return f"{t['num_nodes']}x{t['ranks_per_node']}" + (" (flat fallback)" if t["flattened"] else "")
+    except Exception as e:  # informational only
+        return f"unknown ({e})"
+
+
+# ---------------------------------------------------------------- data
+
+def make_input(rank: int, numel: int, device) -> torch.Tensor:
+    """Integer-valued float32: every partial sum is exact in any order, so the
+    result must equal the expectation bit for bit.  Rank r's data is a shared
+    random base rolled by r positions plus r+1 (distinct per rank and per
+    position)."""
+    g = torch.Generator().manual_seed(SEED + numel)
+    base = torch.randint(-1000, 1001, (numel,), generator=g, dtype=torch.int32).to(torch.float32)
+    return (torch.roll(base, rank * 97) + (rank + 1)).to(device)
+
+
+def make_expected(world: int, numel: int, device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(SEED + numel)
+    base = torch.randint(-1000, 1001, (numel,), generator=g, dtype=torch.int32).to(torch.float32)
+    out = torch.zeros(numel, dtype=torch.float32)
+    for r in range(world):
+        out += torch.roll(base, r * 97)
+    out += world * (world + 1) // 2
+    return out.to(device)
+
+
+# ---------------------------------------------------------------- backends
+
+class TorchBackend:
+    def __init__(self, name, group):
+        self.name, self.group = name, group
+
+    def prepare(self, bufs):
+        return bufs
+
+    def run(self, bufs, inflight):
+        if inflight == 1:
+            for b in bufs:
+                dist.all_reduce(b, group=self.group)
+            return
+        for i in range(0, len(bufs), inflight):
+            works = [dist.all_reduce(b, group=self.group, async_op=True) for b in bufs[i:i + inflight]]
+            for w in works:
+                w.wait()
+
+
+class MpiBackend:
+    name = "mpi"
+
+    def __init__(self, comm):
+        from mpi4py import MPI
+
+        self.MPI, self.comm = MPI, comm
+
+    def prepare(self, bufs):
+        return [b.numpy() for b in bufs]  # views: MPI reduces the tensors in place
+
+    def run(self, arrays, inflight):
+        MPI = self.MPI
+        if inflight == 1:
+            for a in arrays:
+                self.comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
+            return
+        for i in range(0, len(arrays), inflight):
+            reqs = [self.comm.Iallreduce(MPI.IN_PLACE, a, op=MPI.SUM) for a in arrays[i:i + inflight]]
+            MPI.Request.Waitall(reqs)
+
+
+# ---------------------------------------------------------------- measurements
+
+def memcpy_bandwidth(ranks: Ranks) -> Dict[str, float]:
+    """Copy bandwidth (bytes copied per second; each byte is read once and
+    written once) of a torch copy_ of 64 MiB: rank 0 alone, then every rank at
+    once (per rank, slowest rank).  The busbw fractions use the concurrent
+    figure: it is what each rank gets while all of them work."""
+    src = torch.ones(MEMCPY_BYTES // 4, dtype=torch.float32, device=ranks.device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+
+    def timed():
+        ranks.sync()
+        t0 = time.perf_counter()
+        for _ in range(MEMCPY_REPS):
+            dst.copy_(src)
+        ranks.sync()
+        return (time.perf_counter() - t0) / MEMCPY_REPS
+
+    alone = []
+    for _ in range(3):
+        ranks.barrier()
+        alone.append(timed() if ranks.rank == 0 else 0.0)
+    concurrent = []
+    for _ in range(3):
+        ranks.barrier()
+        concurrent.append(timed())
+    alone_s = ranks.max_over_ranks([min(alone)])[0]
+    conc_s = ranks.max_over_ranks([min(concurrent)])[0]
+    return {"bytes": MEMCPY_BYTES, "alone_Bps": MEMCPY_BYTES / alone_s,
+            "concurrent_per_rank_Bps": MEMCPY_BYTES / conc_s}
+
+
+def check(bufs, expected, name, rank) -> str:
+    for i, b in enumerate(bufs):
+        if not torch.equal(b, expected):
+            bad = (b != expected).nonzero()[0].item()
+            return (f"{name}: wrong result on rank {rank} (buffer {i}, element {bad}): "
+                    f"got {b[bad].item()}, expected {expected[bad].item()}")
+    return ""
+
+
+def time_once(ranks, backend, bufs, prepared, inp, inflight):
+    for b in bufs:
+        b.copy_(inp)
+    ranks.sync()
+    ranks.barrier()
+    t0 = time.perf_counter()
+    backend.run(prepared, inflight)
+    ranks.sync()
+    return time.perf_counter() - t0
+
+
+def sweep_size(ranks, backends, size, cfg) -> dict:
+    """Time every backend at one size; returns per-backend samples (seconds per
+    group of ``inflight`` operations, max over ranks) and the checks done."""
+    numel = size // 4
+    inflight = cfg["inflight"]
+    inp = make_input(ranks.rank, numel, ranks.device)
+    expected = make_expected(ranks.world, numel, ranks.device)
+
+    # Warm-up, then calibration on the second group per backend (the first
+    # may pay for first-touch memory and connections); both checked.
+    bufs = [torch.empty_like(inp) for _ in range(inflight)]
+    errors = []
+    for _ in range(2):
+        first = []
+        for be in backends:
+            first.append(time_once(ranks, be, bufs, be.prepare(bufs), inp, inflight))
+            errors.append(check(bufs, expected, be.name, ranks.rank))
+    slowest = ranks.max_over_ranks(first)
+    # Every rank derives the same counts from the same agreed numbers.  Each
+    # backend gets its own reps, so a fast one is not timed over a few
+    # operations only (the barrier's skew would dominate).
+    reps = [metrics.choose_reps(t, cfg["sample_target_s"], cfg["max_reps"], size * inflight, cfg["buffer_budget"])
+            for t in slowest]
+    samples = metrics.choose_samples(sum(t * r for t, r in zip(slowest, reps)), cfg["time_per_size_s"],
+                                     cfg["min_samples"], cfg["max_samples"])
+    bufs = [torch.empty_like(inp) for _ in range(max(reps) * inflight)]
+    mine = [bufs[:r * inflight] for r in reps]
+    prepared = [be.prepare(b) for be, b in zip(backends, mine)]
+    times = [[] for _ in backends]
+    checked = 2 * len(backends) * inflight
+    for s in range(samples):
+        for j in range(len(backends)):
+            i = (j + s) % len(backends)  # rotate the order every sample
+            t = time_once(ranks, backends[i], mine[i], prepared[i], inp, inflight)
+            times[i].append(t / reps[i])
+            errors.append(check(mine[i], expected, backends[i].name, ranks.rank))
+            checked += len(mine[i])
+    flat = ranks.max_over_ranks([t for ts in times for t in ts])
+    times = [flat[i * samples:(i + 1) * samples] for i in range(len(backends))]
+    error = next((e for e in errors if e), "")
+    return {"size": size, "reps": reps, "samples": samples, "times": times, "error": error,
+            "checked": checked}
+
+
+def git_commit() -> str:
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        r = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                           timeout=5)
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return r.stdout.strip() + ("+dirty" if dirty else "") if r.returncode == 0 else ""
+    except Exception:
+        return ""
+
+
+def run_allreduce(ranks: Ranks, cfg: dict) -> int:
+    from . import report
+
+    backends = [TorchBackend("fairring", ranks.fairring), TorchBackend(ranks.baseline_name, ranks.baseline)]
+    if ranks.mpi_comm is not None:
+        if ranks.device.type != "cpu":
+            raise SystemExit("fairring bench: --mpi measures CPU tensors only")
+        backends.append(MpiBackend(ranks.mpi_comm))
+    is0 = ranks.rank == 0
+    memcpy = memcpy_bandwidth(ranks)
+    sizes = cfg["sizes"]
+    results = []
+    errors = []
+    t_start = time.monotonic()
+    for n, size in enumerate(sizes):
+        res = sweep_size(ranks, backends, size, cfg)
+        if res["error"]:
+            print(f"rank {ranks.rank}: {res['error']}", file=sys.stderr, flush=True)
+            errors.append(res["error"])
+        results.append(res)
+        if is0 and cfg.get("progress", True):
+            med = {be.name: metrics.percentile(ts, 50) for be, ts in zip(backends, res["times"])}
+            parts = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in med.items())
+            print(f"[{n + 1}/{len(sizes)} {time.monotonic() - t_start:6.1f} s] {metrics.fmt_size(size)}: {parts} "
+                  f"({res['samples']} samples; reps {'/'.join(map(str, res['reps']))})", file=sys.stderr, flush=True)
+    failed = ranks.sum_over_ranks(1 if errors else 0)
+    if is0:
+        meta = {
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "commit": git_commit(),
+            "host": os.uname().nodename,
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "device": str(ranks.device.type),
+            "world_size": ranks.world,
+            "nodes": cfg.get("nodes"),
+            "ranks_per_node": cfg.get("ranks_per_node"),
+            "fairring_topology": fairring_topology(),
+            "launcher": cfg.get("launcher"),
+            "netns": cfg.get("netns", False),
+            "link_rate_Bps": cfg.get("link_rate_Bps"),
+            "inflight": cfg["inflight"],
+            "dtype": "float32",
+            "op": "SUM",
+            "fairring_env": {k: v for k, v in os.environ.items() if k.startswith("FAIRRING_")
+                             and k != "FAIRRING_NODE_ID"},
+            "timing": "per sample: barrier, reps groups back to back, max over ranks of the per-rank time / reps",
+        }
+        summary = report.summarize_run(meta, memcpy, [be.name for be in backends], results,
+                                       checks_failed_ranks=failed)
+        report.emit(summary, cfg.get("out"))
+    return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m fairring_py.bench.worker CONFIG.json (started by fairring_py.bench)",
+              file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        cfg = json.load(f)
+    return run_config(cfg)
+
+
+def run_config(cfg: dict) -> int:
+    ranks = None
+    try:
+        ranks = Ranks(cfg)
+        if cfg.get("job", "allreduce") == "ddp":
+            from . import ddp
+
+            code = ddp.rank_main(ranks, cfg)
+        else:
+            code = run_allreduce(ranks, cfg)
+    except SystemExit as e:
+        print(e, file=sys.stderr, flush=True)
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        rank = os.environ.get("RANK", "?")
+        print(f"rank {rank}: benchmark failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        code = 1
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""The benchmarks run end to end on tiny workloads: the microbenchmark (local,
+torchrun, mpirun, network namespaces), its cleanup after failures, and the DDP
+benchmark.  Each run is a subprocess with a deadline."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import launch as test_launch
+from fairring_py.bench import netns
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEADLINE_S = 150
+# Tiny and quick: two sizes, few samples.
+QUICK = ["--sizes", "4K,96K", "--time-per-size", "0.2", "--min-samples", "2", "--max-samples", "3",
+         "--sample-ms", "2", "--no-progress"]
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAIRRING_")}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    env["PYTHONPATH"] = os.pathsep.join([REPO] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+def _run(args, timeout=DEADLINE_S, module="fairring_py.bench", prefix=()):
+    cmd = list(prefix) + [sys.executable, "-m", module] + list(args)
+    try:
+        return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"{' '.join(cmd)} did not finish within {timeout}s\n{e.stdout}\n{e.stderr}")
+
+
+def _check_outputs(out_dir, backends, world, sizes):
+    with open(os.path.join(out_dir, "results.json")) as f:
+        res = json.load(f)
+    assert res["check"]["ok"] and res["check"]["results_checked_per_rank"] > 0
+    assert res["backends"] == backends and res["meta"]["world_size"] == world
+    rows = res["rows"]
+    assert [(r["size_bytes"], r["backend"]) for r in rows] == [(s, b) for s in sizes for b in backends]
+    for r in rows:
+        assert 0 < r["p10_s"] <= r["median_s"] <= r["p90_s"], r
+        assert r["busbw_GBps"] > 0 and r["samples"] >= 2
+    base = [r for r in rows if r["backend"] == backends[1]]
+    assert all(r["speedup_vs_baseline"] == 1.0 for r in base)
+    assert res["memcpy"]["concurrent_per_rank_Bps"] > 0
+    with open(os.path.join(out_dir, "results.csv")) as f:
+        csv_rows = list(csv.DictReader(f))
+    assert len(csv_rows) == len(rows) and float(csv_rows[0]["median_s"]) == pytest.approx(rows[0]["median_s"])
+    return res
+
+
+def _check_plot(proc, path):
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "plot skipped: matplotlib is not installed" in proc.stderr
+        return
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("nodes,k,inflight", [(1, 2, 1), (2, 1, 3)])
+def test_bench_local(tmp_path, nodes, k, inflight):
+    out = str(tmp_path / "out")
+    p = _run(["--nodes", str(nodes), "--ranks-per-node", str(k), "--inflight", str(inflight), "--out", out] + QUICK)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = _check_outputs(out, ["fairring", "gloo"], 2, [4096, 96 * 1024])
+    assert res["meta"]["fairring_topology"] == f"{nodes}x{k}" and res["meta"]["inflight"] == inflight
+    _check_plot(p, os.path.join(out, "busbw.png"))
+    assert "check: OK" in p.stdout and "busbw GB/s" in p.stdout
+    assert ("3 all-reduces in flight" in p.stdout) == (inflight == 3)
+
+
+def test_bench_under_torchrun(tmp_path):
+    out = str(tmp_path / "out")
+    port = test_launch.free_port()
+    p = _run(["--nproc_per_node=2", "--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={port}",
+              "-m", "fairring_py.bench", "--ranks-per-node", "1", "--out", out] + QUICK,
+             module="torch.distributed.run")
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    res = _check_outputs(out, ["fairring", "gloo"], 2, [4096, 96 * 1024])
+    assert res["meta"]["launcher"] == "torchrun" and res["meta"]["fairring_topology"] == "2x1"
+
+
+def test_bench_mpi(tmp_path):
+    pytest.importorskip("mpi4py", reason="mpi4py is not installed (OpenMPI baseline is optional)")
+    if shutil.which("mpirun") is None:
+        pytest.skip("OpenMPI's mpirun is not installed")
+    out = str(tmp_path / "out")
+    p = _run(["--mpi", "--nodes", "1", "--ranks-per-node", "2", "--out", out] + QUICK)
+    assert p.returncode == 0, p.stdout + p.stderr
+    _check_outputs(out, ["fairring", "gloo", "mpi"], 2, [4096, 96 * 1024])
+
+
+def _namespaces():
+    return set(netns.ours(netns.list_namespaces()))
+
+
+def _host_links():
+    return subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.count("\n")
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+                                reason="network namespaces need root and iproute2 (ip, tc)")
+
+
+@needs_root
+def test_bench_netns_link_bound(tmp_path):
+    before, links = _namespaces(), _host_links()
+    out = str(tmp_path / "out")
+    p = _run(["--netns", "--link-rate", "1gbit", "--nodes", "2", "--ranks-per-node", "1", "--out", out] + QUICK)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = _check_outputs(out, ["fairring", "gloo"], 2, [4096, 96 * 1024])
+    assert res["meta"]["link_rate_Bps"] == 125e6 and res["meta"]["fairring_topology"] == "2x1"
+    for r in res["rows"]:
+        # (sizes this small fit in tbf's bucket, so they may beat the bound)
+        assert r["link_bound_s"] == pytest.approx(r["size_bytes"] / 125e6)
+        assert r["bound_over_time"] > 0
+    assert "bound/time" in p.stdout
+    assert _namespaces() == before and _host_links() == links
+
+
+@needs_root
+def test_bench_scaling(tmp_path):
+    before = _namespaces()
+    out = str(tmp_path / "out")
+    p = _run(["--netns", "--link-rate", "1gbit", "--scaling", "2,3", "--ranks-per-node", "1", "--out", out]
+             + QUICK[2:] + ["--sizes", "96K"])
+    assert p.returncode == 0, p.stdout + p.stderr
+    with open(os.path.join(out, "scaling.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["nodes"], r["backend"]) for r in rows] == [("2", "fairring"), ("2", "gloo"), ("3", "fairring"),
+                                                         ("3", "gloo")]
+    # the bound per byte grows as 2(N-1)/N
+    assert float(rows[2]["bound_ns_per_byte"]) / float(rows[0]["bound_ns_per_byte"]) == pytest.approx(4 / 3)
+    assert all(float(r["ns_per_byte"]) > 0 for r in rows)
+    _check_plot(p, os.path.join(out, "scaling.png"))
+    assert _namespaces() == before
+
+
+@needs_root
+def test_bench_netns_cleans_up_after_timeout(tmp_path):
+    before, links = _namespaces(), _host_links()
+    p = _run(["--netns", "--nodes", "2", "--ranks-per-node", "1", "--timeout", "0.5", "--out", str(tmp_path)] + QUICK)
+    assert p.returncode == 1 and "did not finish within" in p.stderr, p.stdout + p.stderr
+    assert _namespaces() == before and _host_links() == links
+
+
+@needs_root
+def test_bench_netns_cleans_up_after_sigterm(tmp_path):
+    before = _namespaces()
+    cmd = [sys.executable, "-m", "fairring_py.bench", "--netns", "--nodes", "2", "--ranks-per-node", "1",
+           "--out", str(tmp_path)] + QUICK
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(_namespaces() - before) < 3:
+        time.sleep(0.05)
+    assert len(_namespaces() - before) == 3, "the namespaces never appeared"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert _namespaces() == before, out
+
+
+@needs_root
+def test_netns_cleanup_of_leftovers():
+    dead_pid = 2**22 + 12345  # above pid_max's default: never a live process
+    c = netns.Cluster(1, None, pid=dead_pid)
+    c.create()
+    assert c.switch in netns.list_namespaces()
+    removed = netns.cleanup_leftovers()
+    assert set(c.node_ns + [c.switch]) <= set(removed)
+    assert not set(netns.ours(netns.list_namespaces(), pid=dead_pid))
+
+
+def test_ddp_bench(tmp_path):
+    out = str(tmp_path / "out")
+    p = _run(["--nodes", "2", "--ranks-per-node", "1", "--width", "64", "--depth", "3", "--batch", "4",
+              "--bucket-cap-mb", "0.01", "--steps", "2", "--warmup", "1", "--out", out], module="fairring_py.bench.ddp")
+    assert p.returncode == 0, p.stdout + p.stderr
+    with open(os.path.join(out, "ddp.json")) as f:
+        res = json.load(f)
+    assert res["check"]["ok"] and all(res["check"]["identical_across_ranks"].values())
+    assert [r["backend"] for r in res["rows"]] == ["fairring", "gloo"]
+    assert all(r["samples_per_s"] > 0 for r in res["rows"])
+    assert "check: OK" in p.stdout
