@@ -415,7 +415,16 @@ bool Engine::reduce_scatter(Pending& p, const TimePoint* until) {
       inputs[x] = (x == me ? tensor : arena_->input_area(slot, x)) + own.offset * esize;
     }
     chunk = arena_->output_area(slot) + own.offset * esize;
-    reduce_cpu(op.dtype, op.op, chunk, inputs, k, own.count, topo_.num_nodes == 1 ? divisor : 0);
+    if (topo_.num_nodes == 1) {
+      // Final result: straight into our tensor (in place), then shared for
+      // the peers' all-gather from the cache, so that ours copies their
+      // chunks only.
+      char* result = tensor + own.offset * esize;
+      reduce_cpu(op.dtype, op.op, result, inputs, k, own.count, divisor);
+      std::memcpy(chunk, result, own.count * esize);
+    } else {
+      reduce_cpu(op.dtype, op.op, chunk, inputs, k, own.count, 0);
+    }
   }
   // A node of one rank (k == 1) reduces nothing locally: its chunk is the
   // slice of its own tensor, which goes to the rail as it is.
@@ -452,11 +461,20 @@ bool Engine::all_gather(Pending& p, const TimePoint* until) {
         if (!await(c.chunk_done[x], mark, x == me ? -1 : x, "finish reducing its chunk", p, until)) return false;
       }
       char* tensor = static_cast<char*>(op.buffer.data_ptr()) + p.plan.slice.offset * esize;
-      if (op.numel * esize >= kStreamingBytes) {
-        copy_streaming(tensor, arena_->output_area(slot), p.plan.slice.count * esize);
-      } else {
-        std::memcpy(tensor, arena_->output_area(slot), p.plan.slice.count * esize);
-      }
+      const char* gathered = arena_->output_area(slot);
+      auto copy = [&](int64_t from, int64_t to) {  // elements [from, to) of the slice
+        if (to <= from) return;
+        if (op.numel * esize >= kStreamingBytes) {
+          copy_streaming(tensor + from * esize, gathered + from * esize, (to - from) * esize);
+        } else {
+          std::memcpy(tensor + from * esize, gathered + from * esize, (to - from) * esize);
+        }
+      };
+      // On a single node our own chunk is in the tensor already.
+      const bool own_in_place = topo_.num_nodes == 1 && me < p.plan.num_chunks();
+      const Range skip = own_in_place ? p.plan.chunks[me] : Range{p.plan.slice.count, 0};
+      copy(0, skip.offset);
+      copy(skip.offset + skip.count, p.plan.slice.count);
     }
     // Published here, in slice order, also for a replicated slice (whose
     // reads ended in reduce_scatter): the counter only moves forward.
