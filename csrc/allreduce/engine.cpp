@@ -365,6 +365,7 @@ bool Engine::reduce_scatter(Pending& p, const TimePoint* until) {
   NodeControl& c = arena_->control();
 
   char* chunk = tensor;
+  char* mirror = nullptr;
   if (k > 1) {
     // Peers read our input for their chunks only; our own chunk we reduce
     // straight from the tensor, so it is not copied.  A replicated slice is
@@ -414,17 +415,14 @@ bool Engine::reduce_scatter(Pending& p, const TimePoint* until) {
     for (int x = 0; x < k; ++x) {
       inputs[x] = (x == me ? tensor : arena_->input_area(slot, x)) + own.offset * esize;
     }
-    chunk = arena_->output_area(slot) + own.offset * esize;
-    if (topo_.num_nodes == 1) {
-      // Final result: straight into our tensor (in place), then shared for
-      // the peers' all-gather from the cache, so that ours copies their
-      // chunks only.
-      char* result = tensor + own.offset * esize;
-      reduce_cpu(op.dtype, op.op, result, inputs, k, own.count, divisor);
-      std::memcpy(chunk, result, own.count * esize);
-    } else {
-      reduce_cpu(op.dtype, op.op, chunk, inputs, k, own.count, 0);
-    }
+    // Our chunk is reduced in place, in our tensor; the peers' all-gather
+    // reads a copy of it in the shared output area, made from the cache
+    // once it is final (here, or by the rail stage after the network), so
+    // that our own all-gather copies the other chunks only.
+    chunk = tensor + own.offset * esize;
+    mirror = arena_->output_area(slot) + own.offset * esize;
+    reduce_cpu(op.dtype, op.op, chunk, inputs, k, own.count, topo_.num_nodes == 1 ? divisor : 0);
+    if (!rail_) std::memcpy(mirror, chunk, own.count * esize);
   }
   // A node of one rank (k == 1) reduces nothing locally: its chunk is the
   // slice of its own tensor, which goes to the rail as it is.
@@ -438,6 +436,7 @@ bool Engine::reduce_scatter(Pending& p, const TimePoint* until) {
     t.dtype = op.dtype;
     t.op = op.op;
     t.chunk = chunk;
+    t.mirror = mirror;
     t.shards = p.plan.shards[me];
     t.divisor = divisor;
     rail_->post(std::move(t));
@@ -470,8 +469,8 @@ bool Engine::all_gather(Pending& p, const TimePoint* until) {
           std::memcpy(tensor + from * esize, gathered + from * esize, (to - from) * esize);
         }
       };
-      // On a single node our own chunk is in the tensor already.
-      const bool own_in_place = topo_.num_nodes == 1 && me < p.plan.num_chunks();
+      // Our own chunk is in the tensor already.
+      const bool own_in_place = me < p.plan.num_chunks();
       const Range skip = own_in_place ? p.plan.chunks[me] : Range{p.plan.slice.count, 0};
       copy(0, skip.offset);
       copy(skip.offset + skip.count, p.plan.slice.count);

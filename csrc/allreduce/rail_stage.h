@@ -38,6 +38,9 @@ struct RailTask {
   c10::ScalarType dtype = c10::ScalarType::Float;
   RedOp op = RedOp::kSum;
   char* chunk = nullptr;       // this rank's node-reduced chunk; results land here too
+  // If set, the finished chunk is also copied here (the node's shared output
+  // area, for the local peers' all-gather) before slice_done.
+  char* mirror = nullptr;
   std::vector<Range> shards;   // in chunk (elements); shard j is served by node j
   int64_t divisor = 0;         // applied by the server (AVG)
 };
