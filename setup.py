@@ -50,7 +50,7 @@ def _extension():
             sources + cu_sources,
             include_dirs=include_dirs,
             define_macros=[("FAIRRING_WITH_CUDA", "1")],
-            extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "--use_fast_math"]},
+            extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3"]},
             extra_link_args=["-lrt"],
         )
     return cpp_extension.CppExtension(

@@ -12,6 +12,7 @@ namespace py = pybind11;
 
 namespace fairring {
 void register_kernel_bindings(py::module& m);  // kernels/kernel_bindings.cpp
+void register_cuda_kernel_bindings(py::module& m);  // kernels/cuda_kernel_bindings.cpp
 }
 
 namespace {
@@ -106,4 +107,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       });
 
   register_kernel_bindings(m);
+  register_cuda_kernel_bindings(m);
 }
