@@ -28,7 +28,15 @@ ENV = {
     "parallelism": "FAIRRING_PARALLELISM",
     "node_id": "FAIRRING_NODE_ID",
     "socket_ifname": "FAIRRING_SOCKET_IFNAME",
+    "gpu_transport": "FAIRRING_GPU_TRANSPORT",
 }
+
+# How CUDA all-reduces cross nodes.  "tcp": the reduced chunks go through
+# pinned host memory over the TCP rails (any Ethernet cluster).  "nccl"
+# (NCCL point-to-point on rail communicators) is named so that a job asking
+# for it fails clearly: it is not implemented yet.
+GPU_TRANSPORTS = ("tcp", "nccl")
+IMPLEMENTED_GPU_TRANSPORTS = ("tcp",)
 
 MIN_SLICE = 4 * KiB
 MAX_PARALLELISM = 64
@@ -46,6 +54,7 @@ class Options:
     parallelism:   slices in flight at once (FAIRRING_PARALLELISM, default 4)
     node_id:       name of this rank's node; overrides detection (FAIRRING_NODE_ID)
     socket_ifname: network interface for the TCP listener (FAIRRING_SOCKET_IFNAME)
+    gpu_transport: how CUDA all-reduces cross nodes: "tcp" (FAIRRING_GPU_TRANSPORT, default tcp)
     """
 
     slice_size: Optional[int | str] = None
@@ -53,6 +62,7 @@ class Options:
     parallelism: Optional[int | str] = None
     node_id: Optional[str] = None
     socket_ifname: Optional[str] = None
+    gpu_transport: Optional[str] = None
 
 
 def parse_size(value, name: str) -> int:
@@ -92,6 +102,7 @@ class Resolved:
     parallelism: int
     node_id: Optional[str]
     socket_ifname: str
+    gpu_transport: str = "tcp"
 
 
 def resolve(pg_options=None, environ=None) -> Resolved:
@@ -136,7 +147,18 @@ def resolve(pg_options=None, environ=None) -> Resolved:
             socket.if_nametoindex(ifname)
         except OSError:
             raise ValueError(f"{name}: no network interface named {ifname!r} on this machine") from None
-    return Resolved(slice_size, total_memory, parallelism, node_id, ifname)
+    gpu_transport = "tcp"
+    if "gpu_transport" in raw:
+        v, name = raw["gpu_transport"]
+        gpu_transport = str(v).strip().lower()
+        if gpu_transport not in GPU_TRANSPORTS:
+            raise ValueError(f"{name} must be one of {', '.join(GPU_TRANSPORTS)}, got {v!r}")
+        if gpu_transport not in IMPLEMENTED_GPU_TRANSPORTS:
+            raise ValueError(
+                f"{name}={gpu_transport} is not implemented yet: CUDA all-reduces cross nodes over "
+                "TCP through pinned host memory; use tcp (the default)"
+            )
+    return Resolved(slice_size, total_memory, parallelism, node_id, ifname, gpu_transport)
 
 
 def node_key(resolved: Resolved) -> str:

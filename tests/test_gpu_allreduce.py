@@ -1,0 +1,73 @@
+"""The CUDA all-reduce on simulated clusters (several ranks may share one
+GPU): 1x2 and 2x2 (FAIRRING_NODE_ID), plus a 2x2 with tiny slices so that
+many slices are pipelined through few slots.  Skipped without a GPU or a
+CUDA build."""
+from __future__ import annotations
+
+import pytest
+
+import launch
+import rank_gpu_checks
+from gpu_support import requires_gpu
+
+SIZES = [1, 13, 1031, 4099, 65537, 262147]
+
+TOPOLOGIES = {
+    "1x2": (["a", "a"], {}, ["correctness", "streams", "errors", "ddp"], {"sizes": SIZES}),
+    "2x1": (["a", "b"], {}, ["correctness", "streams"], {"sizes": SIZES}),
+    "2x2": (["a", "a", "b", "b"], {}, ["correctness", "streams", "errors", "ddp"], {"sizes": SIZES}),
+    "2x2-slice4K": (["a", "a", "b", "b"],
+                    {"FAIRRING_SLICE_SIZE": "4K", "FAIRRING_PARALLELISM": "2", "FAIRRING_TOTAL_MEMORY": "1M"},
+                    ["correctness", "streams"], {"sizes": [1, 1031, 65537, 262147]}),
+}
+
+_cache: dict = {}
+
+
+def session(name):
+    if name not in _cache:
+        ids, env, sections, cfg = TOPOLOGIES[name]
+        res = launch.run_ranks(rank_gpu_checks.session, ids, args=(sections, cfg), env=env, timeout_s=420,
+                               pg_timeout_s=120, check=False)
+        _cache[name] = res
+    return _cache[name]
+
+
+def _section(name, section):
+    res = session(name)
+    bad = [r for r in res if not (r.ok and r.exitcode == 0)]
+    assert not bad, launch.describe_all(res)
+    out = [r.value[section] for r in res]
+    for rank, o in enumerate(out):
+        assert not o["failures"], f"rank {rank}: " + "\n".join(o["failures"])
+    return out
+
+
+@requires_gpu
+@pytest.mark.parametrize("name", list(TOPOLOGIES))
+def test_correct_and_bit_identical_across_ranks(name):
+    out = _section(name, "correctness")
+    first = out[0]["digests"]
+    assert first, "no cases ran"
+    for rank, o in enumerate(out[1:], 1):
+        diff = [k for k in first if o["digests"].get(k) != first[k]]
+        assert not diff, f"rank {rank} differs from rank 0 on {diff[:10]}"
+
+
+@requires_gpu
+@pytest.mark.parametrize("name", list(TOPOLOGIES))
+def test_stream_semantics(name):
+    _section(name, "streams")
+
+
+@requires_gpu
+@pytest.mark.parametrize("name", ["1x2", "2x2"])
+def test_errors(name):
+    _section(name, "errors")
+
+
+@requires_gpu
+@pytest.mark.parametrize("name", ["1x2", "2x2"])
+def test_ddp_matches_gloo(name):
+    out = _section(name, "ddp")
+    assert len({o["digest"] for o in out}) == 1, "DDP replicas diverged"
