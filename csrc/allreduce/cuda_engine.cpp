@@ -146,12 +146,20 @@ CudaEngine::~CudaEngine() {
   rail_.reset();
   mesh_.reset();
   c10::cuda::CUDAGuard guard(device_);
+  if (failed_.load() || arena_->aborted()) {
+    // Our streams may wait on a dead peer's events forever, and freeing
+    // device memory would wait for them: leave it to the process's exit.
+    FAIRRING_DEBUG_LOG(topo_.rank, "CUDA engine teardown after a failure: staging memory not freed");
+    (void)memory_.release();  // deliberately leaked
+    (void)events_.release();
+    return;
+  }
   // Our device work must be over before its memory goes.  Peers may still be
   // reading our staging areas: give them until they say they are done
   // (consumed counters), bounded by a short wait, before freeing it.
   for (auto& s : streams_) cudaStreamSynchronize(s.stream());
   cudaStreamSynchronize(tail_->stream());
-  if (memory_ && next_slice_seq_ > 0 && !arena_->aborted() && !failed_.load()) {
+  if (memory_ && next_slice_seq_ > 0) {
     const uint32_t mark = static_cast<uint32_t>(next_slice_seq_);
     const auto give_up = Clock::now() + std::chrono::seconds(10);
     for (int x = 0; x < topo_.ranks_per_node; ++x) {

@@ -44,15 +44,19 @@ void CudaFairringWork::stream_wait() {
 }
 
 bool CudaFairringWork::wait(std::chrono::milliseconds timeout) {
-  const bool ok = c10d::Work::wait(timeout);  // host: enqueued (throws on error or timeout)
-  stream_wait();
+  // Host: enqueued (throws on error or timeout); then synchronize(), which
+  // makes the current stream wait for the op.
+  const bool ok = c10d::Work::wait(timeout);
   // The future is completed right after, on the completion thread; wait for
   // it (except from that thread) so get_future().value() works after wait().
   if (std::this_thread::get_id() != completer_) future_->wait();
   return ok;
 }
 
-void CudaFairringWork::synchronize() { stream_wait(); }
+void CudaFairringWork::synchronize() {
+  c10d::Work::synchronize();  // the base's bookkeeping, if any
+  stream_wait();
+}
 
 bool CudaFairringWork::isCompleted() {
   if (!c10d::Work::isCompleted()) return false;

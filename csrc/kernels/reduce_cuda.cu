@@ -189,6 +189,9 @@ struct Args {
 };
 
 constexpr int kThreads = 256;
+// At least this many blocks per SM (1024 threads; at most 64 registers a
+// thread), so that enough loads are in flight to saturate HBM.
+constexpr int kMinBlocksPerSm = 4;
 constexpr int kInputUnroll = 4;  // loads issued together per thread
 
 template <typename S>
@@ -206,7 +209,7 @@ __device__ __forceinline__ typename Cvt::Storage finish(typename Cvt::Acc v, typ
 // kVector: every pointer is 16-byte aligned; whole 16-byte vectors first,
 // then the last count % (16 / sizeof(S)) elements one by one.
 template <typename Cvt, typename Op, bool kDivide, bool kVector>
-__global__ void __launch_bounds__(kThreads) reduce_kernel(const Args args) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) reduce_kernel(const Args args) {
   using S = typename Cvt::Storage;
   using A = typename Cvt::Acc;
   constexpr int kV = sizeof(uint4) / sizeof(S);
