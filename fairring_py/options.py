@@ -32,11 +32,10 @@ ENV = {
 }
 
 # How CUDA all-reduces cross nodes.  "tcp": the reduced chunks go through
-# pinned host memory over the TCP rails (any Ethernet cluster).  "nccl"
-# (NCCL point-to-point on rail communicators) is named so that a job asking
-# for it fails clearly: it is not implemented yet.
+# pinned host memory over the TCP rails (any Ethernet cluster).  "nccl": NCCL
+# point-to-point on rail communicators, device to device (needs a CUDA build,
+# NCCL at run time and every rank on its own GPU).
 GPU_TRANSPORTS = ("tcp", "nccl")
-IMPLEMENTED_GPU_TRANSPORTS = ("tcp",)
 
 MIN_SLICE = 4 * KiB
 MAX_PARALLELISM = 64
@@ -54,7 +53,7 @@ class Options:
     parallelism:   slices in flight at once (FAIRRING_PARALLELISM, default 4)
     node_id:       name of this rank's node; overrides detection (FAIRRING_NODE_ID)
     socket_ifname: network interface for the TCP listener (FAIRRING_SOCKET_IFNAME)
-    gpu_transport: how CUDA all-reduces cross nodes: "tcp" (FAIRRING_GPU_TRANSPORT, default tcp)
+    gpu_transport: how CUDA all-reduces cross nodes: "tcp" or "nccl" (FAIRRING_GPU_TRANSPORT, default tcp)
     """
 
     slice_size: Optional[int | str] = None
@@ -153,12 +152,18 @@ def resolve(pg_options=None, environ=None) -> Resolved:
         gpu_transport = str(v).strip().lower()
         if gpu_transport not in GPU_TRANSPORTS:
             raise ValueError(f"{name} must be one of {', '.join(GPU_TRANSPORTS)}, got {v!r}")
-        if gpu_transport not in IMPLEMENTED_GPU_TRANSPORTS:
+        if gpu_transport == "nccl" and not _built_with_cuda():
             raise ValueError(
-                f"{name}={gpu_transport} is not implemented yet: CUDA all-reduces cross nodes over "
-                "TCP through pinned host memory; use tcp (the default)"
+                f"{name}=nccl needs fairring_py._C built with CUDA (this build has CPU tensors only); "
+                "rebuild with FAIRRING_BUILD_CUDA=1 against a CUDA torch, or use tcp"
             )
     return Resolved(slice_size, total_memory, parallelism, node_id, ifname, gpu_transport)
+
+
+def _built_with_cuda() -> bool:
+    from . import _C
+
+    return bool(_C._built_with_cuda())
 
 
 def node_key(resolved: Resolved) -> str:

@@ -157,7 +157,21 @@ def sec_ddp(rank, world, cfg):
     return {"failures": failures, "digest": dig}
 
 
-SECTIONS = {"correctness": sec_correctness, "streams": sec_streams, "errors": sec_errors, "ddp": sec_ddp}
+def sec_nccl_shared_gpu(rank, world, cfg):
+    """FAIRRING_GPU_TRANSPORT=nccl with ranks sharing a GPU is a clear error on
+    every rank, raised by the first CUDA all-reduce."""
+    dev = _device(rank)
+    failures = Failures()
+    try:
+        dist.all_reduce(torch.ones(8, device=dev))
+        failures.add("no error")
+    except Exception as e:  # noqa: BLE001
+        if "needs every rank on its own GPU" not in str(e):
+            failures.add(f"unexpected error: {type(e).__name__}: {str(e)[:300]}")
+    return {"failures": failures}
+
+
+SECTIONS = {"nccl_shared_gpu": sec_nccl_shared_gpu, "correctness": sec_correctness, "streams": sec_streams, "errors": sec_errors, "ddp": sec_ddp}
 
 
 def session(rank, world, sections, cfg):

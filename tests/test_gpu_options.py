@@ -11,11 +11,17 @@ def test_gpu_transport_default_and_tcp():
     assert resolve(Options(gpu_transport="tcp"), environ={}).gpu_transport == "tcp"
 
 
-def test_gpu_transport_nccl_is_a_clear_error():
-    with pytest.raises(ValueError, match="FAIRRING_GPU_TRANSPORT=nccl is not implemented"):
+@pytest.mark.skipif(_C._built_with_cuda(), reason="checks the CPU-only build")
+def test_gpu_transport_nccl_needs_a_cuda_build():
+    with pytest.raises(ValueError, match="FAIRRING_GPU_TRANSPORT=nccl needs fairring_py._C built with CUDA"):
         resolve(environ={"FAIRRING_GPU_TRANSPORT": "nccl"})
-    with pytest.raises(ValueError, match="Options.gpu_transport=nccl"):
+    with pytest.raises(ValueError, match="Options.gpu_transport=nccl needs"):
         resolve(Options(gpu_transport="nccl"), environ={})
+
+
+@pytest.mark.skipif(not _C._built_with_cuda(), reason="checks the CUDA build")
+def test_gpu_transport_nccl_accepted_by_a_cuda_build():
+    assert resolve(environ={"FAIRRING_GPU_TRANSPORT": "NCCL"}).gpu_transport == "nccl"
 
 
 def test_gpu_transport_unknown_names_the_variable():

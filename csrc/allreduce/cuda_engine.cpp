@@ -50,8 +50,13 @@ cudaEvent_t new_event() {
 // Staging memory of one rank on the CUDA path: per slot, an input and an
 // output area in device memory (K > 1), the chunk's pinned host copy and the
 // reduction server's receive buffers (N > 1).
+// With NCCL between nodes the host part is replaced by one device buffer
+// for the shards this rank serves (the exchanges run one at a time).
 static int64_t cuda_required_memory(const Config& c, const PlanParams& p, int k, int n) {
   const int64_t device = k > 1 ? 2 * round_up(c.slice_size, 256) : 0;
+  if (c.gpu_transport == "nccl") {
+    return device * c.parallelism + (n > 1 ? (n - 1) * round_up(max_shard_bytes(p, k, n), 256) : 0);
+  }
   const int64_t host = n > 1 ? c.slice_size + (n - 1) * max_shard_bytes(p, k, n) : 0;
   return (device + host) * c.parallelism;
 }
@@ -77,6 +82,20 @@ CudaEngine::CudaEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
   // Its own corner of the store: the CPU engine's node arena and TCP mesh use
   // the same keys.
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("fairring-cuda/", store);
+  // Settings every rank must share for its CUDA all-reduces to meet.
+  {
+    const std::string mine = "FAIRRING_GPU_TRANSPORT=" + config_.gpu_transport;
+    prefixed->set("transport/" + std::to_string(topo_.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+    for (int r = 0; r < topo_.size; ++r) {
+      const std::vector<uint8_t> raw = prefixed->get("transport/" + std::to_string(r));
+      const std::string theirs(raw.begin(), raw.end());
+      if (theirs != mine) {
+        throw std::invalid_argument("fairring: ranks of one process group must use the same options, but rank " +
+                                    std::to_string(topo_.rank) + " has " + mine + " and rank " + std::to_string(r) +
+                                    " has " + theirs);
+      }
+    }
+  }
   // Host counters and slot headers only: no host data areas (the data is on
   // the device).  A shared-memory name of its own, too.
   arena_ = std::make_unique<NodeArena>(prefixed, topo_, job_uid + "-cuda", slots_, 64, config_.timeout);
@@ -94,7 +113,20 @@ CudaEngine::CudaEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
   tail_ = std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(true, device_.index()));
   future_stream_ = std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(false, device_.index()));
 
-  if (n > 1) {
+  if (n > 1 && config_.gpu_transport == "nccl") {
+    check_own_gpus(prefixed);
+    nccl_ = std::make_unique<NcclRail>(prefixed, "nccl/rail" + std::to_string(topo_.local_rank), n, topo_.node,
+                                       config_.timeout);
+    nccl_stream_ =
+        std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(true, device_.index()));
+    nccl_shard_bytes_ = round_up(max_shard_bytes(params_, k, n), 256);
+    void* staging = nullptr;
+    cuda_check(cudaMalloc(&staging, static_cast<size_t>(nccl_shard_bytes_ * (n - 1))),
+               "cannot allocate the NCCL receive buffers");
+    nccl_staging_ = static_cast<char*>(staging);
+    nccl_ready_ = new_event();
+    nccl_done_ = new_event();
+  } else if (n > 1) {
     void* host = nullptr;
     cuda_check(cudaHostAlloc(&host, static_cast<size_t>(area_ * slots_), cudaHostAllocPortable),
                "cannot allocate pinned host staging memory");
@@ -146,6 +178,8 @@ CudaEngine::~CudaEngine() {
   rail_.reset();
   mesh_.reset();
   c10::cuda::CUDAGuard guard(device_);
+  if (nccl_ && (failed_.load() || arena_->aborted())) nccl_->abort_on_destroy();
+  nccl_.reset();
   if (failed_.load() || arena_->aborted()) {
     // Our streams may wait on a dead peer's events forever, and freeing
     // device memory would wait for them: leave it to the process's exit.
@@ -177,6 +211,9 @@ CudaEngine::~CudaEngine() {
   for (cudaEvent_t ev : slice_end_) cudaEventDestroy(ev);
   for (cudaEvent_t ev : d2h_done_) cudaEventDestroy(ev);
   if (pinned_) cudaFreeHost(pinned_);
+  if (nccl_ready_) cudaEventDestroy(nccl_ready_);
+  if (nccl_done_) cudaEventDestroy(nccl_done_);
+  if (nccl_staging_) cudaFree(nccl_staging_);
   events_.reset();
   memory_.reset();
 }
@@ -397,7 +434,13 @@ void CudaEngine::reduce_scatter(Pending& p) {
     reduce_cuda(op.dtype, op.op, chunk, inputs, k, own.count, topo_.num_nodes == 1 ? divisor : 0, stream);
   }
 
-  if (rail_) {
+  if (nccl_) {
+    // Device to device on the rail; the result is in place when the slot's
+    // stream passes the exchange.
+    nccl_exchange(p, chunk, stream, divisor);
+    if (k > 1) cuda_check(cudaEventRecord(chunk_done_event(me, slot), stream), "cudaEventRecord");
+    counter_publish(c.chunk_done[me], mark);
+  } else if (rail_) {
     // To the host for the network; rail_done brings the result back.
     const size_t bytes = static_cast<size_t>(own.count * esize);
     char* host = pinned_ + static_cast<int64_t>(slot) * area_;
@@ -422,6 +465,67 @@ void CudaEngine::reduce_scatter(Pending& p) {
   } else {
     if (k > 1) cuda_check(cudaEventRecord(chunk_done_event(me, slot), stream), "cudaEventRecord");
     counter_publish(c.chunk_done[me], mark);
+  }
+}
+
+// The reduction-server exchange of one chunk over NCCL, the same steps and
+// order as RailStage's: shard j of the chunk goes to node j; this rank sums
+// the shards it serves (its node's) in node order, divided for AVG; the sum
+// goes back to every node, and the other shards' sums come in.  All on the
+// NCCL stream, which runs the exchanges one at a time in slice order (one
+// communicator, the same order on every rank of the rail).
+void CudaEngine::nccl_exchange(const Pending& p, char* chunk, cudaStream_t stream, int64_t divisor) {
+  const CudaAllreduceOp& op = *p.op;
+  const int64_t esize = c10::elementSize(op.dtype);
+  const int n = topo_.num_nodes;
+  const int self = topo_.node;
+  const std::vector<Range>& shards = p.plan.shards[topo_.local_rank];
+  cudaStream_t ns = nccl_stream_->stream();
+  auto staging = [&](int j) { return nccl_staging_ + static_cast<int64_t>(j < self ? j : j - 1) * nccl_shard_bytes_; };
+  const Range& mine = shards[self];
+  cuda_check(cudaEventRecord(nccl_ready_, stream), "cudaEventRecord");
+  cuda_check(cudaStreamWaitEvent(ns, nccl_ready_, 0), "cudaStreamWaitEvent (to NCCL)");
+  nccl_->group_start();
+  for (int j = 0; j < n; ++j) {
+    if (j == self) continue;
+    nccl_->send(chunk + shards[j].offset * esize, static_cast<size_t>(shards[j].count * esize), j, ns);
+    nccl_->recv(staging(j), static_cast<size_t>(mine.count * esize), j, ns);
+  }
+  nccl_->group_end();
+  const void* inputs[kMaxCudaReduceInputs];
+  TORCH_CHECK(n <= kMaxCudaReduceInputs, "fairring: FAIRRING_GPU_TRANSPORT=nccl supports at most ",
+              kMaxCudaReduceInputs, " nodes");
+  for (int j = 0; j < n; ++j) inputs[j] = j == self ? chunk + mine.offset * esize : staging(j);
+  reduce_cuda(op.dtype, op.op, chunk + mine.offset * esize, inputs, n, mine.count, divisor, ns);
+  nccl_->group_start();
+  for (int j = 0; j < n; ++j) {
+    if (j == self) continue;
+    nccl_->send(chunk + mine.offset * esize, static_cast<size_t>(mine.count * esize), j, ns);
+    nccl_->recv(chunk + shards[j].offset * esize, static_cast<size_t>(shards[j].count * esize), j, ns);
+  }
+  nccl_->group_end();
+  cuda_check(cudaEventRecord(nccl_done_, ns), "cudaEventRecord");
+  cuda_check(cudaStreamWaitEvent(stream, nccl_done_, 0), "cudaStreamWaitEvent (from NCCL)");
+}
+
+// NCCL cannot put two ranks of a communicator on one GPU; require every rank
+// of the group on its own (compared by device UUID, which is unique across
+// machines).
+void CudaEngine::check_own_gpus(const c10::intrusive_ptr<c10d::Store>& store) {
+  cudaDeviceProp prop;
+  cuda_check(cudaGetDeviceProperties(&prop, device_.index()), "cudaGetDeviceProperties");
+  std::vector<uint8_t> mine(reinterpret_cast<const uint8_t*>(&prop.uuid),
+                            reinterpret_cast<const uint8_t*>(&prop.uuid) + sizeof(prop.uuid));
+  store->set("gpu_uuid/" + std::to_string(topo_.rank), mine);
+  for (int r = 0; r < topo_.size; ++r) {
+    if (r == topo_.rank) continue;
+    if (store->get("gpu_uuid/" + std::to_string(r)) == mine) {
+      throw std::invalid_argument(
+          "fairring: FAIRRING_GPU_TRANSPORT=nccl needs every rank on its own GPU, but ranks " +
+          std::to_string(std::min(r, topo_.rank)) + " and " + std::to_string(std::max(r, topo_.rank)) +
+          " share " + device_.str() + " of rank " + std::to_string(topo_.rank) +
+          "'s machine. Use FAIRRING_GPU_TRANSPORT=tcp, or one GPU per rank.");
+    }
   }
 }
 
@@ -503,7 +607,7 @@ void CudaEngine::all_gather(Pending& p) {
     }
     cuda_check(cudaEventRecord(consumed_event(me, slot), stream), "cudaEventRecord");
     counter_publish(c.consumed[me], mark);
-  } else if (rail_) {
+  } else if (rail_ || nccl_) {
     counter_wait(c.chunk_done[me], mark, wait_check(-1, "", op.seq));
   }
   // The op is done when every one of its slices is: the tail stream collects them.

@@ -44,6 +44,7 @@
 #include "common/config.h"
 #include "topology/topology.h"
 #include "transport/cuda_ipc.h"
+#include "transport/nccl_rail.h"
 #include "transport/tcp_mesh.h"
 
 namespace c10d {
@@ -109,6 +110,10 @@ class CudaEngine {
   void reduce_scatter(Pending& p);
   void all_gather(Pending& p);
   void rail_done(uint64_t slice_seq);
+  // FAIRRING_GPU_TRANSPORT=nccl: the rail exchange of the reduced chunk, on
+  // the NCCL stream, ordered after and before `stream`.
+  void nccl_exchange(const Pending& p, char* chunk, cudaStream_t stream, int64_t divisor);
+  void check_own_gpus(const c10::intrusive_ptr<c10d::Store>& store);
   void complete(const std::shared_ptr<CudaAllreduceOp>& op, std::exception_ptr error);
   void fail(const std::string& why);
   std::function<void()> wait_check(int local_peer, const char* what, uint64_t op_seq);
@@ -139,8 +144,14 @@ class CudaEngine {
   char* pinned_ = nullptr;                       // N > 1: one slice per slot, host
   std::vector<Return> returns_;                  // per slot (N > 1)
 
-  std::unique_ptr<TcpMesh> mesh_;
-  std::unique_ptr<RailStage> rail_;
+  std::unique_ptr<TcpMesh> mesh_;      // tcp
+  std::unique_ptr<RailStage> rail_;    // tcp
+  std::unique_ptr<NcclRail> nccl_;     // nccl
+  std::unique_ptr<c10::cuda::CUDAStream> nccl_stream_;  // every NCCL exchange, in slice order
+  char* nccl_staging_ = nullptr;       // device: the peers' shards this rank serves
+  int64_t nccl_shard_bytes_ = 0;       // room per peer in nccl_staging_
+  cudaEvent_t nccl_ready_ = nullptr;   // local: slot stream -> NCCL stream
+  cudaEvent_t nccl_done_ = nullptr;    // local: NCCL stream -> slot stream
 
   std::mutex mu_;
   std::condition_variable cv_;

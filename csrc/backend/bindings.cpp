@@ -51,6 +51,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("total_memory", &Config::total_memory)
       .def_readwrite("parallelism", &Config::parallelism)
       .def_readwrite("socket_ifname", &Config::socket_ifname)
+      .def_readwrite("gpu_transport", &Config::gpu_transport)
       .def_readwrite("timeout", &Config::timeout);
 
   py::class_<FairringBackend, c10d::Backend, c10::intrusive_ptr<FairringBackend>>(m, "FairringBackend")
