@@ -50,8 +50,8 @@ def _extension():
             sources + cu_sources,
             include_dirs=include_dirs,
             define_macros=[("FAIRRING_WITH_CUDA", "1")],
-            extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "--use_fast_math"]},
-            extra_link_args=["-lrt"],
+            extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3"]},
+            extra_link_args=["-lrt", "-ldl"],  # dl: NCCL is loaded at run time
         )
     return cpp_extension.CppExtension(
         "fairring_py._C",

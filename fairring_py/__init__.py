@@ -39,6 +39,7 @@ def _create_backend(dist_opts, pg_options):
     config.total_memory = resolved.total_memory
     config.parallelism = resolved.parallelism
     config.socket_ifname = resolved.socket_ifname
+    config.gpu_transport = resolved.gpu_transport
     config.timeout = timeout
     backend = _C.FairringBackend(store, rank, size, config, _node_key(resolved), fallback)
     if rank == 0 and backend.topology()["flattened"]:

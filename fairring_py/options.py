@@ -28,7 +28,14 @@ ENV = {
     "parallelism": "FAIRRING_PARALLELISM",
     "node_id": "FAIRRING_NODE_ID",
     "socket_ifname": "FAIRRING_SOCKET_IFNAME",
+    "gpu_transport": "FAIRRING_GPU_TRANSPORT",
 }
+
+# How CUDA all-reduces cross nodes.  "tcp": the reduced chunks go through
+# pinned host memory over the TCP rails (any Ethernet cluster).  "nccl": NCCL
+# point-to-point on rail communicators, device to device (needs a CUDA build,
+# NCCL at run time and every rank on its own GPU).
+GPU_TRANSPORTS = ("tcp", "nccl")
 
 MIN_SLICE = 4 * KiB
 MAX_PARALLELISM = 64
@@ -46,6 +53,7 @@ class Options:
     parallelism:   slices in flight at once (FAIRRING_PARALLELISM, default 4)
     node_id:       name of this rank's node; overrides detection (FAIRRING_NODE_ID)
     socket_ifname: network interface for the TCP listener (FAIRRING_SOCKET_IFNAME)
+    gpu_transport: how CUDA all-reduces cross nodes: "tcp" or "nccl" (FAIRRING_GPU_TRANSPORT, default tcp)
     """
 
     slice_size: Optional[int | str] = None
@@ -53,6 +61,7 @@ class Options:
     parallelism: Optional[int | str] = None
     node_id: Optional[str] = None
     socket_ifname: Optional[str] = None
+    gpu_transport: Optional[str] = None
 
 
 def parse_size(value, name: str) -> int:
@@ -92,6 +101,7 @@ class Resolved:
     parallelism: int
     node_id: Optional[str]
     socket_ifname: str
+    gpu_transport: str = "tcp"
 
 
 def resolve(pg_options=None, environ=None) -> Resolved:
@@ -136,7 +146,24 @@ def resolve(pg_options=None, environ=None) -> Resolved:
             socket.if_nametoindex(ifname)
         except OSError:
             raise ValueError(f"{name}: no network interface named {ifname!r} on this machine") from None
-    return Resolved(slice_size, total_memory, parallelism, node_id, ifname)
+    gpu_transport = "tcp"
+    if "gpu_transport" in raw:
+        v, name = raw["gpu_transport"]
+        gpu_transport = str(v).strip().lower()
+        if gpu_transport not in GPU_TRANSPORTS:
+            raise ValueError(f"{name} must be one of {', '.join(GPU_TRANSPORTS)}, got {v!r}")
+        if gpu_transport == "nccl" and not _built_with_cuda():
+            raise ValueError(
+                f"{name}=nccl needs fairring_py._C built with CUDA (this build has CPU tensors only); "
+                "rebuild with FAIRRING_BUILD_CUDA=1 against a CUDA torch, or use tcp"
+            )
+    return Resolved(slice_size, total_memory, parallelism, node_id, ifname, gpu_transport)
+
+
+def _built_with_cuda() -> bool:
+    from . import _C
+
+    return bool(_C._built_with_cuda())
 
 
 def node_key(resolved: Resolved) -> str:

@@ -3,6 +3,7 @@
 #include <sys/random.h>
 
 
+#include "allreduce/cuda_engine.h"
 #include "allreduce/engine.h"
 #include "allreduce/op.h"
 #include "backend/work.h"
@@ -91,6 +92,9 @@ FairringBackend::FairringBackend(
     uid.assign(blob.begin() + secret.size(), blob.end());
   }
   engine_ = std::make_unique<Engine>(store, topo_, config_, uid, secret);
+  store_ = store;  // for the CUDA engine, created at the first CUDA all-reduce
+  job_uid_ = uid;
+  secret_ = secret;
 }
 
 FairringBackend::~FairringBackend() = default;
@@ -104,9 +108,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce(
   at::Tensor& t = tensors[0];
   TORCH_CHECK(t.layout() == c10::kStrided, "fairring: all_reduce supports dense tensors only, got layout ",
               t.layout());
-  TORCH_CHECK(t.device().is_cpu(), "fairring: all_reduce of ", t.device().str(),
-              " tensors is not supported by this build; only CPU tensors are");
   const RedOp op = to_redop(opts.reduceOp, t.scalar_type());
+  if (!t.device().is_cpu()) return allreduce_device(t, tensors, op);  // backend_cuda.cpp
 
   at::Tensor buffer = t.is_contiguous() ? t : t.contiguous();
   c10::ScalarType dtype = buffer.scalar_type();
@@ -136,6 +139,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce(
 
 c10d::Backend& FairringBackend::delegate() {
   engine_->wait_idle();
+  wait_idle_device();
   return *fallback_;
 }
 

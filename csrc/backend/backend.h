@@ -7,14 +7,18 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "common/config.h"
+#include "common/reduce_op.h"
 #include "topology/topology.h"
+#include "transport/tcp_mesh.h"
 
 namespace fairring {
 
 class Engine;
+class CudaEngine;
 
 class FairringBackend : public c10d::Backend {
  public:
@@ -90,6 +94,16 @@ class FairringBackend : public c10d::Backend {
   Config config_;
   c10::intrusive_ptr<c10d::Backend> fallback_;
   std::unique_ptr<Engine> engine_;
+
+  // All-reduce of a tensor that is not on the CPU (backend_cuda.cpp): the
+  // CUDA engine, created at the group's first CUDA all-reduce, or an error.
+  c10::intrusive_ptr<c10d::Work> allreduce_device(at::Tensor& t, std::vector<at::Tensor>& tensors, RedOp op);
+  void wait_idle_device();
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string job_uid_;
+  Secret secret_{};
+  std::mutex cuda_mu_;
+  std::unique_ptr<CudaEngine> cuda_engine_;
 };
 
 }  // namespace fairring

@@ -13,6 +13,7 @@ namespace py = pybind11;
 
 namespace fairring {
 void register_kernel_bindings(py::module& m);  // kernels/kernel_bindings.cpp
+void register_cuda_kernel_bindings(py::module& m);  // kernels/cuda_kernel_bindings.cpp
 }
 
 namespace {
@@ -51,6 +52,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("total_memory", &Config::total_memory)
       .def_readwrite("parallelism", &Config::parallelism)
       .def_readwrite("socket_ifname", &Config::socket_ifname)
+      .def_readwrite("gpu_transport", &Config::gpu_transport)
       .def_readwrite("timeout", &Config::timeout);
 
   py::class_<FairringBackend, c10d::Backend, c10::intrusive_ptr<FairringBackend>>(m, "FairringBackend")
@@ -111,4 +113,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       });
 
   register_kernel_bindings(m);
+  register_cuda_kernel_bindings(m);
 }

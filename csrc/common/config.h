@@ -13,6 +13,7 @@ struct Config {
   int64_t total_memory = 64 << 20;   // staging bytes per rank (upper bound)
   int parallelism = 4;               // slices in flight (pipeline depth)
   std::string socket_ifname;         // "" = address of the hostname
+  std::string gpu_transport = "tcp"; // CUDA all-reduce between nodes: "tcp" or "nccl"
   std::chrono::milliseconds timeout{30 * 60 * 1000};
 };
 

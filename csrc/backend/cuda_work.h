@@ -1,0 +1,55 @@
+// The Work Fairring returns for an all-reduce of CUDA tensors.  Like
+// ProcessGroupNCCL's, it is "done" once the op's device work is enqueued:
+// wait() blocks the host only until then, and makes the caller's current
+// stream wait for the op's last event; the future is CUDA-aware (created with
+// the device), so consumers that wait on it or chain on it (DDP's comm hook)
+// are ordered after the op through CUDA events, not host synchronisation.
+#pragma once
+
+#ifdef FAIRRING_WITH_CUDA
+
+#include <ATen/core/ivalue.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <thread>
+#include <vector>
+
+namespace fairring {
+
+class CudaFairringWork : public c10d::Work {
+ public:
+  // `completer` is the thread that completes the future (CudaEngine's).
+  CudaFairringWork(int rank, std::vector<at::Tensor> outputs, c10::Device device, std::thread::id completer);
+  ~CudaFairringWork() override;
+
+  // The event recorded after the op's last device work; owned by the Work.
+  cudaEvent_t done_event() const { return done_; }
+
+  // Host side done (every slice enqueued, or failed).  Quick, never blocks.
+  void mark_done(std::exception_ptr error);
+  // Completes the future with `stream` (which waits on done_event()) as the
+  // current stream, so the future's consumers wait for the op on the device.
+  void complete_future(std::exception_ptr error, const c10::cuda::CUDAStream& stream);
+
+  // Blocks until the op is enqueued, then makes the current stream wait for it.
+  bool wait(std::chrono::milliseconds timeout) override;
+  void synchronize() override;
+  bool isCompleted() override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+
+ private:
+  void stream_wait();
+
+  std::vector<at::Tensor> outputs_;
+  c10::Device device_;
+  cudaEvent_t done_ = nullptr;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::thread::id completer_;
+};
+
+}  // namespace fairring
+
+#endif  // FAIRRING_WITH_CUDA

@@ -1,0 +1,394 @@
+// CUDA multi-input reduction: one pass over memory, 16-byte vectorised loads
+// and stores when every buffer is 16-byte aligned (with a scalar tail),
+// a grid sized from the device's SM count.
+//
+// The results are the same bits as the CPU kernels (kernels/reduce_impl.h):
+// the inputs are combined strictly in order 0..n-1, each step is one IEEE
+// operation written with the _rn intrinsics (so nvcc cannot contract a
+// multiply and an add into an FMA), and float16 / bfloat16 go through the
+// same bit-exact conversions (round to nearest even, canonical NaNs).  This
+// file must not be compiled with --use_fast_math (flush-to-zero and
+// approximate division would change the bits).
+
+#include "kernels/reduce_cuda.h"
+
+#include <c10/util/Exception.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <type_traits>
+
+namespace fairring {
+namespace {
+
+// ---- Storage <-> accumulator conversions (bit-exact ports of the CPU ones) --
+
+__device__ __forceinline__ uint32_t mask_if(bool c) { return 0u - static_cast<uint32_t>(c); }
+
+__device__ __forceinline__ uint32_t select_bits(uint32_t mask, uint32_t if_set, uint32_t if_clear) {
+  return (if_set & mask) | (if_clear & ~mask);
+}
+
+// IEEE binary16 -> binary32, exact; NaNs made quiet.
+__device__ __forceinline__ float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (static_cast<uint32_t>(h) >> 10) & 0x1Fu;
+  const uint32_t m = static_cast<uint32_t>(h) & 0x3FFu;
+  const uint32_t normal = ((e + 112u) << 23) | (m << 13);
+  const uint32_t inf_nan = 0x7F800000u | (m << 13) | (mask_if(m != 0u) & 0x00400000u);
+  const uint32_t subnormal = __float_as_uint(__fmul_rn(__uint2float_rn(m), 0x1p-24f));
+  const uint32_t mag =
+      select_bits(mask_if(e == 0u), subnormal, select_bits(mask_if(e == 31u), inf_nan, normal));
+  return __uint_as_float(sign | mag);
+}
+
+// binary32 -> binary16, round to nearest even, overflow to +-inf, NaN ->
+// 0x7E00 with the input's sign.
+__device__ __forceinline__ uint16_t f32_to_f16(float f) {
+  const uint32_t x = __float_as_uint(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t ax = x & 0x7FFFFFFFu;
+  const uint32_t normal = (ax + 0x0FFFu + ((ax >> 13) & 1u) - (112u << 23)) >> 13;
+  const float magic = __fadd_rn(__fmul_rn(__uint_as_float(ax), 0x1p24f), 0x1p23f);
+  const uint32_t subnormal = __float_as_uint(magic) - 0x4B000000u;
+  const uint32_t mag = select_bits(
+      mask_if(ax > 0x7F800000u), 0x7E00u,
+      select_bits(mask_if(ax >= 0x477FF000u), 0x7C00u,
+                  select_bits(mask_if(ax >= 0x38800000u), normal, subnormal)));
+  return static_cast<uint16_t>(sign | mag);
+}
+
+__device__ __forceinline__ float bf16_to_f32(uint16_t h) {
+  return __uint_as_float(static_cast<uint32_t>(h) << 16);
+}
+
+// binary32 -> bfloat16, round to nearest even; NaN -> 0x7FC0.
+__device__ __forceinline__ uint16_t f32_to_bf16(float f) {
+  const uint32_t x = __float_as_uint(f);
+  const uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>(select_bits(mask_if((x & 0x7FFFFFFFu) > 0x7F800000u), 0x7FC0u, rounded));
+}
+
+template <typename T>
+struct PlainCvt {
+  using Storage = T;
+  using Acc = T;
+  __device__ static Acc load(T x) { return x; }
+  __device__ static T store(Acc a) { return a; }
+};
+
+struct HalfCvt {
+  using Storage = uint16_t;
+  using Acc = float;
+  __device__ static Acc load(uint16_t x) { return f16_to_f32(x); }
+  __device__ static uint16_t store(Acc a) { return f32_to_f16(a); }
+};
+
+struct BFloat16Cvt {
+  using Storage = uint16_t;
+  using Acc = float;
+  __device__ static Acc load(uint16_t x) { return bf16_to_f32(x); }
+  __device__ static uint16_t store(Acc a) { return f32_to_bf16(a); }
+};
+
+// bool: one byte, normalised to 0/1 on load.
+struct BoolCvt {
+  using Storage = uint8_t;
+  using Acc = uint8_t;
+  __device__ static Acc load(uint8_t x) { return static_cast<uint8_t>(x != 0); }
+  __device__ static uint8_t store(Acc a) { return a; }
+};
+
+// ---- Operations (the CPU kernels' semantics) ----------------------------------
+
+// Integer arithmetic in the unsigned type of the same width, at least unsigned
+// int: two's-complement wrap-around, no signed overflow.
+template <typename A>
+using WideUnsigned =
+    std::conditional_t<(sizeof(A) < sizeof(unsigned int)), unsigned int, std::make_unsigned_t<A>>;
+
+template <typename A>
+__device__ __forceinline__ A wrap_add(A a, A b) {
+  using W = WideUnsigned<A>;
+  using U = std::make_unsigned_t<A>;
+  return static_cast<A>(static_cast<W>(static_cast<W>(static_cast<U>(a)) + static_cast<W>(static_cast<U>(b))));
+}
+
+template <typename A>
+__device__ __forceinline__ A wrap_mul(A a, A b) {
+  using W = WideUnsigned<A>;
+  using U = std::make_unsigned_t<A>;
+  return static_cast<A>(static_cast<W>(static_cast<W>(static_cast<U>(a)) * static_cast<W>(static_cast<U>(b))));
+}
+
+struct OpSum {
+  __device__ static float apply(float a, float b) { return __fadd_rn(a, b); }
+  __device__ static double apply(double a, double b) { return __dadd_rn(a, b); }
+  template <typename A>
+  __device__ static A apply(A a, A b) { return wrap_add(a, b); }
+};
+
+struct OpProduct {
+  __device__ static float apply(float a, float b) { return __fmul_rn(a, b); }
+  __device__ static double apply(double a, double b) { return __dmul_rn(a, b); }
+  template <typename A>
+  __device__ static A apply(A a, A b) { return wrap_mul(a, b); }
+};
+
+// torch.minimum / torch.maximum: a NaN in either operand gives NaN.
+struct OpMin {
+  template <typename A>
+  __device__ static A apply(A a, A b) {
+    if constexpr (std::is_floating_point<A>::value) {
+      return b != b ? b : (b < a ? b : a);
+    } else {
+      return b < a ? b : a;
+    }
+  }
+};
+
+struct OpMax {
+  template <typename A>
+  __device__ static A apply(A a, A b) {
+    if constexpr (std::is_floating_point<A>::value) {
+      return b != b ? b : (a < b ? b : a);
+    } else {
+      return a < b ? b : a;
+    }
+  }
+};
+
+struct OpAnd {
+  template <typename A>
+  __device__ static A apply(A a, A b) { return static_cast<A>(a & b); }
+};
+struct OpOr {
+  template <typename A>
+  __device__ static A apply(A a, A b) { return static_cast<A>(a | b); }
+};
+struct OpXor {
+  template <typename A>
+  __device__ static A apply(A a, A b) { return static_cast<A>(a ^ b); }
+};
+
+__device__ __forceinline__ float divide(float a, float d) { return __fdiv_rn(a, d); }
+__device__ __forceinline__ double divide(double a, double d) { return __ddiv_rn(a, d); }
+template <typename A>
+__device__ __forceinline__ A divide(A a, A) { return a; }  // integers never get a divisor
+
+// ---- The kernel -----------------------------------------------------------------
+
+// Passed by value (about 2 KiB, under the 4 KiB kernel-argument limit).
+struct Args {
+  void* out;
+  const void* in[kMaxCudaReduceInputs];
+  int n;
+  int64_t count;
+  double divisor;
+};
+
+constexpr int kThreads = 256;
+// At least this many blocks per SM (1024 threads; at most 64 registers a
+// thread), so that enough loads are in flight to saturate HBM.
+constexpr int kMinBlocksPerSm = 4;
+constexpr int kInputUnroll = 4;  // loads issued together per thread
+
+template <typename S>
+union Vec {
+  uint4 raw;
+  S s[sizeof(uint4) / sizeof(S)];
+};
+
+template <typename Cvt, typename Op, bool kDivide>
+__device__ __forceinline__ typename Cvt::Storage finish(typename Cvt::Acc v, typename Cvt::Acc div) {
+  if constexpr (kDivide) v = divide(v, div);
+  return Cvt::store(v);
+}
+
+// kVector: every pointer is 16-byte aligned; whole 16-byte vectors first,
+// then the last count % (16 / sizeof(S)) elements one by one.
+template <typename Cvt, typename Op, bool kDivide, bool kVector>
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) reduce_kernel(const Args args) {
+  using S = typename Cvt::Storage;
+  using A = typename Cvt::Acc;
+  constexpr int kV = sizeof(uint4) / sizeof(S);
+  const A div = static_cast<A>(args.divisor);
+  const int n = args.n;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t scalar_from = 0;
+
+  if constexpr (kVector) {
+    const int64_t nvec = args.count / kV;
+    scalar_from = nvec * kV;
+    for (int64_t v = tid; v < nvec; v += stride) {
+      Vec<S> x;
+      x.raw = reinterpret_cast<const uint4*>(args.in[0])[v];
+      A acc[kV];
+#pragma unroll
+      for (int j = 0; j < kV; ++j) acc[j] = Cvt::load(x.s[j]);
+      int i = 1;
+      for (; i + kInputUnroll <= n; i += kInputUnroll) {
+        Vec<S> y[kInputUnroll];
+#pragma unroll
+        for (int u = 0; u < kInputUnroll; ++u) y[u].raw = reinterpret_cast<const uint4*>(args.in[i + u])[v];
+#pragma unroll
+        for (int u = 0; u < kInputUnroll; ++u) {
+#pragma unroll
+          for (int j = 0; j < kV; ++j) acc[j] = Op::apply(acc[j], Cvt::load(y[u].s[j]));
+        }
+      }
+      for (; i < n; ++i) {
+        Vec<S> y;
+        y.raw = reinterpret_cast<const uint4*>(args.in[i])[v];
+#pragma unroll
+        for (int j = 0; j < kV; ++j) acc[j] = Op::apply(acc[j], Cvt::load(y.s[j]));
+      }
+      Vec<S> o;
+#pragma unroll
+      for (int j = 0; j < kV; ++j) o.s[j] = finish<Cvt, Op, kDivide>(acc[j], div);
+      reinterpret_cast<uint4*>(args.out)[v] = o.raw;
+    }
+  }
+
+  S* out = static_cast<S*>(args.out);
+  for (int64_t e = scalar_from + tid; e < args.count; e += stride) {
+    A acc = Cvt::load(static_cast<const S*>(args.in[0])[e]);
+    for (int i = 1; i < n; ++i) acc = Op::apply(acc, Cvt::load(static_cast<const S*>(args.in[i])[e]));
+    out[e] = finish<Cvt, Op, kDivide>(acc, div);
+  }
+}
+
+// Blocks to launch: enough to fill every SM several times over, no more than
+// the work needs.
+int64_t grid_size(int64_t work_items) {
+  static std::atomic<int> sms_of[64];  // per device; 0 = not queried yet
+  int device = 0;
+  cudaGetDevice(&device);
+  int sms = device >= 0 && device < 64 ? sms_of[device].load(std::memory_order_relaxed) : 0;
+  if (sms == 0) {
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) sms = 1;
+    if (device >= 0 && device < 64) sms_of[device].store(sms, std::memory_order_relaxed);
+  }
+  const int64_t wanted = (work_items + kThreads - 1) / kThreads;
+  const int64_t cap = static_cast<int64_t>(sms) * (2048 / kThreads);
+  return wanted < 1 ? 1 : (wanted < cap ? wanted : cap);
+}
+
+template <typename Cvt, typename Op, bool kDivide>
+void launch(const Args& args, cudaStream_t stream) {
+  using S = typename Cvt::Storage;
+  constexpr int kV = sizeof(uint4) / sizeof(S);
+  bool aligned = reinterpret_cast<uintptr_t>(args.out) % sizeof(uint4) == 0;
+  for (int i = 0; i < args.n; ++i) aligned = aligned && reinterpret_cast<uintptr_t>(args.in[i]) % sizeof(uint4) == 0;
+  if (aligned && args.count >= kV) {
+    const int64_t items = args.count / kV + args.count % kV;
+    reduce_kernel<Cvt, Op, kDivide, true><<<grid_size(items), kThreads, 0, stream>>>(args);
+  } else {
+    reduce_kernel<Cvt, Op, kDivide, false><<<grid_size(args.count), kThreads, 0, stream>>>(args);
+  }
+}
+
+template <typename Cvt, typename Op>
+void run(const Args& args, cudaStream_t stream) {
+  if constexpr (std::is_floating_point<typename Cvt::Acc>::value) {
+    if (args.divisor > 0) return launch<Cvt, Op, true>(args, stream);
+  }
+  launch<Cvt, Op, false>(args, stream);
+}
+
+template <typename Cvt>
+void run_float(RedOp op, const Args& a, cudaStream_t s) {
+  switch (op) {
+    case RedOp::kSum:
+    case RedOp::kAvg: return run<Cvt, OpSum>(a, s);
+    case RedOp::kProduct: return run<Cvt, OpProduct>(a, s);
+    case RedOp::kMin: return run<Cvt, OpMin>(a, s);
+    case RedOp::kMax: return run<Cvt, OpMax>(a, s);
+    default: TORCH_CHECK(false, "reduce_cuda: ", redop_name(op), " is not defined for floating-point tensors");
+  }
+}
+
+template <typename T>
+void run_int(RedOp op, const Args& a, cudaStream_t s) {
+  using C = PlainCvt<T>;
+  switch (op) {
+    case RedOp::kSum: return run<C, OpSum>(a, s);
+    case RedOp::kProduct: return run<C, OpProduct>(a, s);
+    case RedOp::kMin: return run<C, OpMin>(a, s);
+    case RedOp::kMax: return run<C, OpMax>(a, s);
+    case RedOp::kBand: return run<C, OpAnd>(a, s);
+    case RedOp::kBor: return run<C, OpOr>(a, s);
+    case RedOp::kBxor: return run<C, OpXor>(a, s);
+    default: TORCH_CHECK(false, "reduce_cuda: ", redop_name(op), " is not defined for integer tensors");
+  }
+}
+
+// bool: SUM/MAX/BOR are OR, PRODUCT/MIN/BAND are AND, BXOR is XOR.
+void run_bool(RedOp op, const Args& a, cudaStream_t s) {
+  switch (op) {
+    case RedOp::kSum:
+    case RedOp::kMax:
+    case RedOp::kBor: return run<BoolCvt, OpOr>(a, s);
+    case RedOp::kProduct:
+    case RedOp::kMin:
+    case RedOp::kBand: return run<BoolCvt, OpAnd>(a, s);
+    case RedOp::kBxor: return run<BoolCvt, OpXor>(a, s);
+    default: TORCH_CHECK(false, "reduce_cuda: ", redop_name(op), " is not defined for bool tensors");
+  }
+}
+
+}  // namespace
+
+void reduce_cuda(
+    c10::ScalarType dtype,
+    RedOp op,
+    void* out,
+    const void* const* inputs,
+    int num_inputs,
+    int64_t count,
+    int64_t divisor,
+    cudaStream_t stream) {
+  TORCH_CHECK(num_inputs >= 1 && num_inputs <= kMaxCudaReduceInputs, "reduce_cuda takes 1 to ",
+              kMaxCudaReduceInputs, " inputs, got ", num_inputs);
+  TORCH_CHECK(count >= 0, "reduce_cuda: negative element count ", count);
+  if (count == 0) return;
+  TORCH_CHECK(out != nullptr && inputs != nullptr, "reduce_cuda: null buffer");
+  // One input and no divisor is a copy: keep its bits exactly, as reduce_cpu does.
+  if (num_inputs == 1 && divisor <= 0) {
+    if (out != inputs[0]) {
+      const cudaError_t err = cudaMemcpyAsync(out, inputs[0], static_cast<size_t>(count) * c10::elementSize(dtype),
+                                              cudaMemcpyDeviceToDevice, stream);
+      TORCH_CHECK(err == cudaSuccess, "reduce_cuda: copy failed: ", cudaGetErrorString(err));
+    }
+    return;
+  }
+  Args args;
+  args.out = out;
+  args.n = num_inputs;
+  args.count = count;
+  args.divisor = static_cast<double>(divisor);
+  for (int i = 0; i < num_inputs; ++i) {
+    TORCH_CHECK(inputs[i] != nullptr, "reduce_cuda: input ", i, " is null");
+    args.in[i] = inputs[i];
+  }
+  for (int i = num_inputs; i < kMaxCudaReduceInputs; ++i) args.in[i] = nullptr;
+  switch (dtype) {
+    case c10::ScalarType::Float: run_float<PlainCvt<float>>(op, args, stream); break;
+    case c10::ScalarType::Double: run_float<PlainCvt<double>>(op, args, stream); break;
+    case c10::ScalarType::Half: run_float<HalfCvt>(op, args, stream); break;
+    case c10::ScalarType::BFloat16: run_float<BFloat16Cvt>(op, args, stream); break;
+    case c10::ScalarType::Char: run_int<int8_t>(op, args, stream); break;
+    case c10::ScalarType::Byte: run_int<uint8_t>(op, args, stream); break;
+    case c10::ScalarType::Short: run_int<int16_t>(op, args, stream); break;
+    case c10::ScalarType::Int: run_int<int32_t>(op, args, stream); break;
+    case c10::ScalarType::Long: run_int<int64_t>(op, args, stream); break;
+    case c10::ScalarType::Bool: run_bool(op, args, stream); break;
+    default: TORCH_CHECK(false, "reduce_cuda: unsupported dtype ", c10::toString(dtype));
+  }
+  const cudaError_t err = cudaGetLastError();
+  TORCH_CHECK(err == cudaSuccess, "reduce_cuda: kernel launch failed: ", cudaGetErrorString(err));
+}
+
+}  // namespace fairring

@@ -1,0 +1,152 @@
+#ifdef FAIRRING_WITH_CUDA
+
+#include "transport/cuda_ipc.h"
+
+#include <cuda_runtime.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <cstring>
+#include <stdexcept>
+
+namespace fairring {
+
+void cuda_check(cudaError_t err, const std::string& what) {
+  if (err != cudaSuccess) {
+    throw std::runtime_error("fairring: " + what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) +
+                             ")");
+  }
+}
+
+namespace {
+
+template <typename Handle>
+std::vector<uint8_t> to_bytes(const Handle& h) {
+  std::vector<uint8_t> out(sizeof(Handle));
+  std::memcpy(out.data(), &h, sizeof(Handle));
+  return out;
+}
+
+template <typename Handle>
+Handle from_bytes(const std::vector<uint8_t>& raw, const std::string& what) {
+  if (raw.size() != sizeof(Handle)) {
+    throw std::runtime_error("fairring: malformed " + what + " in the store (" + std::to_string(raw.size()) +
+                             " bytes)");
+  }
+  Handle h;
+  std::memcpy(&h, raw.data(), sizeof(Handle));
+  return h;
+}
+
+int current_device() {
+  int d = -1;
+  cuda_check(cudaGetDevice(&d), "cudaGetDevice");
+  return d;
+}
+
+}  // namespace
+
+SharedDeviceMemory::SharedDeviceMemory(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key,
+                                       const std::vector<int>& local_ranks, int me, size_t bytes,
+                                       std::chrono::milliseconds timeout)
+    : bases_(local_ranks.size(), nullptr), me_(me) {
+  void* mine = nullptr;
+  cuda_check(cudaMalloc(&mine, bytes), "cannot allocate " + std::to_string(bytes) +
+                                           " bytes of CUDA staging memory (FAIRRING_TOTAL_MEMORY bounds it)");
+  bases_[me] = static_cast<char*>(mine);
+  const int device = current_device();
+  try {
+    cudaIpcMemHandle_t handle;
+    cuda_check(cudaIpcGetMemHandle(&handle, mine), "cudaIpcGetMemHandle");
+    // The handle, then our device index (for error messages).
+    std::vector<uint8_t> blob(sizeof(handle) + 4);
+    const int32_t dev = device;
+    std::memcpy(blob.data(), &handle, sizeof(handle));
+    std::memcpy(blob.data() + sizeof(handle), &dev, 4);
+    store->set(key + "/" + std::to_string(local_ranks[me]), blob);
+    for (size_t x = 0; x < local_ranks.size(); ++x) {
+      if (static_cast<int>(x) == me) continue;
+      const std::string k = key + "/" + std::to_string(local_ranks[x]);
+      store->wait({k}, timeout);
+      std::vector<uint8_t> raw = store->get(k);
+      if (raw.size() != sizeof(cudaIpcMemHandle_t) + 4) {
+        throw std::runtime_error("fairring: malformed CUDA memory handle of rank " + std::to_string(local_ranks[x]));
+      }
+      int32_t peer_dev = 0;
+      std::memcpy(&peer_dev, raw.data() + sizeof(cudaIpcMemHandle_t), 4);
+      raw.resize(sizeof(cudaIpcMemHandle_t));
+      auto h = from_bytes<cudaIpcMemHandle_t>(raw, "CUDA memory handle");
+      void* p = nullptr;
+      cuda_check(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
+                 "rank " + std::to_string(local_ranks[me]) + " (cuda:" + std::to_string(device) +
+                     ") cannot map the CUDA staging memory of rank " + std::to_string(local_ranks[x]) + " (cuda:" +
+                     std::to_string(peer_dev) + "); the GPUs of a node must be able to access each other's "
+                     "memory (peer access / NVLink, or the same GPU)");
+      bases_[x] = static_cast<char*>(p);
+    }
+  } catch (...) {
+    for (size_t x = 0; x < bases_.size(); ++x) {
+      if (static_cast<int>(x) != me && bases_[x]) cudaIpcCloseMemHandle(bases_[x]);
+    }
+    cudaFree(mine);
+    throw;
+  }
+}
+
+SharedDeviceMemory::~SharedDeviceMemory() {
+  for (size_t x = 0; x < bases_.size(); ++x) {
+    if (static_cast<int>(x) != me_ && bases_[x]) cudaIpcCloseMemHandle(bases_[x]);
+  }
+  if (bases_[me_]) cudaFree(bases_[me_]);
+}
+
+SharedEvents::SharedEvents(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key,
+                           const std::vector<int>& local_ranks, int me, int count,
+                           std::chrono::milliseconds timeout)
+    : events_(local_ranks.size() * static_cast<size_t>(count), nullptr), count_(count) {
+  try {
+    std::vector<uint8_t> blob;
+    for (int i = 0; i < count; ++i) {
+      cudaEvent_t ev = nullptr;
+      cuda_check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventInterprocess),
+                 "cannot create an interprocess CUDA event");
+      events_[static_cast<size_t>(me) * count + i] = ev;
+      cudaIpcEventHandle_t h;
+      cuda_check(cudaIpcGetEventHandle(&h, ev), "cudaIpcGetEventHandle");
+      auto b = to_bytes(h);
+      blob.insert(blob.end(), b.begin(), b.end());
+    }
+    store->set(key + "/" + std::to_string(local_ranks[me]), blob);
+    for (size_t x = 0; x < local_ranks.size(); ++x) {
+      if (static_cast<int>(x) == me) continue;
+      const std::string k = key + "/" + std::to_string(local_ranks[x]);
+      store->wait({k}, timeout);
+      const std::vector<uint8_t> raw = store->get(k);
+      if (raw.size() != sizeof(cudaIpcEventHandle_t) * count) {
+        throw std::runtime_error("fairring: malformed CUDA event handles of rank " + std::to_string(local_ranks[x]));
+      }
+      for (int i = 0; i < count; ++i) {
+        std::vector<uint8_t> one(raw.begin() + i * sizeof(cudaIpcEventHandle_t),
+                                 raw.begin() + (i + 1) * sizeof(cudaIpcEventHandle_t));
+        cudaEvent_t ev = nullptr;
+        cuda_check(cudaIpcOpenEventHandle(&ev, from_bytes<cudaIpcEventHandle_t>(one, "CUDA event handle")),
+                   "cannot open a CUDA event of rank " + std::to_string(local_ranks[x]));
+        events_[x * count + i] = ev;
+      }
+    }
+  } catch (...) {
+    for (cudaEvent_t ev : events_) {
+      if (ev) cudaEventDestroy(ev);
+    }
+    throw;
+  }
+}
+
+SharedEvents::~SharedEvents() {
+  for (cudaEvent_t ev : events_) {
+    if (ev) cudaEventDestroy(ev);
+  }
+}
+
+}  // namespace fairring
+
+#endif  // FAIRRING_WITH_CUDA

@@ -1,0 +1,186 @@
+"""Code that runs inside the ranks of the GPU all-reduce tests (spawned by
+launch.run_ranks).  Every rank drives GPU rank % device_count, so one GPU
+serves the whole simulated cluster.  Each section returns
+{"failures": [...], ...}; digests let the test compare results across ranks."""
+from __future__ import annotations
+
+import copy
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import refs
+from refs import compare, digest, make_input, op_of, reference
+from rank_checks import Failures, _MLP
+
+
+def _device(rank):
+    d = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(d)
+    return d
+
+
+def sec_correctness(rank, world, cfg):
+    """Every dtype/op and several odd sizes: the CUDA result must match the
+    reference, and be the same bits as Fairring's CPU all-reduce of the same
+    inputs in the same group (same plan, same combine order)."""
+    dev = _device(rank)
+    failures, digests = Failures(), {}
+    for ci, (dtype, op) in enumerate(refs.matrix()):
+        for n in cfg["sizes"]:
+            seed = 50_000 + ci * 100 + n % 97
+            inputs = [make_input(seed, r, n, dtype, op) for r in range(world)]
+            name = f"{refs.dtype_name(dtype)}/{op}/n={n}"
+            t = inputs[rank].to(dev)
+            try:
+                dist.all_reduce(t, op=op_of(op))
+                got = t.cpu()  # syncs with the current stream, which the op ordered itself before
+            except Exception as e:  # noqa: BLE001
+                failures.add(f"{name}: raised {type(e).__name__}: {str(e)[:300]}")
+                continue
+            err = compare(got, inputs, reference(inputs, dtype, op), dtype, op)
+            if err:
+                failures.add(f"{name}: {err}")
+            c = inputs[rank].clone()
+            dist.all_reduce(c, op=op_of(op))
+            if digest(c) != digest(got):
+                failures.add(f"{name}: CUDA result differs from the CPU all-reduce's bits")
+            digests[name] = digest(got)
+    return {"failures": failures, "digests": digests}
+
+
+def sec_streams(rank, world, cfg):
+    """Stream semantics: input produced on a side stream, async op, the result
+    consumed through the future and through work.wait() with no host sync."""
+    dev = _device(rank)
+    failures = Failures()
+    n = 1_000_003
+    side = torch.cuda.Stream(device=dev)
+    expected = float(sum(r + 1 for r in range(world)))
+    for it in range(3):
+        with torch.cuda.stream(side):
+            # Slow enough producer that a missing wait would be seen.
+            x = torch.ones(n, device=dev)
+            for _ in range(20):
+                x = x * 1.0
+            x.mul_(rank + 1)
+            work = dist.all_reduce(x, async_op=True)
+            fut = work.get_future().then(lambda f: f.value()[0] * 2)
+            work.wait()  # makes `side` wait for the op
+            y = x + 0  # queued on `side` after the wait
+            doubled = fut.wait()  # CUDA-aware future: the current stream waits for it
+        side.synchronize()
+        if not torch.all(y == expected):
+            failures.add(f"iteration {it}: work.wait() result wrong: {y.unique()[:5].tolist()}")
+        torch.cuda.current_stream(dev).wait_stream(side)
+        if not torch.all(doubled == 2 * expected):
+            failures.add(f"iteration {it}: future chain result wrong: {doubled.unique()[:5].tolist()}")
+    # Many ops in flight back to back (DDP's buckets), waited at the end.
+    ts = [torch.full((4099 * (i + 1),), float(rank + i), device=dev) for i in range(8)]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    for w in works:
+        w.wait()
+    for i, t in enumerate(ts):
+        want = float(sum(r + i for r in range(world)))
+        if not torch.all(t == want):
+            failures.add(f"in-flight op {i}: got {t.unique()[:5].tolist()} expected {want}")
+    # A non-contiguous tensor is reduced through a copy and copied back.
+    m = torch.arange(12, dtype=torch.float32, device=dev).reshape(3, 4).t()
+    dist.all_reduce(m)
+    if not torch.equal(m.cpu(), torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * world):
+        failures.add("non-contiguous tensor: wrong result")
+    return {"failures": failures}
+
+
+def sec_errors(rank, world, cfg):
+    dev = _device(rank)
+    failures = Failures()
+
+    def expect(what, fn, *needles):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            msg = str(e)
+            if not all(s in msg for s in needles):
+                failures.add(f"{what}: message lacks {needles}: {msg[:300]}")
+            return
+        failures.add(f"{what}: no error")
+
+    t = torch.ones(8, device=dev)
+    expect("BAND on float32", lambda: dist.all_reduce(t, op=dist.ReduceOp.BAND), "BAND", "float32")
+    expect("AVG on int32", lambda: dist.all_reduce(torch.ones(8, dtype=torch.int32, device=dev), op=dist.ReduceOp.AVG),
+           "AVG", "int32")
+    if torch.cuda.device_count() > 1:
+        other = torch.device("cuda", (dev.index + 1) % torch.cuda.device_count())
+        expect("tensor on another device", lambda: dist.all_reduce(torch.ones(8, device=other)), "current CUDA device")
+    # The group still works afterwards (the errors were raised before anything was issued).
+    x = torch.ones(8, device=dev)
+    dist.all_reduce(x)
+    if not torch.all(x.cpu() == world):
+        failures.add("all_reduce after the rejected calls: wrong result")
+    return {"failures": failures}
+
+
+def sec_ddp(rank, world, cfg):
+    """DDP on the GPU over Fairring trains like DDP on CPU over gloo."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dev = _device(rank)
+    failures = Failures()
+    torch.manual_seed(1234)
+    base = _MLP()
+    init_params = [p.detach().clone() for p in base.parameters()]
+    gloo = dist.new_group(backend="gloo")
+    m_f = copy.deepcopy(base).to(dev)
+    m_g = copy.deepcopy(base)
+    ddp_f = DDP(m_f, device_ids=[dev.index], bucket_cap_mb=0.01)
+    ddp_g = DDP(m_g, bucket_cap_mb=0.01, process_group=gloo)
+    opt_f = torch.optim.SGD(m_f.parameters(), lr=0.05, momentum=0.9)
+    opt_g = torch.optim.SGD(m_g.parameters(), lr=0.05, momentum=0.9)
+    for step in range(5):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        x = torch.randn(32, 16, generator=g)
+        y = torch.randn(32, 4, generator=g)
+        for ddp, opt, d in ((ddp_f, opt_f, dev), (ddp_g, opt_g, torch.device("cpu"))):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(ddp(x.to(d)), y.to(d))
+            loss.backward()
+            opt.step()
+    for (name, pf), pg_, p0 in zip(m_f.named_parameters(), m_g.parameters(), init_params):
+        pf = pf.detach().cpu()
+        if not torch.allclose(pf, pg_, rtol=1e-4, atol=1e-5):
+            failures.add(f"param {name}: fairring(GPU) vs gloo(CPU) max diff {(pf - pg_).abs().max().item():.3g}")
+        if torch.equal(pf, p0):
+            failures.add(f"param {name}: unchanged by training (test is vacuous)")
+    dig = digest(torch.cat([p.detach().reshape(-1).cpu() for p in m_f.parameters()]))
+    return {"failures": failures, "digest": dig}
+
+
+def sec_nccl_shared_gpu(rank, world, cfg):
+    """FAIRRING_GPU_TRANSPORT=nccl with ranks sharing a GPU is a clear error on
+    every rank, raised by the first CUDA all-reduce."""
+    dev = _device(rank)
+    failures = Failures()
+    try:
+        dist.all_reduce(torch.ones(8, device=dev))
+        failures.add("no error")
+    except Exception as e:  # noqa: BLE001
+        if "needs every rank on its own GPU" not in str(e):
+            failures.add(f"unexpected error: {type(e).__name__}: {str(e)[:300]}")
+    return {"failures": failures}
+
+
+SECTIONS = {"nccl_shared_gpu": sec_nccl_shared_gpu, "correctness": sec_correctness, "streams": sec_streams, "errors": sec_errors, "ddp": sec_ddp}
+
+
+def session(rank, world, sections, cfg):
+    out = {}
+    for name in sections:
+        try:
+            res = SECTIONS[name](rank, world, cfg)
+        except Exception as e:  # noqa: BLE001
+            res = {"failures": [f"section {name} raised {type(e).__name__}: {e}\n{traceback.format_exc()}"]}
+        out[name] = res
+    torch.cuda.synchronize()
+    return out

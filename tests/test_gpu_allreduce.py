@@ -1,0 +1,94 @@
+"""The CUDA all-reduce on simulated clusters (several ranks may share one
+GPU): 1x2 and 2x2 (FAIRRING_NODE_ID), plus a 2x2 with tiny slices so that
+many slices are pipelined through few slots.  Skipped without a GPU or a
+CUDA build."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import launch
+import rank_gpu_checks
+from gpu_support import requires_gpu
+
+SIZES = [1, 13, 1031, 4099, 65537, 262147]
+
+TOPOLOGIES = {
+    "1x2": (["a", "a"], {}, ["correctness", "streams", "errors", "ddp"], {"sizes": SIZES}),
+    "2x1": (["a", "b"], {}, ["correctness", "streams"], {"sizes": SIZES}),
+    "2x2": (["a", "a", "b", "b"], {}, ["correctness", "streams", "errors", "ddp"], {"sizes": SIZES}),
+    # NCCL between nodes: every rank on its own GPU (skipped with fewer GPUs).
+    "2x1-nccl": (["a", "b"], {"FAIRRING_GPU_TRANSPORT": "nccl"}, ["correctness", "streams"], {"sizes": SIZES}),
+    "2x2-slice4K": (["a", "a", "b", "b"],
+                    {"FAIRRING_SLICE_SIZE": "4K", "FAIRRING_PARALLELISM": "2", "FAIRRING_TOTAL_MEMORY": "1M"},
+                    ["correctness", "streams"], {"sizes": [1, 1031, 65537, 262147]}),
+}
+
+_cache: dict = {}
+
+
+def session(name):
+    if name not in _cache:
+        ids, env, sections, cfg = TOPOLOGIES[name]
+        res = launch.run_ranks(rank_gpu_checks.session, ids, args=(sections, cfg), env=env, timeout_s=420,
+                               pg_timeout_s=120, check=False)
+        _cache[name] = res
+    return _cache[name]
+
+
+def _section(name, section):
+    res = session(name)
+    bad = [r for r in res if not (r.ok and r.exitcode == 0)]
+    assert not bad, launch.describe_all(res)
+    out = [r.value[section] for r in res]
+    for rank, o in enumerate(out):
+        assert not o["failures"], f"rank {rank}: " + "\n".join(o["failures"])
+    return out
+
+
+def _skip_unless_gpus_for(name):
+    if name.endswith("-nccl") and torch.cuda.device_count() < len(TOPOLOGIES[name][0]):
+        pytest.skip(f"{name} needs one GPU per rank ({torch.cuda.device_count()} visible)")
+
+
+@requires_gpu
+@pytest.mark.parametrize("name", list(TOPOLOGIES))
+def test_correct_and_bit_identical_across_ranks(name):
+    _skip_unless_gpus_for(name)
+    out = _section(name, "correctness")
+    first = out[0]["digests"]
+    assert first, "no cases ran"
+    for rank, o in enumerate(out[1:], 1):
+        diff = [k for k in first if o["digests"].get(k) != first[k]]
+        assert not diff, f"rank {rank} differs from rank 0 on {diff[:10]}"
+
+
+@requires_gpu
+@pytest.mark.parametrize("name", list(TOPOLOGIES))
+def test_stream_semantics(name):
+    _skip_unless_gpus_for(name)
+    _section(name, "streams")
+
+
+@requires_gpu
+@pytest.mark.parametrize("name", ["1x2", "2x2"])
+def test_errors(name):
+    _section(name, "errors")
+
+
+@requires_gpu
+@pytest.mark.parametrize("name", ["1x2", "2x2"])
+def test_ddp_matches_gloo(name):
+    out = _section(name, "ddp")
+    assert len({o["digest"] for o in out}) == 1, "DDP replicas diverged"
+
+
+@requires_gpu
+def test_nccl_with_a_shared_gpu_is_a_clear_error():
+    res = launch.run_ranks(rank_gpu_checks.session, ["a", "b"], args=(["nccl_shared_gpu"], {}),
+                           env={"FAIRRING_GPU_TRANSPORT": "nccl", "CUDA_VISIBLE_DEVICES": "0"},
+                           timeout_s=180, pg_timeout_s=60, check=False)
+    bad = [r for r in res if not (r.ok and r.exitcode == 0)]
+    assert not bad, launch.describe_all(res)
+    for rank, r in enumerate(res):
+        assert not r.value["nccl_shared_gpu"]["failures"], f"rank {rank}: {r.value['nccl_shared_gpu']['failures']}"
