@@ -75,9 +75,23 @@ bool Channel::start_parked_header() {
   return true;
 }
 
+void Channel::post_recv(Recv r) {
+  if (peer_closed_) lost(peer_rank_, "was closed");
+  recvq_.push_back(std::move(r));
+}
+
 size_t Channel::recv_some(char* dst, size_t len) {
   ssize_t r = recv(socket_.fd(), dst, len, MSG_DONTWAIT);
-  if (r == 0) lost(peer_rank_, "was closed");
+  if (r == 0) {
+    // A peer that got all it needed may finish and close before we have
+    // read the last message it sent us: only an end of stream where more
+    // is expected is an error.
+    if (header_got_ == 0 && recvq_.empty()) {
+      peer_closed_ = true;
+      return 0;
+    }
+    lost(peer_rank_, "was closed");
+  }
   if (r < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
     lost(peer_rank_, (std::string("failed: ") + std::strerror(errno)).c_str());

@@ -56,10 +56,12 @@ class Channel {
   int peer_rank() const { return peer_rank_; }
 
   void post_send(Send s) { sendq_.push_back(std::move(s)); }
-  void post_recv(Recv r) { recvq_.push_back(std::move(r)); }
+  // Throws if the peer has closed the connection.
+  void post_recv(Recv r);
   bool has_pending_recv() const { return !recvq_.empty(); }
-  // Poll for reading unless a header is parked waiting for its receive.
-  bool wants_read() const { return !parked_; }
+  // Poll for reading unless a header is parked waiting for its receive, or
+  // the peer closed the connection between messages.
+  bool wants_read() const { return !parked_ && !peer_closed_; }
   // A header arrived before its receive was posted; once one is posted, call
   // progress_recv() (the payload may be empty: poll would not say so).
   bool parked() const { return parked_; }
@@ -78,7 +80,8 @@ class Channel {
 
  private:
   bool start_parked_header();
-  // Reads what is there, up to len (0: nothing yet); throws on end of stream.
+  // Reads what is there, up to len (0: nothing yet); throws on end of stream
+  // in the middle of a message or while a receive is posted.
   size_t recv_some(char* dst, size_t len);
 
   Socket socket_;
@@ -88,6 +91,9 @@ class Channel {
   WireHeader header_;
   size_t header_got_ = 0;
   bool parked_ = false;
+  // End of stream between messages with nothing expected: a peer that has
+  // finished and shut down, not yet an error (it is one if we expect more).
+  bool peer_closed_ = false;
   void* payload_dst_ = nullptr;
   size_t payload_got_ = 0;
   std::string abort_text_;
