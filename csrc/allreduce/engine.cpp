@@ -105,7 +105,7 @@ Engine::~Engine() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  work_cv_.notify_all();
   if (local_.joinable()) local_.join();
   {
     std::lock_guard<std::mutex> lock(done_mu_);
@@ -150,7 +150,7 @@ void Engine::submit(std::shared_ptr<AllreduceOp> op) {
   }
   queue_.push_back(std::move(op));
   lock.unlock();
-  cv_.notify_all();
+  work_cv_.notify_all();
 }
 
 Engine::Pending Engine::make_pending(const std::shared_ptr<AllreduceOp>& op, int64_t index) {
@@ -180,7 +180,8 @@ void Engine::run_inline(Pending p) {
       handoff_ = std::move(p);
       inline_busy_ = false;
       lock.unlock();
-      cv_.notify_all();
+      work_cv_.notify_all();
+      idle_cv_.notify_all();
       return;
     }
     // The group failed meanwhile (another thread's op): the local thread
@@ -189,16 +190,21 @@ void Engine::run_inline(Pending p) {
         std::runtime_error("fairring: all_reduce #" + std::to_string(p.op->seq) + " failed: " + error_));
   }
   complete(p.op, error, /*on_caller=*/true);
+  bool queued_behind;
   {
     std::lock_guard<std::mutex> lock(mu_);
     inline_busy_ = false;
+    queued_behind = !queue_.empty();
   }
-  cv_.notify_all();
+  // Wake the local thread only if it has work now: a wake-up costs a
+  // context switch, as much as the whole small op.
+  if (queued_behind) work_cv_.notify_all();
+  idle_cv_.notify_all();
 }
 
 void Engine::wait_idle() {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return completed_ == submitted_; });
+  idle_cv_.wait(lock, [&] { return completed_ == submitted_; });
 }
 
 bool Engine::quiesce(std::chrono::milliseconds limit) {
@@ -206,7 +212,7 @@ bool Engine::quiesce(std::chrono::milliseconds limit) {
   {
     std::unique_lock<std::mutex> lock(mu_);
     // A failed group's local thread has ended and dropped what it held.
-    if (!cv_.wait_until(lock, until, [&] {
+    if (!idle_cv_.wait_until(lock, until, [&] {
           return completed_ == submitted_ && !inline_busy_ && !handoff_ && (local_parked_ || failed_);
         })) {
       return false;
@@ -242,7 +248,7 @@ void Engine::complete(const std::shared_ptr<AllreduceOp>& op, std::exception_ptr
     std::lock_guard<std::mutex> lock(mu_);
     ++completed_;
   }
-  cv_.notify_all();
+  idle_cv_.notify_all();
   if (done) done(error);
   if (!after) return;
   {
@@ -297,7 +303,8 @@ void Engine::fail(const std::string& why) {
   FAIRRING_DEBUG_LOG(topo_.rank, "failing: %s", why.c_str());
   arena_->abort(topo_.rank, why);
   if (rail_) rail_->abort(why);
-  cv_.notify_all();
+  work_cv_.notify_all();
+  idle_cv_.notify_all();
 }
 
 std::function<void()> Engine::wait_check(int local_peer, const char* what, const Pending& p) {
@@ -497,8 +504,8 @@ void Engine::local_loop() {
         std::unique_lock<std::mutex> lock(mu_);
         if (pending.empty()) {
           local_parked_ = true;
-          cv_.notify_all();  // quiesce() may be waiting for this
-          cv_.wait(lock, [&] {
+          idle_cv_.notify_all();  // quiesce() may be waiting for this
+          work_cv_.wait(lock, [&] {
             return failed_ || handoff_ || (!inline_busy_ && (!queue_.empty() || stopping_));
           });
           local_parked_ = false;

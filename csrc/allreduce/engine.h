@@ -106,7 +106,8 @@ class Engine {
   std::unique_ptr<RailStage> rail_;
 
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable work_cv_;  // the local thread waits for work here
+  std::condition_variable idle_cv_;  // wait_idle() and quiesce() wait here
   std::deque<std::shared_ptr<AllreduceOp>> queue_;
   uint64_t submitted_ = 0;  // also the next op's number
   uint64_t completed_ = 0;
