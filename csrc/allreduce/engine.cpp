@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -224,8 +225,11 @@ bool Engine::quiesce(std::chrono::milliseconds limit) {
 
 void Engine::quiesce_all() {
   std::lock_guard<std::mutex> lock(g_engines_mu);
+  // Bounded: an op stuck on a stalled peer must not hold the exit for the
+  // group's whole timeout.
+  const std::chrono::milliseconds limit(10000);
   for (Engine* e : g_engines) {
-    if (!e->quiesce(e->config_.timeout)) {
+    if (!e->quiesce(std::min(limit, e->config_.timeout))) {
       FAIRRING_LOG(e->topo_.rank, "all_reduces still in flight at exit (a peer is stalled?); not waiting for them");
     }
   }
