@@ -5,15 +5,13 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime.h>
-#include <signal.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <stdexcept>
 
+#include "allreduce/wait_check.h"
 #include "common/errors.h"
 #include "common/log.h"
 #include "kernels/reduce_cpu.h"
@@ -23,19 +21,6 @@
 namespace fairring {
 
 namespace {
-
-constexpr double kStallShare = 0.9;  // as in the CPU engine
-
-bool process_alive(int pid) {
-  if (pid <= 0) return true;
-  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat) return true;
-  std::string line;
-  std::getline(stat, line);
-  auto close = line.rfind(')');
-  return !(close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z');
-}
 
 int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
@@ -318,46 +303,12 @@ void CudaEngine::fail(const std::string& why) {
 }
 
 std::function<void()> CudaEngine::wait_check(int local_peer, const char* what, uint64_t op_seq) {
-  const auto start = Clock::now();
-  const auto stall_at = start + std::chrono::duration_cast<Clock::duration>(config_.timeout * kStallShare);
-  const auto give_up_at =
-      start + config_.timeout + std::min<Clock::duration>(config_.timeout / 10, std::chrono::seconds(5));
-  const int peer_rank = local_peer >= 0 ? topo_.local_ranks()[local_peer] : -1;
-  auto next_pid_check = start;
-  return [this, local_peer, what, start, stall_at, give_up_at, op_seq, peer_rank, next_pid_check]() mutable {
+  return make_wait_check(topo_, *arena_, config_.timeout, [this] {
     if (failed_.load()) {
       std::lock_guard<std::mutex> lock(mu_);
       throw std::runtime_error(error_);
     }
-    if (arena_->aborted()) throw std::runtime_error(arena_->abort_message());
-    const auto now = Clock::now();
-    if (local_peer < 0) {
-      if (now > give_up_at) {
-        throw std::runtime_error("timed out waiting for the network part of CUDA all_reduce #" +
-                                 std::to_string(op_seq));
-      }
-      return;
-    }
-    NodeControl& c = arena_->control();
-    if (now >= next_pid_check) {
-      next_pid_check = now + std::chrono::milliseconds(200);
-      if (!process_alive(c.pids[local_peer])) {
-        throw std::runtime_error("rank " + std::to_string(peer_rank) + " (pid " + std::to_string(c.pids[local_peer]) +
-                                 ") exited while CUDA all_reduce #" + std::to_string(op_seq) + " was in progress");
-      }
-    }
-    const bool issued = c.issued[local_peer].load(std::memory_order_acquire) > op_seq;
-    if (now > stall_at && !issued) {
-      throw std::runtime_error("timed out: rank " + std::to_string(peer_rank) + " has not called CUDA all_reduce #" +
-                               std::to_string(op_seq) + " (waited " +
-                               seconds(std::chrono::duration<double>(now - start).count()) +
-                               "). Is it stalled, or did it skip this collective?");
-    }
-    if (now > give_up_at) {
-      throw std::runtime_error("timed out waiting for rank " + std::to_string(peer_rank) + " to " + what +
-                               " for CUDA all_reduce #" + std::to_string(op_seq));
-    }
-  };
+  }, "CUDA all_reduce", local_peer, what, op_seq);
 }
 
 void CudaEngine::reduce_scatter(Pending& p) {

@@ -1,15 +1,13 @@
 #include "allreduce/engine.h"
 
-#include <signal.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <set>
 #include <stdexcept>
 
+#include "allreduce/wait_check.h"
 #include "common/errors.h"
 #include "common/log.h"
 #include "kernels/copy_cpu.h"
@@ -18,10 +16,6 @@
 namespace fairring {
 
 namespace {
-
-// A stalled peer is named after this share of the timeout, so that its name
-// reaches every rank (through the abort) before their own waits give up.
-constexpr double kStallShare = 0.9;
 
 // Ops up to this size run on the caller's thread when the engine is idle.
 // Larger ones would keep the caller from overlapping them with its work.
@@ -32,21 +26,15 @@ constexpr auto kInlineSpin = std::chrono::microseconds(200);
 // non-temporal stores: it outgrows the caches, so caching it only costs.
 constexpr int64_t kStreamingBytes = 4 << 20;
 
+// The error of an op that the group's failure `why` took down.
+std::exception_ptr op_failed(const AllreduceOp& op, const std::string& why) {
+  return std::make_exception_ptr(
+      std::runtime_error("fairring: all_reduce #" + std::to_string(op.seq) + " failed: " + why));
+}
+
 // Live engines, for quiesce_all().
 std::mutex g_engines_mu;
 std::set<Engine*> g_engines;
-
-bool process_alive(int pid) {
-  if (pid <= 0) return true;
-  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
-  // A zombie (exited, not yet reaped by its parent) is dead too.
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat) return true;
-  std::string line;
-  std::getline(stat, line);
-  auto close = line.rfind(')');
-  return !(close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z');
-}
 
 // Staging memory of one rank: its share of the node's shared slot areas (K
 // inputs + 1 output, none for a node of one) and, between nodes, the buffers
@@ -172,8 +160,7 @@ void Engine::run_inline(Pending p) {
   } catch (const std::exception& e) {
     fail(attribute_to_rank(topo_.rank, e.what()));
     std::lock_guard<std::mutex> lock(mu_);
-    error = std::make_exception_ptr(
-        std::runtime_error("fairring: all_reduce #" + std::to_string(p.op->seq) + " failed: " + error_));
+    error = op_failed(*p.op, error_);
   }
   if (!finished && !error) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -187,8 +174,7 @@ void Engine::run_inline(Pending p) {
     }
     // The group failed meanwhile (another thread's op): the local thread
     // is gone or going, so this op fails here.
-    error = std::make_exception_ptr(
-        std::runtime_error("fairring: all_reduce #" + std::to_string(p.op->seq) + " failed: " + error_));
+    error = op_failed(*p.op, error_);
   }
   complete(p.op, error, /*on_caller=*/true);
   bool queued_behind;
@@ -312,49 +298,12 @@ void Engine::fail(const std::string& why) {
 }
 
 std::function<void()> Engine::wait_check(int local_peer, const char* what, const Pending& p) {
-  const auto start = Clock::now();
-  const auto stall_at = start + std::chrono::duration_cast<Clock::duration>(config_.timeout * kStallShare);
-  // Waits that depend on the network give the rail's own diagnosis (which
-  // names the remote culprit) time to arrive first.
-  const auto give_up_at = start + config_.timeout + std::min<Clock::duration>(config_.timeout / 10, std::chrono::seconds(5));
-  const uint64_t op_seq = p.op->seq;
-  const int peer_rank = local_peer >= 0 ? topo_.local_ranks()[local_peer] : -1;
-  auto next_pid_check = start;
-  return [this, local_peer, what, start, stall_at, give_up_at, op_seq, peer_rank, next_pid_check]() mutable {
+  return make_wait_check(topo_, *arena_, config_.timeout, [this] {
     if (failed_.load()) {
       std::lock_guard<std::mutex> lock(mu_);
       throw std::runtime_error(error_);
     }
-    if (arena_->aborted()) throw std::runtime_error(arena_->abort_message());
-    const auto now = Clock::now();
-    if (local_peer < 0) {
-      if (now > give_up_at) {
-        throw std::runtime_error("timed out waiting for the network part of all_reduce #" + std::to_string(op_seq));
-      }
-      return;
-    }
-    NodeControl& c = arena_->control();
-    if (now >= next_pid_check) {
-      next_pid_check = now + std::chrono::milliseconds(200);
-      if (!process_alive(c.pids[local_peer])) {
-        throw std::runtime_error(
-            "rank " + std::to_string(peer_rank) + " (pid " + std::to_string(c.pids[local_peer]) +
-            ") exited while all_reduce #" + std::to_string(op_seq) + " was in progress");
-      }
-    }
-    const bool issued = c.issued[local_peer].load(std::memory_order_acquire) > op_seq;
-    if (now > stall_at && !issued) {
-      throw std::runtime_error(
-          "timed out: rank " + std::to_string(peer_rank) + " has not called all_reduce #" +
-          std::to_string(op_seq) + " (waited " + seconds(std::chrono::duration<double>(now - start).count()) +
-          "). Is it stalled, or did it skip this collective?");
-    }
-    if (now > give_up_at) {
-      throw std::runtime_error(
-          "timed out waiting for rank " + std::to_string(peer_rank) + " to " + what +
-          " for all_reduce #" + std::to_string(op_seq));
-    }
-  };
+  }, "all_reduce", local_peer, what, p.op->seq);
 }
 
 bool Engine::await(SharedCounter& c, uint32_t target, int local_peer, const char* what, const Pending& p,
@@ -558,8 +507,7 @@ void Engine::local_loop() {
   }
   auto fail_op = [&](const std::shared_ptr<AllreduceOp>& op) {
     if (!op || !op->on_complete) return;
-    complete(op, std::make_exception_ptr(std::runtime_error(
-                     "fairring: all_reduce #" + std::to_string(op->seq) + " failed: " + why)));
+    complete(op, op_failed(*op, why));
   };
   for (auto& p : pending) fail_op(p.op);
   fail_op(cur);

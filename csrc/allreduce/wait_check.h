@@ -1,0 +1,29 @@
+// What an engine thread checks, every few milliseconds, while it waits for a
+// local peer or for the network.  Shared by the CPU and CUDA engines, so both
+// give up for the same reasons with the same words.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+
+#include "allreduce/node_arena.h"
+#include "topology/topology.h"
+
+namespace fairring {
+
+// False once `pid` has exited (a zombie not yet reaped counts as exited).
+bool process_alive(int pid);
+
+// The check for one wait of op `op_seq` (`op_name`: "all_reduce", "CUDA
+// all_reduce", for messages) on local peer `local_peer`, or on the network
+// when it is -1.  It throws to give up when `throw_if_failed` throws (the
+// group failed), the node aborted, the peer exited, the peer has not issued
+// the op after 0.9 x `timeout` (so that its name reaches every rank before
+// their own waits give up), or the wait outlasted `timeout`.  `what` says
+// what the peer is waited for ("provide its input").
+std::function<void()> make_wait_check(const Topology& topo, NodeArena& arena, std::chrono::milliseconds timeout,
+                                      std::function<void()> throw_if_failed, const char* op_name, int local_peer,
+                                      const char* what, uint64_t op_seq);
+
+}  // namespace fairring
