@@ -1,8 +1,9 @@
 """Fairring's options: environment variables, or an ``Options`` object passed as
 ``pg_options`` to ``init_process_group`` / ``new_group``.  A field set on the
 object wins over the environment; unset fields fall back to the environment,
-then to the defaults below.  Every value is validated here, with an error that
-names the variable or field."""
+then to the defaults.  Every value is validated here, with an error that names
+the variable or field.  The defaults and bounds come from the extension
+(csrc/common/config.h), their only copy."""
 
 from __future__ import annotations
 
@@ -16,11 +17,10 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 
-DEFAULTS = {
-    "slice_size": 1 * MiB,
-    "total_memory": 64 * MiB,
-    "parallelism": 4,
-}
+from . import _C
+
+DEFAULTS = dict(_C.DEFAULTS)
+LIMITS = {k: tuple(v) for k, v in _C.LIMITS.items()}
 
 ENV = {
     "slice_size": "FAIRRING_SLICE_SIZE",
@@ -37,8 +37,8 @@ ENV = {
 # NCCL at run time and every rank on its own GPU).
 GPU_TRANSPORTS = ("tcp", "nccl")
 
-MIN_SLICE = 4 * KiB
-MAX_PARALLELISM = 64
+MIN_SLICE, MAX_SLICE = LIMITS["slice_size"]
+MAX_PARALLELISM = LIMITS["parallelism"][1]
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": KiB, "M": MiB, "G": GiB}
@@ -64,8 +64,8 @@ class Options:
     gpu_transport: Optional[str] = None
 
 
-def parse_size(value, name: str) -> int:
-    """'1048576', '1M', '64MiB', '256K' -> bytes (powers of two)."""
+def parse_size(value, name: str, hi: int | None = None) -> int:
+    """'1048576', '1M', '64MiB', '256K' -> bytes (powers of two), at most ``hi``."""
     if isinstance(value, bool):
         raise ValueError(f"{name} must be a size in bytes, got {value!r}")
     if isinstance(value, int):
@@ -79,7 +79,16 @@ def parse_size(value, name: str) -> int:
         n = int(m.group(1)) * _UNITS[m.group(2).upper()]
     if n <= 0:
         raise ValueError(f"{name} must be positive, got {value!r}")
+    if hi is not None and n > hi:
+        raise ValueError(f"{name} must be at most {hi} bytes ({_human(hi)}), got {value!r}")
     return n
+
+
+def _human(n: int) -> str:
+    for unit, size in (("G", GiB), ("M", MiB), ("K", KiB)):
+        if n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
 
 
 def _parse_int(value, name: str, lo: int, hi: int) -> int:
@@ -123,11 +132,11 @@ def resolve(pg_options=None, environ=None) -> Resolved:
         return raw.get(key, (DEFAULTS.get(key), ENV[key]))
 
     v, name = value("slice_size")
-    slice_size = parse_size(v, name)
+    slice_size = parse_size(v, name, MAX_SLICE)
     if slice_size < MIN_SLICE:
         raise ValueError(f"{name} must be at least {MIN_SLICE} bytes, got {v!r}")
     v, name = value("total_memory")
-    total_memory = parse_size(v, name)
+    total_memory = parse_size(v, name, LIMITS["total_memory"][1])
     v, name = value("parallelism")
     parallelism = _parse_int(v, name, 1, MAX_PARALLELISM)
 

@@ -55,6 +55,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("gpu_transport", &Config::gpu_transport)
       .def_readwrite("timeout", &Config::timeout);
 
+  // The one copy of the defaults and bounds; fairring_py/options.py reads them.
+  py::dict defaults;
+  defaults["slice_size"] = limits::kDefaultSliceSize;
+  defaults["total_memory"] = limits::kDefaultTotalMemory;
+  defaults["parallelism"] = limits::kDefaultParallelism;
+  m.attr("DEFAULTS") = defaults;
+  py::dict bounds;
+  bounds["slice_size"] = py::make_tuple(limits::kMinSliceSize, limits::kMaxSliceSize);
+  bounds["total_memory"] = py::make_tuple(1, limits::kMaxTotalMemory);
+  bounds["parallelism"] = py::make_tuple(1, limits::kMaxParallelism);
+  m.attr("LIMITS") = bounds;
+
   py::class_<FairringBackend, c10d::Backend, c10::intrusive_ptr<FairringBackend>>(m, "FairringBackend")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const Config& config,
                        const std::string& node_key, const c10::intrusive_ptr<c10d::Backend>& fallback) {

@@ -1,5 +1,7 @@
-// Options of one Fairring process group, already validated by the Python side
-// (fairring_py/options.py) and checked again here where it matters.
+// Options of one Fairring process group.  The defaults and limits here are
+// the only copy: fairring_py/options.py reads them from the extension, parses
+// and validates what the user gave, and validate() checks again here, so a
+// Config built by hand cannot overflow a size computation either.
 #pragma once
 
 #include <chrono>
@@ -8,13 +10,39 @@
 
 namespace fairring {
 
+namespace limits {
+constexpr int64_t kKiB = 1024;
+constexpr int64_t kMiB = 1024 * kKiB;
+constexpr int64_t kGiB = 1024 * kMiB;
+
+// Defaults: 1 MiB slices keep the pipeline full from a few MiB on while a
+// slice still fits in L2; 4 in flight hide the network's latency; 64 MiB of
+// staging per rank covers them for up to 8 ranks per node and 16 nodes.
+constexpr int64_t kDefaultSliceSize = 1 * kMiB;
+constexpr int64_t kDefaultTotalMemory = 64 * kMiB;
+constexpr int kDefaultParallelism = 4;
+
+// A slice below 4 KiB costs more in synchronisation than it moves.
+constexpr int64_t kMinSliceSize = 4 * kKiB;
+// Above 1 GiB a slice no longer pipelines anything; the bound also keeps
+// every size computation (slices x ranks x slots) far from int64 overflow.
+constexpr int64_t kMaxSliceSize = 1 * kGiB;
+constexpr int64_t kMaxTotalMemory = 1024 * kGiB;
+// Each slot holds a slice's staging memory and a set of counters.
+constexpr int kMaxParallelism = 64;
+}  // namespace limits
+
 struct Config {
-  int64_t slice_size = 1 << 20;      // bytes per pipelined slice
-  int64_t total_memory = 64 << 20;   // staging bytes per rank (upper bound)
-  int parallelism = 4;               // slices in flight (pipeline depth)
-  std::string socket_ifname;         // "" = address of the hostname
-  std::string gpu_transport = "tcp"; // CUDA all-reduce between nodes: "tcp" or "nccl"
+  int64_t slice_size = limits::kDefaultSliceSize;      // bytes per pipelined slice
+  int64_t total_memory = limits::kDefaultTotalMemory;  // staging bytes per rank (upper bound)
+  int parallelism = limits::kDefaultParallelism;       // slices in flight (pipeline depth)
+  std::string socket_ifname;                           // "" = address of the hostname
+  std::string gpu_transport = "tcp";                   // CUDA all-reduce between nodes: "tcp" or "nccl"
   std::chrono::milliseconds timeout{30 * 60 * 1000};
 };
+
+// Throws std::invalid_argument naming the variable of the first value out of
+// its bounds.
+void validate(const Config& c);
 
 }  // namespace fairring

@@ -1,0 +1,32 @@
+#include "common/config.h"
+
+#include <stdexcept>
+
+namespace fairring {
+
+namespace {
+void check_range(const char* var, int64_t v, int64_t lo, int64_t hi) {
+  if (v < lo || v > hi) {
+    throw std::invalid_argument(std::string(var) + " must be between " + std::to_string(lo) + " and " +
+                                std::to_string(hi) + " bytes, got " + std::to_string(v));
+  }
+}
+}  // namespace
+
+void validate(const Config& c) {
+  check_range("FAIRRING_SLICE_SIZE", c.slice_size, limits::kMinSliceSize, limits::kMaxSliceSize);
+  check_range("FAIRRING_TOTAL_MEMORY", c.total_memory, 1, limits::kMaxTotalMemory);
+  if (c.parallelism < 1 || c.parallelism > limits::kMaxParallelism) {
+    throw std::invalid_argument("FAIRRING_PARALLELISM must be between 1 and " +
+                                std::to_string(limits::kMaxParallelism) + ", got " + std::to_string(c.parallelism));
+  }
+  if (c.gpu_transport != "tcp" && c.gpu_transport != "nccl") {
+    throw std::invalid_argument("FAIRRING_GPU_TRANSPORT must be tcp or nccl, got " + c.gpu_transport);
+  }
+  if (c.timeout.count() <= 0) {
+    throw std::invalid_argument("the process group's timeout must be positive, got " +
+                                std::to_string(c.timeout.count()) + " ms");
+  }
+}
+
+}  // namespace fairring
