@@ -112,6 +112,15 @@ BAD_ENV = [
     ("FAIRRING_TOTAL_MEMORY", "lots"),
     ("FAIRRING_TOTAL_MEMORY", "0"),
     ("FAIRRING_SOCKET_IFNAME", "nosuchif0"),
+    # Sizes whose arithmetic used to overflow (2^62 bytes), or that no int64 holds.
+    ("FAIRRING_SLICE_SIZE", "4294967296G"),
+    ("FAIRRING_SLICE_SIZE", "99999999999999999999"),
+    ("FAIRRING_SLICE_SIZE", "1e30"),
+    ("FAIRRING_SLICE_SIZE", "2G"),
+    ("FAIRRING_TOTAL_MEMORY", "99999999999999999999"),
+    ("FAIRRING_PARALLELISM", "100000"),
+    ("FAIRRING_PARALLELISM", "99999999999999999999"),
+    ("FAIRRING_NODE_ID", "   "),
 ]
 
 BAD_OPTIONS = [
@@ -121,6 +130,9 @@ BAD_OPTIONS = [
     ("parallelism", {"parallelism": -1}),
     ("total_memory", {"total_memory": 0}),
     ("socket_ifname", {"socket_ifname": "nosuchif0"}),
+    ("slice_size", {"slice_size": 2 ** 62}),
+    ("total_memory", {"total_memory": 10 ** 20}),
+    ("parallelism", {"parallelism": 10 ** 20}),
 ]
 
 
@@ -151,11 +163,15 @@ def validation(rank, world, store_dir):
         return ("no error", "")
 
     for var, val in BAD_ENV:
+        saved = os.environ.get(var)
         os.environ[var] = val
         try:
             out["env"].append((var, val) + outcome(init))
         finally:
-            del os.environ[var]
+            if saved is None:
+                del os.environ[var]
+            else:
+                os.environ[var] = saved
     for field, kw in BAD_OPTIONS:
         out["options"].append((field, repr(kw)) + outcome(lambda: init(pg_options=fairring_py.Options(**kw))))
 
@@ -196,4 +212,121 @@ def validation(rank, world, store_dir):
         if not torch.all(t == sum(range(world))):
             raise AssertionError("wrong all_reduce result with Options")
     out["good_options"] = outcome(good_opts)
+    return out
+
+
+def init_failure(rank, world, store_dir, timeout_s):
+    """Group creation with a setting that fails on one rank only (its env,
+    set by the test): every rank must fail, promptly, with the first cause."""
+    import fairring_py  # noqa: F401  registers the backend
+
+    t0 = time.monotonic()
+    try:
+        dist.init_process_group("fairring", rank=rank, world_size=world, init_method=f"file://{store_dir}/store",
+                                timeout=timedelta(seconds=timeout_s))
+        res = {"raised": False}
+        dist.destroy_process_group()
+    except Exception as e:  # noqa: BLE001
+        res = {"raised": True, "type": type(e).__name__, "msg": str(e)[:2000]}
+    res["elapsed"] = time.monotonic() - t0
+    return res
+
+
+def late_peer(rank, world, late_rank, late_s):
+    """`late_rank` issues its all_reduce `late_s` after the others, still
+    within the group's timeout: everyone must succeed, with the right sum."""
+    dist.barrier()
+    if rank == late_rank:
+        time.sleep(late_s)
+    t0 = time.monotonic()
+    x = torch.full((1000,), float(rank + 1))
+    out = _attempt(lambda: dist.all_reduce(x))
+    out["elapsed"] = time.monotonic() - t0
+    out["right"] = bool(torch.all(x == sum(range(1, world + 1))))
+    # Still usable afterwards, on every rank.
+    y = torch.ones(70_000)
+    out["after"] = _attempt(lambda: dist.all_reduce(y))
+    out["after_right"] = bool(torch.all(y == world))
+    return out
+
+
+def stop_mid_stream(rank, world, culprit, timeout_s):
+    """A stream of large all_reduces; `culprit` stops itself (SIGSTOP) in the
+    middle of it, and is woken long after the others gave up.  The others
+    must name the culprit, not a node-mate blocked behind it."""
+    import signal
+    import subprocess
+
+    t = torch.ones(65537)
+    dist.all_reduce(t)
+    warm = bool(torch.all(t == world))
+    works = [dist.all_reduce(torch.ones(2_000_003), async_op=True) for _ in range(4)]
+    if rank == culprit:
+        # Someone must wake us: a sleeper outside this process.
+        subprocess.Popen(["sh", "-c", f"sleep {2 * timeout_s + 6}; kill -CONT {os.getpid()}"])
+        os.kill(os.getpid(), signal.SIGSTOP)
+        for w in works:
+            _attempt(w.wait)
+        return {"culprit": True, "warm": warm}
+
+    def wait_all():
+        for w in works:
+            w.wait()
+    first = _attempt(wait_all)
+    later = _attempt(lambda: dist.all_reduce(torch.ones(10)))
+    later_async = _attempt(lambda: dist.all_reduce(torch.ones(10), async_op=True).wait())
+    return {"culprit": False, "warm": warm, "first": first, "later": later, "later_async": later_async}
+
+
+def fork_after_init(rank, world):
+    """fork() after init: the child's use of the inherited group is a clear
+    error and touches nothing of the parent's; the child tears the group
+    down and exits without hanging; the parents' group still works."""
+    import fairring_py
+
+    x = torch.ones(1000)
+    dist.all_reduce(x)
+    out = {"warm": bool(torch.all(x == world))}
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(r)
+        try:
+            try:
+                dist.all_reduce(torch.ones(10))
+                msg = "no error"
+            except RuntimeError as e:
+                msg = "RuntimeError: " + str(e)
+            try:
+                dist.barrier()
+                msg += "\nbarrier: no error"
+            except RuntimeError as e:
+                msg += "\nbarrier: RuntimeError: " + str(e)
+            # What a normal exit runs: fairring's atexit hook, then the group's teardown.
+            fairring_py._C._quiesce_all()
+            dist.destroy_process_group()
+            msg += "\ntorn down"
+        except BaseException as e:  # noqa: BLE001
+            msg = f"child raised {type(e).__name__}: {e}"
+        os.write(w, msg.encode()[:8000])
+        os.close(w)
+        os._exit(0)
+    os.close(w)
+    deadline = time.monotonic() + 30
+    status = None
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        status = "hung"
+    with os.fdopen(r) as f:
+        out["child"] = f.read()
+    out["child_status"] = status
+    y = torch.full((100_000,), float(rank))
+    out["after"] = _attempt(lambda: dist.all_reduce(y))
+    out["after_right"] = bool(torch.all(y == sum(range(world))))
     return out

@@ -146,3 +146,73 @@ def test_option_validation():
         if v["good_options"] != ("no error", ""):
             problems.append(f"rank {r.rank}: valid Options failed: {v['good_options']}")
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("nodes,bad", [(["a", "a"], 1), (["a", "a", "b", "b"], 0), (["a", "b"], 1)],
+                         ids=["1x2-rank1", "2x2-rank0", "2x1-rank1"])
+def test_init_failure_reaches_every_rank(nodes, bad):
+    """One rank's FAIRRING_TOTAL_MEMORY is too small: every rank fails group
+    creation at once, and names the failing rank and the variable."""
+    timeout_s = 30
+    rank_env = [{"FAIRRING_TOTAL_MEMORY": "64K"} if r == bad else {} for r in range(len(nodes))]
+    with tempfile.TemporaryDirectory(prefix="fairring-test-store-") as d:
+        res = launch.run_ranks(rank_errors.init_failure, nodes, backend=None, args=(d, timeout_s),
+                               rank_env=rank_env, timeout_s=120)
+    problems = []
+    for r in res:
+        v = r.value
+        if not v["raised"]:
+            problems.append(f"rank {r.rank}: group creation succeeded")
+            continue
+        if "FAIRRING_TOTAL_MEMORY" not in v["msg"]:
+            problems.append(f"rank {r.rank}: error does not name FAIRRING_TOTAL_MEMORY: {v['msg'][:400]!r}")
+        if r.rank != bad and not re.search(rf"\brank {bad}\b", v["msg"]):
+            problems.append(f"rank {r.rank}: error does not name rank {bad}: {v['msg'][:400]!r}")
+        if v["elapsed"] > timeout_s / 2:
+            problems.append(f"rank {r.rank}: failed after {v['elapsed']:.1f}s (group timeout {timeout_s}s)")
+    assert not problems, "\n".join(problems)
+
+
+def test_late_but_live_peer_is_waited_for():
+    """A peer that comes 11 s late with a 12 s timeout is not a failure (it
+    used to be named as stalled at 0.9 x timeout, on one rank only)."""
+    timeout_s, late_s = 12, 11
+    res = launch.run_ranks(rank_errors.late_peer, ["a", "a"], args=(1, late_s), pg_timeout_s=timeout_s, timeout_s=90)
+    problems = []
+    for r in res:
+        v = r.value
+        if v["raised"] or not v["right"]:
+            problems.append(f"rank {r.rank}: the late all_reduce failed or was wrong: {v}")
+        if v["after"]["raised"] or not v["after_right"]:
+            problems.append(f"rank {r.rank}: the next all_reduce failed or was wrong: {v['after']}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("culprit", [1, 0], ids=["non-leader", "leader"])
+def test_rank_stopped_mid_stream_is_named(culprit):
+    """SIGSTOP of a rank in the middle of a stream of large all_reduces on
+    2x2: its node-mate blocks behind it and goes silent on its rail, yet every
+    survivor names the stopped rank, within 1.5 x the timeout."""
+    timeout_s = 8
+    res = launch.run_ranks(rank_errors.stop_mid_stream, ["a", "a", "b", "b"], args=(culprit, timeout_s),
+                           pg_timeout_s=timeout_s, timeout_s=120)
+    problems = _check_culprit_named(res, culprit, timeout_s * 1.5 - MARGIN_S, "stopped")
+    assert not problems, "\n".join(problems) + "\n" + _fmt(res)
+
+
+@pytest.mark.parametrize("nodes", [["a", "a"], ["a", "a", "b", "b"]], ids=["1x2", "2x2"])
+def test_fork_after_init(nodes):
+    res = launch.run_ranks(rank_errors.fork_after_init, nodes, timeout_s=120)
+    problems = []
+    for r in res:
+        v = r.value
+        child = v["child"]
+        if v["child_status"] != 0:
+            problems.append(f"rank {r.rank}: forked child ended with status {v['child_status']}: {child!r}")
+        if not child.startswith("RuntimeError") or "fork" not in child.split("\n")[0]:
+            problems.append(f"rank {r.rank}: child's all_reduce did not raise a clear error: {child!r}")
+        if "barrier: RuntimeError" not in child or "torn down" not in child:
+            problems.append(f"rank {r.rank}: child's barrier/teardown: {child!r}")
+        if v["after"]["raised"] or not v["after_right"]:
+            problems.append(f"rank {r.rank}: parent's all_reduce after the fork failed or was wrong: {v['after']}")
+    assert not problems, "\n".join(problems)

@@ -2,6 +2,8 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <set>
@@ -49,7 +51,7 @@ int64_t required_memory(const Config& c, const PlanParams& p, int k, int n) {
 
 Engine::Engine(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const Config& config,
                const std::string& job_uid, const Secret& secret)
-    : topo_(topo), config_(config) {
+    : topo_(topo), config_(config), creator_pid_(getpid()), completions_(topo.rank) {
   params_.slice_bytes = config_.slice_size;
   slots_ = config_.parallelism;
   const int64_t need = required_memory(config_, params_, topo_.ranks_per_node, topo_.num_nodes);
@@ -79,7 +81,6 @@ Engine::Engine(const c10::intrusive_ptr<c10d::Store>& store, const Topology& top
     rail_ = std::make_unique<RailStage>(topo_, *mesh_, reduce_cpu, std::move(cb), config_.timeout, slots_,
                                         max_shard_bytes(params_, topo_.ranks_per_node, topo_.num_nodes));
   }
-  completer_ = std::thread([this] { completion_loop(); });
   local_ = std::thread([this] { local_loop(); });
   std::lock_guard<std::mutex> lock(g_engines_mu);
   g_engines.insert(this);
@@ -96,19 +97,6 @@ Engine::~Engine() {
   }
   work_cv_.notify_all();
   if (local_.joinable()) local_.join();
-  {
-    std::lock_guard<std::mutex> lock(done_mu_);
-    done_stopping_ = true;
-  }
-  done_cv_.notify_all();
-  if (completer_.joinable()) {
-    // Dropping the group from inside a future callback: let the thread end on its own.
-    if (std::this_thread::get_id() == completer_.get_id()) {
-      completer_.detach();
-    } else {
-      completer_.join();
-    }
-  }
   rail_.reset();
   mesh_.reset();
 }
@@ -205,8 +193,7 @@ bool Engine::quiesce(std::chrono::milliseconds limit) {
       return false;
     }
   }
-  std::unique_lock<std::mutex> lock(done_mu_);
-  return done_cv_.wait_until(lock, until, [&] { return done_busy_ == 0; });
+  return completions_.wait_idle(until);
 }
 
 void Engine::quiesce_all() {
@@ -215,6 +202,8 @@ void Engine::quiesce_all() {
   // group's whole timeout.
   const std::chrono::milliseconds limit(10000);
   for (Engine* e : g_engines) {
+    // In a fork()ed child the engine's threads do not exist: nothing to wait for.
+    if (e->creator_pid_ != getpid()) continue;
     if (!e->quiesce(std::min(limit, e->config_.timeout))) {
       FAIRRING_LOG(e->topo_.rank, "all_reduces still in flight at exit (a peer is stalled?); not waiting for them");
     }
@@ -222,10 +211,22 @@ void Engine::quiesce_all() {
 }
 
 void Engine::complete(const std::shared_ptr<AllreduceOp>& op, std::exception_ptr error, bool on_caller) {
-  if (!error && op->user.defined()) {
+  if (!error && arena_->aborts_op(op->seq)) {
+    // Our part ended well, but a node peer gave up on this op (we came
+    // late, or it failed for another reason): it ends the same way here.
+    const std::string why = arena_->abort_message();
+    fail(why);
+    error = op_failed(*op, why);
+  }
+  if (!error && !op->users.empty()) {
     try {
       at::NoGradGuard no_grad;  // the caller's tensor may be a leaf that requires grad
-      op->user.copy_(op->buffer);
+      const at::Tensor flat = op->buffer.reshape({-1});
+      int64_t offset = 0;
+      for (at::Tensor& u : op->users) {
+        u.copy_(flat.narrow(0, offset, u.numel()).view(u.sizes()));
+        offset += u.numel();
+      }
     } catch (...) {
       error = std::current_exception();
     }
@@ -241,75 +242,45 @@ void Engine::complete(const std::shared_ptr<AllreduceOp>& op, std::exception_ptr
   idle_cv_.notify_all();
   if (done) done(error);
   if (!after) return;
-  {
-    std::lock_guard<std::mutex> lock(done_mu_);
-    // The caller's own op, with no earlier callback pending: nothing can be
-    // chained on its future yet, so completing it here runs no user code
-    // and saves waking the completion thread.
-    if (!(on_caller && done_busy_ == 0)) {
-      ++done_busy_;
-      done_queue_.push_back([after = std::move(after), error] { after(error); });
-      after = nullptr;
-    }
-  }
-  if (after) {
+  // The caller's own op, with no earlier callback pending: nothing can be
+  // chained on its future yet, so completing it here runs no user code and
+  // saves waking a completion worker.
+  if (on_caller && completions_.idle()) {
     after(error);
   } else {
-    done_cv_.notify_all();
-  }
-}
-
-void Engine::completion_loop() {
-  for (;;) {
-    std::function<void()> next;
-    {
-      std::unique_lock<std::mutex> lock(done_mu_);
-      done_cv_.wait(lock, [&] { return !done_queue_.empty() || done_stopping_; });
-      if (done_queue_.empty()) return;
-      next = std::move(done_queue_.front());
-      done_queue_.pop_front();
-    }
-    try {
-      next();
-    } catch (const std::exception& e) {
-      FAIRRING_LOG(topo_.rank, "a completion callback raised: %s", e.what());
-    }
-    next = nullptr;  // releases the Work (and its tensors) before counting it done
-    {
-      std::lock_guard<std::mutex> lock(done_mu_);
-      --done_busy_;
-    }
-    done_cv_.notify_all();
+    completions_.post([after = std::move(after), error] { after(error); });
   }
 }
 
 void Engine::fail(const std::string& why) {
+  uint64_t first_failed_op;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!error_.empty()) return;
     error_ = why;
     failed_ = true;
+    first_failed_op = completed_;  // ops complete in issue order
   }
   FAIRRING_DEBUG_LOG(topo_.rank, "failing: %s", why.c_str());
-  arena_->abort(topo_.rank, why);
+  arena_->abort(topo_.rank, why, first_failed_op);
   if (rail_) rail_->abort(why);
   work_cv_.notify_all();
   idle_cv_.notify_all();
 }
 
-std::function<void()> Engine::wait_check(int local_peer, const char* what, const Pending& p) {
+std::function<void()> Engine::wait_check(int local_peer, const char* what, const Pending& p, bool via_network) {
   return make_wait_check(topo_, *arena_, config_.timeout, [this] {
     if (failed_.load()) {
       std::lock_guard<std::mutex> lock(mu_);
       throw std::runtime_error(error_);
     }
-  }, "all_reduce", local_peer, what, p.op->seq);
+  }, "all_reduce", local_peer, what, p.op->seq, via_network);
 }
 
 bool Engine::await(SharedCounter& c, uint32_t target, int local_peer, const char* what, const Pending& p,
-                   const TimePoint* until) {
+                   const TimePoint* until, bool via_network) {
   if (until) return counter_spin(c, target, *until);
-  counter_wait(c, target, wait_check(local_peer, what, p));
+  counter_wait(c, target, wait_check(local_peer, what, p, via_network));
   return true;
 }
 
@@ -417,7 +388,11 @@ bool Engine::all_gather(Pending& p, const TimePoint* until) {
     const int64_t esize = c10::elementSize(op.dtype);
     if (!p.plan.replicated) {
       for (int x = 0; x < p.plan.num_chunks(); ++x) {
-        if (!await(c.chunk_done[x], mark, x == me ? -1 : x, "finish reducing its chunk", p, until)) return false;
+        // Between nodes a peer's chunk comes back from the rails.
+        if (!await(c.chunk_done[x], mark, x == me ? -1 : x, "finish reducing its chunk", p, until,
+                   /*via_network=*/rail_ != nullptr)) {
+          return false;
+        }
       }
       char* tensor = static_cast<char*>(op.buffer.data_ptr()) + p.plan.slice.offset * esize;
       const char* gathered = arena_->output_area(slot);

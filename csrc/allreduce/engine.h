@@ -26,6 +26,7 @@
 #include <string>
 #include <thread>
 
+#include "allreduce/completion_pool.h"
 #include "allreduce/node_arena.h"
 #include "allreduce/op.h"
 #include "allreduce/plan.h"
@@ -50,8 +51,6 @@ class Engine {
   // Numbers the op (issue order) and queues it; it completes through
   // op->on_complete.
   void submit(std::shared_ptr<AllreduceOp> op);
-  // The thread that runs after_complete calls.
-  std::thread::id completion_thread() const { return completer_.get_id(); }
   // Blocks until every submitted op has completed (successfully or not).
   void wait_idle();
   // Blocks (up to `limit`) until every op has completed and no engine thread
@@ -80,7 +79,6 @@ class Engine {
 
   Pending make_pending(const std::shared_ptr<AllreduceOp>& op, int64_t index);
   void local_loop();
-  void completion_loop();
   // Runs a small op on the caller's thread; hands it to the local thread if
   // a peer is late.
   void run_inline(Pending p);
@@ -89,16 +87,17 @@ class Engine {
   bool reduce_scatter(Pending& p, const TimePoint* until);
   bool all_gather(Pending& p, const TimePoint* until);
   bool await(SharedCounter& c, uint32_t target, int local_peer, const char* what, const Pending& p,
-             const TimePoint* until);
+             const TimePoint* until, bool via_network = false);
   // `on_caller`: the op ran inline, so its future may complete right here.
   void complete(const std::shared_ptr<AllreduceOp>& op, std::exception_ptr error, bool on_caller = false);
   // Records the first failure, tells the node and the rail, fails what is queued.
   void fail(const std::string& why);
   // Throws if the group failed, a local peer aborted or died, or `deadline` passed.
-  std::function<void()> wait_check(int local_peer, const char* what, const Pending& p);
+  std::function<void()> wait_check(int local_peer, const char* what, const Pending& p, bool via_network);
 
   Topology topo_;
   Config config_;
+  const int creator_pid_;  // quiesce_all() skips engines a fork()ed child inherited
   PlanParams params_;
   int slots_ = 1;
   std::unique_ptr<NodeArena> arena_;
@@ -123,13 +122,8 @@ class Engine {
   uint64_t next_slice_seq_ = 0;
   std::thread local_;
 
-  // after_complete calls, run in order by their own thread.
-  std::mutex done_mu_;
-  std::condition_variable done_cv_;
-  std::deque<std::function<void()>> done_queue_;
-  int done_busy_ = 0;  // queued or running after_complete calls
-  bool done_stopping_ = false;
-  std::thread completer_;
+  // Runs after_complete calls, off the pipeline.
+  CompletionPool completions_;
 };
 
 }  // namespace fairring

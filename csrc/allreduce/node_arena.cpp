@@ -63,10 +63,11 @@ NodeArena::NodeArena(
   if (store->add(mapped_key, 1) == ranks_) shm_.unlink();
 }
 
-void NodeArena::abort(int rank, const std::string& msg) {
+void NodeArena::abort(int rank, const std::string& msg, uint64_t first_failed_op) {
   uint32_t expected = 0;
   if (control_->abort_state.compare_exchange_strong(expected, 1)) {
     control_->abort_rank = rank;
+    control_->abort_op = first_failed_op;
     std::strncpy(control_->abort_msg, msg.c_str(), sizeof(control_->abort_msg) - 1);
     control_->abort_state.store(2, std::memory_order_release);
   }

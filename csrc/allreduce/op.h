@@ -7,6 +7,7 @@
 #include <exception>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "common/dtype_name.h"
 #include "common/reduce_op.h"
@@ -16,7 +17,10 @@ namespace fairring {
 struct AllreduceOp {
   uint64_t seq = 0;       // issue order on the process group, from 0 (set by Engine::submit)
   at::Tensor buffer;      // contiguous tensor reduced in place
-  at::Tensor user;        // the caller's tensor if it is not `buffer` (copied back at the end)
+  // The caller's tensors when they are not `buffer` itself (non-contiguous,
+  // or several flattened into it): the result is copied back into them, in
+  // order, at the end.
+  std::vector<at::Tensor> users;
   c10::ScalarType dtype = c10::ScalarType::Float;
   RedOp op = RedOp::kSum;
   int64_t numel = 0;

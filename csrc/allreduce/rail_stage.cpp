@@ -7,6 +7,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "allreduce/deadlines.h"
 #include "allreduce/op.h"
 #include "common/errors.h"
 #include "transport/tcp_mesh.h"
@@ -228,7 +229,8 @@ void RailStage::loop() {
       if (ch) chans.push_back(ch.get());
     }
   }
-  const auto remote_timeout = timeout_;
+  // Later than a local peer's deadline: see deadlines.h.
+  const auto remote_timeout = rail_peer_deadline(timeout_);
   try {
     for (;;) {
       std::deque<RailTask> fresh;

@@ -8,16 +8,15 @@
 #include <stdexcept>
 #include <string>
 
+#include "allreduce/deadlines.h"
 #include "common/errors.h"
 
 namespace fairring {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-
-// A stalled peer is named after this share of the timeout, so that its name
-// reaches every rank (through the abort) before their own waits give up.
-constexpr double kStallShare = 0.9;
+// How often a waiter checks that its local peer's process still exists.
+constexpr auto kPidCheckEvery = std::chrono::milliseconds(200);
 }  // namespace
 
 bool process_alive(int pid) {
@@ -34,16 +33,16 @@ bool process_alive(int pid) {
 
 std::function<void()> make_wait_check(const Topology& topo, NodeArena& arena, std::chrono::milliseconds timeout,
                                       std::function<void()> throw_if_failed, const char* op_name, int local_peer,
-                                      const char* what, uint64_t op_seq) {
+                                      const char* what, uint64_t op_seq, bool peer_waits_on_network) {
   const auto start = Clock::now();
-  const auto stall_at = start + std::chrono::duration_cast<Clock::duration>(timeout * kStallShare);
-  // Waits that depend on the network give the rail's own diagnosis (which
-  // names the remote culprit) time to arrive first.
-  const auto give_up_at = start + timeout + std::min<Clock::duration>(timeout / 10, std::chrono::seconds(5));
+  // See deadlines.h for why a wait on the network lasts longer.
+  const auto absent_at = start + local_peer_deadline(timeout);
+  const auto give_up_at = start + (local_peer >= 0 && !peer_waits_on_network ? local_peer_deadline(timeout)
+                                                                             : network_deadline(timeout));
   const int peer_rank = local_peer >= 0 ? topo.local_ranks()[local_peer] : -1;
   const std::string op = std::string(op_name) + " #" + std::to_string(op_seq);
   auto next_pid_check = start;
-  return [&arena, throw_if_failed = std::move(throw_if_failed), local_peer, what, start, stall_at, give_up_at,
+  return [&arena, throw_if_failed = std::move(throw_if_failed), local_peer, what, start, absent_at, give_up_at,
           op_seq, peer_rank, op, next_pid_check]() mutable {
     throw_if_failed();
     if (arena.aborted()) throw std::runtime_error(arena.abort_message());
@@ -54,22 +53,21 @@ std::function<void()> make_wait_check(const Topology& topo, NodeArena& arena, st
     }
     NodeControl& c = arena.control();
     if (now >= next_pid_check) {
-      next_pid_check = now + std::chrono::milliseconds(200);
+      next_pid_check = now + kPidCheckEvery;
       if (!process_alive(c.pids[local_peer])) {
         throw std::runtime_error("rank " + std::to_string(peer_rank) + " (pid " + std::to_string(c.pids[local_peer]) +
                                  ") exited while " + op + " was in progress");
       }
     }
-    const bool issued = c.issued[local_peer].load(std::memory_order_acquire) > op_seq;
-    if (now > stall_at && !issued) {
+    if (now <= absent_at) return;
+    const std::string waited = seconds(std::chrono::duration<double>(now - start).count());
+    if (c.issued[local_peer].load(std::memory_order_acquire) <= op_seq) {
       throw std::runtime_error("timed out: rank " + std::to_string(peer_rank) + " has not called " + op +
-                               " (waited " + seconds(std::chrono::duration<double>(now - start).count()) +
-                               "). Is it stalled, or did it skip this collective?");
+                               " (waited " + waited + "). Is it stalled, or did it skip this collective?");
     }
-    if (now > give_up_at) {
-      throw std::runtime_error("timed out waiting for rank " + std::to_string(peer_rank) + " to " + what + " for " +
-                               op);
-    }
+    if (now <= give_up_at) return;
+    throw std::runtime_error("timed out: rank " + std::to_string(peer_rank) + " did not " + what + " for " + op +
+                             " (waited " + waited + "). Is it stalled?");
   };
 }
 

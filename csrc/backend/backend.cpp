@@ -1,11 +1,14 @@
 #include "backend/backend.h"
 
 #include <sys/random.h>
+#include <unistd.h>
 
+#include <algorithm>
 
 #include "allreduce/cuda_engine.h"
 #include "allreduce/engine.h"
 #include "allreduce/op.h"
+#include "backend/init_store.h"
 #include "backend/work.h"
 #include "kernels/reduce_cpu.h"
 
@@ -60,16 +63,33 @@ FairringBackend::FairringBackend(
     const std::string& node_key,
     c10::intrusive_ptr<c10d::Backend> fallback)
     : c10d::Backend(rank, size), config_(config), fallback_(std::move(fallback)) {
+  // Every rank ends group creation the same way: built, or failed with the
+  // first rank's cause (a rank that fails tells the others through the store).
+  auto init = c10::make_intrusive<InitStore>(store, rank, size, config.timeout);
+  try {
+    validate(config_);
+    build(init, node_key);
+    init->all_built();
+  } catch (const std::exception& e) {
+    init->publish_failure(e.what());
+    throw;
+  }
+  store_ = store;  // for the CUDA engine, created at the first CUDA all-reduce
+}
+
+void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const std::string& node_key) {
+  const int rank = getRank();
+  const int size = getSize();
   // Which ranks share a machine, and the settings that must agree between
   // ranks (they fix the shared-memory layout and the slices).
-  const std::string settings = "FAIRRING_SLICE_SIZE=" + std::to_string(config.slice_size) +
-      ", FAIRRING_PARALLELISM=" + std::to_string(config.parallelism);
-  store->set("fairring/node/" + std::to_string(rank), bytes_of(node_key));
-  store->set("fairring/settings/" + std::to_string(rank), bytes_of(settings));
+  const std::string settings = "FAIRRING_SLICE_SIZE=" + std::to_string(config_.slice_size) +
+      ", FAIRRING_PARALLELISM=" + std::to_string(config_.parallelism);
+  store->set("node/" + std::to_string(rank), bytes_of(node_key));
+  store->set("settings/" + std::to_string(rank), bytes_of(settings));
   std::vector<std::string> keys(size);
   for (int r = 0; r < size; ++r) {
-    keys[r] = string_of(store->get("fairring/node/" + std::to_string(r)));
-    const std::string theirs = string_of(store->get("fairring/settings/" + std::to_string(r)));
+    keys[r] = string_of(store->get("node/" + std::to_string(r)));
+    const std::string theirs = string_of(store->get("settings/" + std::to_string(r)));
     TORCH_CHECK_VALUE(theirs == settings, "fairring: ranks of one process group must use the same options, but rank ",
                 rank, " has ", settings, " and rank ", r, " has ", theirs,
                 ". Set them the same way on every rank (environment or pg_options).");
@@ -77,42 +97,98 @@ FairringBackend::FairringBackend(
   topo_ = build_topology(keys, rank);
   // The group's secret (TCP peers must present it) and a unique name for its
   // shared memory, chosen by rank 0.
-  Secret secret;
-  std::string uid;
   if (rank == 0) {
-    secret = random_secret();
-    uid = random_hex(8);
-    std::vector<uint8_t> blob(secret.begin(), secret.end());
-    blob.insert(blob.end(), uid.begin(), uid.end());
-    store->set("fairring/secret", blob);
+    secret_ = random_secret();
+    job_uid_ = random_hex(8);
+    std::vector<uint8_t> blob(secret_.begin(), secret_.end());
+    blob.insert(blob.end(), job_uid_.begin(), job_uid_.end());
+    store->set("secret", blob);
   } else {
-    auto blob = store->get("fairring/secret");
-    TORCH_CHECK(blob.size() > secret.size(), "fairring: malformed secret in the store");
-    std::copy(blob.begin(), blob.begin() + secret.size(), secret.begin());
-    uid.assign(blob.begin() + secret.size(), blob.end());
+    auto blob = store->get("secret");
+    TORCH_CHECK(blob.size() > secret_.size(), "fairring: malformed secret in the store");
+    std::copy(blob.begin(), blob.begin() + secret_.size(), secret_.begin());
+    job_uid_.assign(blob.begin() + secret_.size(), blob.end());
   }
-  engine_ = std::make_unique<Engine>(store, topo_, config_, uid, secret);
-  store_ = store;  // for the CUDA engine, created at the first CUDA all-reduce
-  job_uid_ = uid;
-  secret_ = secret;
+  engine_ = std::make_unique<Engine>(store, topo_, config_, job_uid_, secret_);
 }
 
-FairringBackend::~FairringBackend() = default;
+FairringBackend::~FairringBackend() {
+  if (getpid() != creator_pid_) {
+    // A fork()ed child: the threads these objects would join exist in the
+    // parent only, and their memory maps and sockets are the parent's.
+    // Leave them alone (their memory is the child's copy, freed at exit).
+    (void)engine_.release();
+    (void)cuda_engine_.release();
+    (void)fallback_.release();
+  }
+}
+
+void FairringBackend::check_same_process(const char* what) const {
+  TORCH_CHECK(getpid() == creator_pid_, "fairring: ", what, " on a process group created in process ",
+              creator_pid_, ", from its fork()ed child ", getpid(),
+              ": a child cannot use its parent's group (it would join the parent's collectives). "
+              "Create a new process group in the child.");
+}
 
 std::string FairringBackend::listen_address() const { return engine_->listen_address(); }
 
 c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce(
     std::vector<at::Tensor>& tensors,
     const c10d::AllreduceOptions& opts) {
-  TORCH_CHECK(tensors.size() == 1, "fairring: all_reduce takes one tensor per rank, got ", tensors.size());
-  at::Tensor& t = tensors[0];
-  TORCH_CHECK(t.layout() == c10::kStrided, "fairring: all_reduce supports dense tensors only, got layout ",
-              t.layout());
-  const RedOp op = to_redop(opts.reduceOp, t.scalar_type());
-  if (!t.device().is_cpu()) return allreduce_device(t, tensors, op);  // backend_cuda.cpp
+  TORCH_CHECK(!tensors.empty(), "fairring: all_reduce got an empty list of tensors");
+  check_same_process("all_reduce");
+  // Sparse gradients (nn.Embedding(sparse=True)) are gloo's: it knows how to
+  // merge their indices.  Ordered after the all-reduces issued before.
+  if (tensors[0].layout() != c10::kStrided) return delegate().allreduce(tensors, opts);
+  const RedOp op = to_redop(opts.reduceOp, tensors[0].scalar_type());
+  if (!tensors[0].device().is_cpu()) {
+    TORCH_CHECK(tensors.size() == 1, "fairring: all_reduce of several ", tensors[0].device().str(),
+                " tensors in one call is not supported; issue one all_reduce per tensor");
+    ++seq_;
+    return allreduce_device(tensors[0], tensors, op);  // backend_cuda.cpp
+  }
+  return allreduce_cpu(tensors, op, c10d::OpType::ALLREDUCE);
+}
 
-  at::Tensor buffer = t.is_contiguous() ? t : t.contiguous();
-  c10::ScalarType dtype = buffer.scalar_type();
+c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                    const c10d::AllreduceCoalescedOptions& opts) {
+  const bool native = !tensors.empty() && std::all_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && t.device().is_cpu();
+  });
+  if (!native) return delegate().allreduce_coalesced(tensors, opts);
+  check_same_process("allreduce_coalesced");
+  return allreduce_cpu(tensors, to_redop(opts.reduceOp, tensors[0].scalar_type()),
+                       c10d::OpType::ALLREDUCE_COALESCED);
+}
+
+// One all-reduce of CPU tensors: one tensor reduced in place (through a
+// contiguous copy if it is not contiguous), or several flattened into one
+// buffer and copied back (the old multi-tensor API, allreduce_coalesced).
+c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_cpu(std::vector<at::Tensor>& tensors, RedOp op,
+                                                             c10d::OpType type) {
+  const c10::ScalarType type0 = tensors[0].scalar_type();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    TORCH_CHECK(t.layout() == c10::kStrided && t.device().is_cpu(),
+                "fairring: all_reduce of several tensors needs dense CPU tensors, but tensor ", i, " is a ",
+                t.layout(), " tensor on ", t.device().str());
+    TORCH_CHECK(t.scalar_type() == type0, "fairring: all_reduce of several tensors needs one dtype, but tensor 0 is ",
+                dtype_name(type0), " and tensor ", i, " is ", dtype_name(t.scalar_type()));
+  }
+  at::Tensor buffer;
+  std::vector<at::Tensor> users;
+  if (tensors.size() == 1 && tensors[0].is_contiguous()) {
+    buffer = tensors[0];
+  } else if (tensors.size() == 1) {
+    buffer = tensors[0].contiguous();
+    users = tensors;
+  } else {
+    std::vector<at::Tensor> flat;
+    for (const at::Tensor& t : tensors) flat.push_back(t.reshape({-1}));
+    buffer = at::cat(flat);
+    users = tensors;
+  }
+  c10::ScalarType dtype = type0;
   int64_t numel = buffer.numel();
   if (buffer.is_complex()) {
     TORCH_CHECK(op == RedOp::kSum || op == RedOp::kAvg, "fairring: all_reduce of complex tensors supports SUM and AVG only, got ",
@@ -123,11 +199,11 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce(
   const std::string why = reduce_unsupported_reason(dtype, op);
   TORCH_CHECK(why.empty(), "fairring: all_reduce: ", why);
 
-  auto work = c10::make_intrusive<FairringWork>(getRank(), c10d::OpType::ALLREDUCE, tensors,
-                                                engine_->completion_thread());
+  ++seq_;
+  auto work = c10::make_intrusive<FairringWork>(getRank(), type, tensors);
   auto aop = std::make_shared<AllreduceOp>();
   aop->buffer = buffer;
-  if (!buffer.is_same(t)) aop->user = t;
+  aop->users = std::move(users);
   aop->dtype = dtype;
   aop->op = op;
   aop->numel = numel;
@@ -138,6 +214,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce(
 }
 
 c10d::Backend& FairringBackend::delegate() {
+  check_same_process("a collective");
+  ++seq_;
   engine_->wait_idle();
   wait_idle_device();
   return *fallback_;
@@ -146,10 +224,6 @@ c10d::Backend& FairringBackend::delegate() {
 c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                           const c10d::BroadcastOptions& opts) {
   return delegate().broadcast(tensors, opts);
-}
-c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
-                                                                    const c10d::AllreduceCoalescedOptions& opts) {
-  return delegate().allreduce_coalesced(tensors, opts);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::reduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::ReduceOptions& opts) {
@@ -219,6 +293,13 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::recvAnysource(std::vector<at::Te
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::barrier(const c10d::BarrierOptions& opts) {
   return delegate().barrier(opts);
+}
+c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                                 const c10d::AllreduceOptions& opts) {
+  return delegate().allreduce_sparse(tensors, opts);
+}
+void FairringBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  delegate().monitoredBarrier(opts, wait_all_ranks);
 }
 
 }  // namespace fairring

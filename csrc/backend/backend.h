@@ -6,6 +6,9 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <unistd.h>
+
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -19,6 +22,7 @@ namespace fairring {
 
 class Engine;
 class CudaEngine;
+class InitStore;
 
 class FairringBackend : public c10d::Backend {
  public:
@@ -38,11 +42,13 @@ class FairringBackend : public c10d::Backend {
       std::vector<at::Tensor>& tensors,
       const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
 
+  // CPU tensors: one all-reduce of the flattened tensors.  Others: gloo.
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+
   // Delegated to gloo.
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
-                                                     const c10d::AllreduceCoalescedOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -81,6 +87,16 @@ class FairringBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& opts) override;
+  // Reached through group.monitored_barrier(); torch's dist.monitored_barrier()
+  // itself accepts gloo groups only.
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+
+  // Collectives issued on this group, every kind counted: the same on every
+  // rank, which is what TORCH_DISTRIBUTED_DEBUG=DETAIL checks.
+  void setSequenceNumberForGroup() override {}  // starts at 0 on every rank
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
 
   const Topology& topology() const { return topo_; }
   std::string listen_address() const;
@@ -89,11 +105,18 @@ class FairringBackend : public c10d::Backend {
   // Lets the all-reduces issued so far finish before a delegated collective
   // runs, so collectives on the group take effect in issue order.
   c10d::Backend& delegate();
+  // Throws if called in a fork()ed child of the process that built the group.
+  void check_same_process(const char* what) const;
+  // The collective part of construction (topology, secret, engine).
+  void build(const c10::intrusive_ptr<InitStore>& store, const std::string& node_key);
+  c10::intrusive_ptr<c10d::Work> allreduce_cpu(std::vector<at::Tensor>& tensors, RedOp op, c10d::OpType type);
 
   Topology topo_;
   Config config_;
+  const int creator_pid_ = getpid();
   c10::intrusive_ptr<c10d::Backend> fallback_;
   std::unique_ptr<Engine> engine_;
+  std::atomic<uint64_t> seq_{0};
 
   // All-reduce of a tensor that is not on the CPU (backend_cuda.cpp): the
   // CUDA engine, created at the group's first CUDA all-reduce, or an error.

@@ -4,15 +4,13 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
-#include <thread>
 #include <vector>
 
 namespace fairring {
 
 class FairringWork : public c10d::Work {
  public:
-  // `completer` is the thread that completes the future (see Engine).
-  FairringWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, std::thread::id completer);
+  FairringWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs);
 
   // Completes the work: wait() returns (or throws).  Quick, never blocks.
   void mark_done(std::exception_ptr error);
@@ -28,7 +26,6 @@ class FairringWork : public c10d::Work {
  private:
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
-  std::thread::id completer_;
 };
 
 }  // namespace fairring

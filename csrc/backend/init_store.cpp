@@ -1,0 +1,65 @@
+#include "backend/init_store.h"
+
+#include <stdexcept>
+#include <thread>
+
+namespace fairring {
+
+namespace {
+const char* kFailureKey = "failure";
+const char* kFailureCountKey = "failures";
+// How often a waiter looks for its keys and for a failure.  Group creation
+// is not latency-critical; this keeps the store's load low.
+constexpr auto kPollEvery = std::chrono::milliseconds(20);
+
+std::string string_of(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+}  // namespace
+
+InitStore::InitStore(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout)
+    : c10d::PrefixStore("fairring", std::move(store)), rank_(rank), size_(size), timeout_(timeout) {}
+
+std::vector<uint8_t> InitStore::get(const std::string& key) {
+  wait({key});
+  return PrefixStore::get(key);
+}
+
+void InitStore::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
+
+void InitStore::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (PrefixStore::check(keys)) return;
+    if (PrefixStore::check({kFailureKey})) {
+      throw std::runtime_error("fairring: could not create the process group: " +
+                               string_of(PrefixStore::get(kFailureKey)));
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::string names;
+      for (const auto& k : keys) names += (names.empty() ? "" : ", ") + k;
+      throw std::runtime_error("fairring: timed out creating the process group: rank " + std::to_string(rank_) +
+                               " waited " + std::to_string(timeout.count() / 1000) + " s for " + names +
+                               " (did every rank of the group call init_process_group / new_group?)");
+    }
+    std::this_thread::sleep_for(kPollEvery);
+  }
+}
+
+void InitStore::publish_failure(const std::string& why) {
+  try {
+    if (PrefixStore::add(kFailureCountKey, 1) == 1) {
+      const std::string msg = "rank " + std::to_string(rank_) + " failed: " + why;
+      PrefixStore::set(kFailureKey, std::vector<uint8_t>(msg.begin(), msg.end()));
+    }
+  } catch (...) {
+    // The store itself is gone: the peers' waits time out on their own.
+  }
+}
+
+void InitStore::all_built() {
+  PrefixStore::set("built/" + std::to_string(rank_), std::vector<uint8_t>{1});
+  std::vector<std::string> keys;
+  for (int r = 0; r < size_; ++r) keys.push_back("built/" + std::to_string(r));
+  wait(keys);
+}
+
+}  // namespace fairring

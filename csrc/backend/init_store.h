@@ -1,0 +1,38 @@
+// The store a process group is built through.  Creating a group is collective
+// (settings, shared memory, TCP rails), and a rank that fails half-way would
+// leave the others blocked on a key it never writes, to fail much later with
+// a raw store timeout that names nothing.  Through this store a failing rank
+// publishes its error once (the first cause wins), and every wait of the
+// others ends with that error instead.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace fairring {
+
+class InitStore : public c10d::PrefixStore {
+ public:
+  InitStore(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout);
+
+  // Waits for the keys, or for a peer's published failure (thrown), or until
+  // the group's timeout (thrown, naming the keys).
+  std::vector<uint8_t> get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+
+  // Publishes this rank's failure (only the first failure of the group is kept).
+  void publish_failure(const std::string& why);
+  // Every rank built its part: returns once all have, throws if one failed.
+  void all_built();
+
+ private:
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace fairring

@@ -1,0 +1,192 @@
+"""c10d conformance checks that run inside the ranks (spawned by launch.run_ranks):
+what torch.distributed and its users (DDP comm hooks, debug mode, sparse
+gradients) expect of any backend.  Each function returns a list of failures
+(empty when all is well), so that a test can show every rank's problems."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def _close(a, b, tol=1e-5):
+    return torch.allclose(a.double(), b.double(), rtol=tol, atol=tol)
+
+
+def detail_mode(rank, world):
+    """Under TORCH_DISTRIBUTED_DEBUG=DETAIL the group is wrapped by torch's
+    ProcessGroupWrapper, which checks every collective's fingerprint and needs
+    the backend's sequence numbers."""
+    failures = []
+    x = torch.full((1000,), float(rank + 1))
+    dist.all_reduce(x)
+    want = sum(range(1, world + 1))
+    if not torch.all(x == want):
+        failures.append(f"all_reduce under DETAIL gave {x[:3].tolist()}, want {want}")
+    b = torch.full((7,), float(rank))
+    dist.broadcast(b, src=world - 1)
+    if not torch.all(b == world - 1):
+        failures.append(f"broadcast under DETAIL gave {b.tolist()}")
+    dist.barrier()
+    # all_gather_object on a subgroup (every rank creates every subgroup).
+    evens = dist.new_group([r for r in range(world) if r % 2 == 0])
+    odds = dist.new_group([r for r in range(world) if r % 2 == 1])
+    mine = evens if rank % 2 == 0 else odds
+    members = [r for r in range(world) if r % 2 == rank % 2]
+    got = [None] * len(members)
+    dist.all_gather_object(got, {"rank": rank}, group=mine)
+    if got != [{"rank": r} for r in members]:
+        failures.append(f"all_gather_object on a subgroup gave {got}")
+    # The fingerprint check turns a mismatch into an error on every rank.
+    try:
+        bad = torch.ones(5 if rank == 0 else 6)
+        dist.all_reduce(bad)
+        failures.append("a mismatched all_reduce under DETAIL did not raise")
+    except RuntimeError as e:
+        if "mismatch" not in str(e).lower() and "detected" not in str(e).lower():
+            failures.append(f"mismatched all_reduce under DETAIL raised an unclear error: {str(e)[:300]}")
+    return failures
+
+
+def sequence_numbers(rank, world):
+    """Every collective (native or delegated) bumps the group's counter, the
+    same on every rank."""
+    pg = dist.distributed_c10d._get_default_group()
+    backend = pg._get_backend(torch.device("cpu"))
+    start = backend._get_sequence_number_for_group()
+    dist.all_reduce(torch.ones(3))
+    dist.broadcast(torch.ones(3), src=0)
+    dist.barrier()
+    dist.all_reduce(torch.ones(100_000), async_op=True).wait()
+    seq = backend._get_sequence_number_for_group()
+    got = [None] * world
+    dist.all_gather_object(got, (start, seq))
+    failures = []
+    if seq - start < 4:
+        failures.append(f"sequence number went from {start} to {seq} over 4 collectives")
+    if len({g[1] for g in got}) != 1:
+        failures.append(f"ranks disagree on the sequence number: {got}")
+    return failures
+
+
+def sparse_allreduce(rank, world):
+    """Sparse tensors are delegated (gloo merges their indices); DDP with a
+    sparse embedding trains the same on every rank."""
+    failures = []
+    i = torch.tensor([[rank, world + rank]])
+    v = torch.tensor([1.0 + rank, 2.0])
+    s = torch.sparse_coo_tensor(i, v, (2 * world + 1,))
+    dist.all_reduce(s)
+    dense = s.to_dense()
+    want = torch.zeros(2 * world + 1)
+    for r in range(world):
+        want[r] += 1.0 + r
+        want[world + r] += 2.0
+    if not torch.equal(dense, want):
+        failures.append(f"sparse all_reduce gave {dense.tolist()}, want {want.tolist()}")
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 8, sparse=True))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(3):
+        idx = torch.randint(0, 50, (16,), generator=torch.Generator().manual_seed(step * 100 + rank))
+        opt.zero_grad()
+        ddp(idx).sum().backward()
+        opt.step()
+    w = model[0].weight.detach().clone()
+    got = [torch.empty_like(w) for _ in range(world)]
+    dist.all_gather(got, w)
+    if not all(torch.equal(g, got[0]) for g in got):
+        failures.append("DDP with a sparse embedding: ranks' weights differ after 3 steps")
+    return failures
+
+
+def monitored_barrier(rank, world):
+    """group.monitored_barrier() reaches the backend, which hands it to gloo."""
+    pg = dist.distributed_c10d._get_default_group()
+    from datetime import timedelta
+
+    pg.monitored_barrier(timedelta(seconds=30), True)
+    x = torch.ones(10)
+    dist.all_reduce(x)
+    return [] if torch.all(x == world) else [f"all_reduce after monitored_barrier gave {x.tolist()}"]
+
+
+def several_tensors(rank, world):
+    """The multi-tensor API: a list of tensors is one coalesced all-reduce;
+    mixed dtypes are a clear error."""
+    failures = []
+    pg = dist.distributed_c10d._get_default_group()
+    shapes = [(3,), (2, 5), (), (0,), (7, 1, 3)]
+    ts = [torch.full(s, float(rank + 1 + i)) for i, s in enumerate(shapes)]
+    nc = torch.full((4, 6), float(rank + 1)).t()  # not contiguous
+    ts.append(nc)
+    pg.allreduce(ts).wait()
+    for i, t in enumerate(ts[:-1]):
+        want = sum(r + 1 + i for r in range(world))
+        if t.shape != torch.Size(shapes[i]) or not torch.all(t == want):
+            failures.append(f"tensor {i} of a list all_reduce: shape {tuple(t.shape)}, values {t.flatten()[:3].tolist()}")
+    if not torch.all(nc == sum(range(1, world + 1))) or nc.is_contiguous():
+        failures.append("non-contiguous tensor of a list all_reduce got a wrong result")
+    c = [torch.full((5,), float(rank)), torch.full((3,), 2.0)]
+    dist.all_reduce_coalesced(c, op=dist.ReduceOp.MAX)
+    if not (torch.all(c[0] == world - 1) and torch.all(c[1] == 2.0)):
+        failures.append(f"all_reduce_coalesced MAX gave {c[0].tolist()} {c[1].tolist()}")
+    try:
+        pg.allreduce([torch.ones(3), torch.ones(3, dtype=torch.float64)]).wait()
+        failures.append("a list of mixed dtypes did not raise")
+    except RuntimeError as e:
+        if "dtype" not in str(e):
+            failures.append(f"mixed dtypes: unclear error {str(e)[:200]}")
+    # The group still works.
+    x = torch.ones(9)
+    dist.all_reduce(x)
+    if not torch.all(x == world):
+        failures.append("all_reduce after the list calls is wrong")
+    return failures
+
+
+def powersgd(rank, world, batched):
+    """DDP's PowerSGD hooks wait on an all_reduce's future inside a future
+    callback; that must make progress (it deadlocked on a single completion
+    thread).  The ranks end with identical weights."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.ReLU(), torch.nn.Linear(48, 10))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
+    state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=2,
+                               min_compression_rate=0.5, use_error_feedback=True, warm_start=True)
+    ddp.register_comm_hook(state, psgd.batched_powerSGD_hook if batched else psgd.powerSGD_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(rank)
+    for _ in range(6):
+        x = torch.randn(32, 64, generator=gen)
+        opt.zero_grad()
+        ddp(x).pow(2).mean().backward()
+        opt.step()
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    got = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(got, flat)
+    if not all(torch.equal(g, got[0]) for g in got):
+        return ["PowerSGD: ranks' weights differ after 6 steps"]
+    return []
+
+
+def callback_waits_on_other_future(rank, world):
+    """A then() callback that issues all_reduces and waits for their futures
+    (the pattern of PowerSGD, stripped down), one of them through a callback
+    chain of its own."""
+    def cb(fut):
+        t = fut.value()[0].clone()
+        dist.all_reduce(t, async_op=True).get_future().wait()
+        t2 = t.clone()
+        f2 = dist.all_reduce(t2, async_op=True).get_future()
+        f2.then(lambda f: f.value()[0] * 1).wait()
+        return t2
+
+    x = torch.ones(4)
+    out = dist.all_reduce(x, async_op=True).get_future().then(cb).wait()
+    if not torch.all(out == world ** 3):
+        return [f"waits inside a callback gave {out.tolist()}, want {world ** 3}"]
+    return []
