@@ -9,8 +9,10 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <cstring>
+#include <set>
 #include <stdexcept>
 
+#include "allreduce/rail_plan.h"
 #include "allreduce/wait_check.h"
 #include "common/errors.h"
 #include "common/log.h"
@@ -419,40 +421,51 @@ void CudaEngine::reduce_scatter(Pending& p) {
   }
 }
 
-// The reduction-server exchange of one chunk over NCCL, the same steps and
-// order as RailStage's: shard j of the chunk goes to node j; this rank sums
-// the shards it serves (its node's) in node order, divided for AVG; the sum
-// goes back to every node, and the other shards' sums come in.  All on the
-// NCCL stream, which runs the exchanges one at a time in slice order (one
-// communicator, the same order on every rank of the rail).
+// The reduction-server exchange of one chunk over NCCL, the same walk as
+// RailStage's (plan_rail): our piece of each remote shard goes to the node
+// that serves it; if we serve a shard, we sum it with the peers' pieces in
+// node order (divided for AVG) and send the sum back; the other shards' sums
+// come in.  All on the NCCL stream, which runs the exchanges one at a time in
+// slice order (one communicator, the same order on every rank of the rail).
+// Every rank of the rail has the same shard list, so an empty transfer is
+// skipped on both of its ends.
 void CudaEngine::nccl_exchange(const Pending& p, char* chunk, cudaStream_t stream, int64_t divisor) {
   const CudaAllreduceOp& op = *p.op;
   const int64_t esize = c10::elementSize(op.dtype);
   const int n = topo_.num_nodes;
   const int self = topo_.node;
-  const std::vector<Range>& shards = p.plan.shards[topo_.local_rank];
+  const RailPlan plan = plan_rail(p.plan.shards[topo_.local_rank], self, n);
+  TORCH_CHECK(n <= kMaxCudaReduceInputs, "fairring: FAIRRING_GPU_TRANSPORT=nccl supports at most ",
+              kMaxCudaReduceInputs, " nodes");
   cudaStream_t ns = nccl_stream_->stream();
   auto staging = [&](int j) { return nccl_staging_ + static_cast<int64_t>(j < self ? j : j - 1) * nccl_shard_bytes_; };
-  const Range& mine = shards[self];
+  auto at = [&](const Range& r) { return chunk + r.offset * esize; };
+  auto bytes = [&](const Range& r) { return static_cast<size_t>(r.count * esize); };
+  const bool serving = plan.serves && plan.served.count > 0;
+  if (serving && static_cast<int64_t>(bytes(plan.served)) > nccl_shard_bytes_) {
+    throw std::logic_error("fairring: shard larger than its NCCL staging buffer (plan bound violated)");
+  }
   cuda_check(cudaEventRecord(nccl_ready_, stream), "cudaEventRecord");
   cuda_check(cudaStreamWaitEvent(ns, nccl_ready_, 0), "cudaStreamWaitEvent (to NCCL)");
   nccl_->group_start();
-  for (int j = 0; j < n; ++j) {
-    if (j == self) continue;
-    nccl_->send(chunk + shards[j].offset * esize, static_cast<size_t>(shards[j].count * esize), j, ns);
-    nccl_->recv(staging(j), static_cast<size_t>(mine.count * esize), j, ns);
+  for (const RemoteShard& r : plan.remote) {
+    if (r.shard.count > 0) nccl_->send(at(r.shard), bytes(r.shard), r.node, ns);
+  }
+  if (serving) {
+    for (int j : plan.contributors) nccl_->recv(staging(j), bytes(plan.served), j, ns);
   }
   nccl_->group_end();
-  const void* inputs[kMaxCudaReduceInputs];
-  TORCH_CHECK(n <= kMaxCudaReduceInputs, "fairring: FAIRRING_GPU_TRANSPORT=nccl supports at most ",
-              kMaxCudaReduceInputs, " nodes");
-  for (int j = 0; j < n; ++j) inputs[j] = j == self ? chunk + mine.offset * esize : staging(j);
-  reduce_cuda(op.dtype, op.op, chunk + mine.offset * esize, inputs, n, mine.count, divisor, ns);
+  if (serving) {
+    const void* inputs[kMaxCudaReduceInputs];
+    for (int j = 0; j < n; ++j) inputs[j] = j == self ? at(plan.served) : staging(j);
+    reduce_cuda(op.dtype, op.op, at(plan.served), inputs, n, plan.served.count, divisor, ns);
+  }
   nccl_->group_start();
-  for (int j = 0; j < n; ++j) {
-    if (j == self) continue;
-    nccl_->send(chunk + mine.offset * esize, static_cast<size_t>(mine.count * esize), j, ns);
-    nccl_->recv(chunk + shards[j].offset * esize, static_cast<size_t>(shards[j].count * esize), j, ns);
+  if (serving) {
+    for (int j : plan.contributors) nccl_->send(at(plan.served), bytes(plan.served), j, ns);
+  }
+  for (const RemoteShard& r : plan.remote) {
+    if (r.shard.count > 0) nccl_->recv(at(r.shard), bytes(r.shard), r.node, ns);
   }
   nccl_->group_end();
   cuda_check(cudaEventRecord(nccl_done_, ns), "cudaEventRecord");
