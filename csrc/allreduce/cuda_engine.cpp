@@ -509,9 +509,7 @@ void CudaEngine::feeder_loop() {
       }
       const auto start = Clock::now();
       for (int spins = 0;; ++spins) {
-        const cudaError_t st = cudaEventQuery(next.copied);
-        if (st == cudaSuccess) break;
-        if (st != cudaErrorNotReady) cuda_check(st, "device-to-host copy of a reduced chunk");
+        if (cuda_done(cudaEventQuery(next.copied), "device-to-host copy of a reduced chunk")) break;
         if (failed_.load()) return;
         if (Clock::now() - start > config_.timeout) {
           throw std::runtime_error("timed out waiting for the GPU to finish reducing slice " +

@@ -10,13 +10,6 @@
 
 namespace fairring {
 
-void cuda_check(cudaError_t err, const std::string& what) {
-  if (err != cudaSuccess) {
-    throw std::runtime_error("fairring: " + what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) +
-                             ")");
-  }
-}
-
 namespace {
 
 template <typename Handle>

@@ -13,14 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "common/cuda_check.h"
+
 namespace c10d {
 class Store;
 }
 
 namespace fairring {
-
-// Throws std::runtime_error("fairring: <what>: <CUDA error>") unless err is cudaSuccess.
-void cuda_check(cudaError_t err, const std::string& what);
 
 // Device memory this process allocates (cudaMalloc, so it can be exported)
 // and the mappings of the same allocation made by every other local rank.
