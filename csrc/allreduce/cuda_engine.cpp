@@ -26,6 +26,13 @@ namespace {
 
 int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
+// Live engines, for quiesce_all_cuda_engines().
+std::mutex g_cuda_engines_mu;
+std::set<CudaEngine*> g_cuda_engines;
+
+// How often the completion thread checks whether held ops' device work is over.
+constexpr auto kRetirePoll = std::chrono::milliseconds(1);
+
 cudaEvent_t new_event() {
   cudaEvent_t ev = nullptr;
   cuda_check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cannot create a CUDA event");
@@ -94,18 +101,17 @@ CudaEngine::CudaEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
                                              3 * slots_, config_.timeout);
   }
   for (int s = 0; s < slots_; ++s) {
-    streams_.push_back(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device_.index()));
+    streams_.push_back(std::make_unique<DedicatedStream>(device_, /*high_priority=*/true));
     slice_end_.push_back(new_event());
   }
-  tail_ = std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(true, device_.index()));
-  future_stream_ = std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(false, device_.index()));
+  tail_ = std::make_unique<DedicatedStream>(device_, true);
+  future_stream_ = std::make_unique<DedicatedStream>(device_, false);
 
   if (n > 1 && config_.gpu_transport == "nccl") {
     check_own_gpus(prefixed);
     nccl_ = std::make_unique<NcclRail>(prefixed, "nccl/rail" + std::to_string(topo_.local_rank), n, topo_.node,
                                        config_.timeout);
-    nccl_stream_ =
-        std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(true, device_.index()));
+    nccl_stream_ = std::make_unique<DedicatedStream>(device_, true);
     nccl_shard_bytes_ = round_up(max_shard_bytes(params_, k, n), 256);
     void* staging = nullptr;
     cuda_check(cudaMalloc(&staging, static_cast<size_t>(nccl_shard_bytes_ * (n - 1))),
@@ -135,9 +141,15 @@ CudaEngine::CudaEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
   }
   completer_ = std::thread([this] { completion_loop(); });
   proxy_ = std::thread([this] { proxy_loop(); });
+  std::lock_guard<std::mutex> lock(g_cuda_engines_mu);
+  g_cuda_engines.insert(this);
 }
 
 CudaEngine::~CudaEngine() {
+  {
+    std::lock_guard<std::mutex> lock(g_cuda_engines_mu);
+    g_cuda_engines.erase(this);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
@@ -222,12 +234,6 @@ void CudaEngine::submit(std::shared_ptr<CudaAllreduceOp> op) {
   cv_.notify_all();
 }
 
-void CudaEngine::record_streams(const at::Tensor& t) const {
-  const auto& ptr = t.storage().data_ptr();
-  for (const auto& s : streams_) c10::cuda::CUDACachingAllocator::recordStream(ptr, s);
-  c10::cuda::CUDACachingAllocator::recordStream(ptr, *tail_);
-}
-
 void CudaEngine::wait_idle() {
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -258,34 +264,104 @@ void CudaEngine::complete(const std::shared_ptr<CudaAllreduceOp>& op, std::excep
     done_queue_.push_back(op);
     done_errors_.push_back(error);
   }
-  done_cv_.notify_one();
+  done_cv_.notify_all();  // quiesce() waits on it too
 }
 
 void CudaEngine::completion_loop() {
   c10::cuda::CUDAGuard guard(device_);
+  // Ops completed here whose device work may still run: held for their tensors.
+  std::deque<std::shared_ptr<CudaAllreduceOp>> retiring;
+  Clock::time_point stop_by{};
   for (;;) {
     std::shared_ptr<CudaAllreduceOp> op;
     std::exception_ptr error;
     {
       std::unique_lock<std::mutex> lock(done_mu_);
-      done_cv_.wait(lock, [&] { return !done_queue_.empty() || done_stopping_; });
-      if (done_queue_.empty()) return;
-      op = std::move(done_queue_.front());
-      error = done_errors_.front();
-      done_queue_.pop_front();
-      done_errors_.pop_front();
-    }
-    try {
-      // The future's own event is recorded on future_stream_, which waits for
-      // exactly this op (ops complete here in order).
-      if (!error && op->done) {
-        cuda_check(cudaStreamWaitEvent(future_stream_->stream(), op->done, 0), "cudaStreamWaitEvent");
+      done_busy_ = false;
+      retiring_ = retiring.size();
+      done_cv_.notify_all();  // quiesce() may be waiting for this
+      auto wake = [&] { return !done_queue_.empty() || (done_stopping_ && retiring.empty()); };
+      if (retiring.empty()) {
+        done_cv_.wait(lock, wake);
+      } else {
+        done_cv_.wait_for(lock, kRetirePoll, wake);
       }
-      auto after = std::move(op->after_complete);
-      op->after_complete = nullptr;
-      if (after) after(error, *future_stream_);
-    } catch (const std::exception& e) {
-      FAIRRING_LOG(topo_.rank, "a completion callback raised: %s", e.what());
+      if (!done_queue_.empty()) {
+        op = std::move(done_queue_.front());
+        error = done_errors_.front();
+        done_queue_.pop_front();
+        done_errors_.pop_front();
+        done_busy_ = true;
+      } else if (done_stopping_) {
+        if (retiring.empty()) return;
+        if (stop_by == Clock::time_point{}) stop_by = Clock::now() + config_.timeout;
+        if (failed_.load() || Clock::now() > stop_by) {
+          // Device work that may never finish: its tensors must not go back
+          // to the allocator.
+          FAIRRING_DEBUG_LOG(topo_.rank, "CUDA engine teardown: %zu ops' tensors not released", retiring.size());
+          new std::deque<std::shared_ptr<CudaAllreduceOp>>(std::move(retiring));  // deliberately leaked
+          retiring_ = 0;
+          return;
+        }
+      }
+    }
+    if (op) {
+      try {
+        // The future's own event is recorded on future_stream_, which waits
+        // for exactly this op (ops complete here in order).
+        if (!error && op->enqueued) {
+          cuda_check(cudaStreamWaitEvent(future_stream_->stream(), op->done->get(), 0), "cudaStreamWaitEvent");
+        }
+        auto after = std::move(op->after_complete);
+        op->after_complete = nullptr;
+        if (after) after(error, future_stream_->c10());
+      } catch (const std::exception& e) {
+        FAIRRING_LOG(topo_.rank, "a completion callback raised: %s", e.what());
+      }
+      retiring.push_back(std::move(op));
+    }
+    retire(retiring);
+  }
+}
+
+void CudaEngine::retire(std::deque<std::shared_ptr<CudaAllreduceOp>>& retiring) {
+  // Ops finish on the tail stream in order: the front is the first to check.
+  while (!retiring.empty()) {
+    CudaAllreduceOp& op = *retiring.front();
+    if (op.enqueued) {
+      // After a failure the device work may wait forever on a dead peer.
+      if (failed_.load()) return;
+      try {
+        if (!cuda_done(cudaEventQuery(op.done->get()), "querying an all_reduce's completion")) return;
+      } catch (const std::exception& e) {
+        FAIRRING_LOG(topo_.rank, "CUDA all-reduce #%llu: %s; its tensors are not released",
+                     static_cast<unsigned long long>(op.seq), e.what());
+        new std::shared_ptr<CudaAllreduceOp>(std::move(retiring.front()));  // deliberately leaked
+      }
+    }
+    retiring.pop_front();
+  }
+}
+
+bool CudaEngine::quiesce(std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_until(lock, until, [&] { return completed_ == submitted_; })) return false;
+  }
+  std::unique_lock<std::mutex> lock(done_mu_);
+  // After a failure held ops stay held (their device work may never end).
+  return done_cv_.wait_until(
+      lock, until, [&] { return done_queue_.empty() && !done_busy_ && (retiring_ == 0 || failed_.load()); });
+}
+
+void quiesce_all_cuda_engines() {
+  std::lock_guard<std::mutex> lock(g_cuda_engines_mu);
+  // Bounded as Engine::quiesce_all.
+  const std::chrono::milliseconds limit(10000);
+  for (CudaEngine* e : g_cuda_engines) {
+    if (!e->quiesce(limit)) {
+      FAIRRING_LOG(e->rank(), "CUDA all_reduces still in flight at exit (a peer is stalled?); not waiting for them");
     }
   }
 }
@@ -320,12 +396,13 @@ void CudaEngine::reduce_scatter(Pending& p) {
   const int slot = static_cast<int>(p.seq % slots_);
   const int64_t esize = c10::elementSize(op.dtype);
   const uint32_t mark = static_cast<uint32_t>(p.seq + 1);
-  cudaStream_t stream = streams_[slot].stream();
+  cudaStream_t stream = streams_[slot]->stream();
   char* tensor = static_cast<char*>(op.buffer.data_ptr()) + p.plan.slice.offset * esize;
   const int64_t divisor = (op.op == RedOp::kAvg) ? topo_.size : 0;
   NodeControl& c = arena_->control();
 
   // After the caller's work on the tensor (its stream at submit time).
+  p.op->enqueued = true;
   cuda_check(cudaStreamWaitEvent(stream, op.ready, 0), "cudaStreamWaitEvent (caller's stream)");
 
   char* chunk = tensor;  // k == 1: the slice of the tensor is the node's chunk
@@ -531,7 +608,7 @@ void CudaEngine::rail_done(uint64_t slice_seq) {
     c10::cuda::CUDAGuard guard(device_);
     const int slot = static_cast<int>(slice_seq % slots_);
     const Return& r = returns_[slot];
-    cudaStream_t stream = streams_[slot].stream();
+    cudaStream_t stream = streams_[slot]->stream();
     cuda_check(cudaMemcpyAsync(r.device_chunk, pinned_ + static_cast<int64_t>(slot) * area_, r.bytes,
                                cudaMemcpyHostToDevice, stream),
                "host-to-device copy");
@@ -551,7 +628,7 @@ void CudaEngine::all_gather(Pending& p) {
   const int slot = static_cast<int>(p.seq % slots_);
   const uint32_t mark = static_cast<uint32_t>(p.seq + 1);
   const int64_t esize = c10::elementSize(op.dtype);
-  cudaStream_t stream = streams_[slot].stream();
+  cudaStream_t stream = streams_[slot]->stream();
   NodeControl& c = arena_->control();
   if (k > 1) {
     char* tensor = static_cast<char*>(op.buffer.data_ptr()) + p.plan.slice.offset * esize;
@@ -619,11 +696,11 @@ void CudaEngine::proxy_loop() {
         CudaAllreduceOp& op = *front.op;
         if (op.user.defined()) {
           // A non-contiguous caller tensor gets the result after the last slice.
-          c10::cuda::CUDAStreamGuard on_tail(*tail_);
+          c10::cuda::CUDAStreamGuard on_tail(tail_->c10());
           at::NoGradGuard no_grad;
           op.user.copy_(op.buffer, /*non_blocking=*/true);
         }
-        cuda_check(cudaEventRecord(op.done, tail_->stream()), "cudaEventRecord (op done)");
+        cuda_check(cudaEventRecord(op.done->get(), tail_->stream()), "cudaEventRecord (op done)");
         complete(front.op, nullptr);
       }
       pending.pop_front();

@@ -68,7 +68,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "ip:port of this rank's TCP listener, or '' when the group is a single node")
       .def("topology", [](const FairringBackend& b) { return topology_dict(b.topology()); });
 
-  m.def("_quiesce_all", &Engine::quiesce_all, py::call_guard<py::gil_scoped_release>(),
+  m.def("_quiesce_all", [] {
+        Engine::quiesce_all();
+        quiesce_all_cuda_engines();
+      },
+      py::call_guard<py::gil_scoped_release>(),
         "Waits for in-flight all_reduces and lets the engines' threads drop their "
         "tensors; registered with atexit by fairring_py.");
   m.def("_topology_for_test", [](const std::vector<std::string>& keys, int rank) {
