@@ -7,6 +7,7 @@
 #include "allreduce/engine.h"
 #include "allreduce/op.h"
 #include "backend/work.h"
+#include "common/gil.h"
 #include "kernels/reduce_cpu.h"
 
 namespace fairring {
@@ -97,7 +98,12 @@ FairringBackend::FairringBackend(
   secret_ = secret;
 }
 
-FairringBackend::~FairringBackend() = default;
+FairringBackend::~FairringBackend() {
+  // The engines join their threads, which may need the GIL.
+  GilReleaseIfHeld no_gil;
+  cuda_engine_.reset();
+  engine_.reset();
+}
 
 std::string FairringBackend::listen_address() const { return engine_->listen_address(); }
 
