@@ -177,42 +177,75 @@ CudaEngine::~CudaEngine() {
   rail_.reset();
   mesh_.reset();
   c10::cuda::CUDAGuard guard(device_);
+  const int rank = topo_.rank;
   if (nccl_ && (failed_.load() || arena_->aborted())) nccl_->abort_on_destroy();
   nccl_.reset();
   if (failed_.load() || arena_->aborted()) {
     // Our streams may wait on a dead peer's events forever, and freeing
-    // device memory would wait for them: leave it to the process's exit.
-    FAIRRING_DEBUG_LOG(topo_.rank, "CUDA engine teardown after a failure: staging memory not freed");
+    // memory they use would wait for them (or pull it from under them):
+    // leave it to the process's exit.  Destroying the streams and local
+    // events is fine (CUDA releases them once their work is done).
+    FAIRRING_DEBUG_LOG(rank, "CUDA engine teardown after a failure: staging memory not freed");
     (void)memory_.release();  // deliberately leaked
     (void)events_.release();
-    return;
+    pinned_ = nullptr;
+    nccl_staging_ = nullptr;
+  } else {
+    // Phase 1: our device work is over, and with it every use of the peers'
+    // memory and events.
+    for (auto& s : streams_) cuda_ok_or_log(cudaStreamSynchronize(s->stream()), rank, "cudaStreamSynchronize (slot)");
+    for (auto* s : {tail_.get(), future_stream_.get(), nccl_stream_.get()}) {
+      if (s) cuda_ok_or_log(cudaStreamSynchronize(s->stream()), rank, "cudaStreamSynchronize");
+    }
+    // Phases 2 and 3: close what we imported, then free what we exported
+    // once every peer has closed it.
+    close_ipc();
   }
-  // Our device work must be over before its memory goes.  Peers may still be
-  // reading our staging areas: give them until they say they are done
-  // (consumed counters), bounded by a short wait, before freeing it.
-  for (auto& s : streams_) cudaStreamSynchronize(s.stream());
-  cudaStreamSynchronize(tail_->stream());
-  if (memory_ && next_slice_seq_ > 0) {
-    const uint32_t mark = static_cast<uint32_t>(next_slice_seq_);
-    const auto give_up = Clock::now() + std::chrono::seconds(10);
-    for (int x = 0; x < topo_.ranks_per_node; ++x) {
-      if (x == topo_.local_rank) continue;
-      try {
-        counter_wait(arena_->control().consumed[x], mark, [&] {
-          if (Clock::now() > give_up || arena_->aborted()) throw std::runtime_error("gave up");
-        });
-        for (int s = 0; s < slots_; ++s) cudaEventSynchronize(consumed_event(x, s));
-      } catch (const std::exception&) {
-        FAIRRING_DEBUG_LOG(topo_.rank, "CUDA engine teardown: local rank %d did not finish in time", x);
-      }
+  for (cudaEvent_t ev : slice_end_) cuda_ok_or_log(cudaEventDestroy(ev), rank, "cudaEventDestroy");
+  for (cudaEvent_t ev : d2h_done_) cuda_ok_or_log(cudaEventDestroy(ev), rank, "cudaEventDestroy");
+  if (nccl_ready_) cuda_ok_or_log(cudaEventDestroy(nccl_ready_), rank, "cudaEventDestroy");
+  if (nccl_done_) cuda_ok_or_log(cudaEventDestroy(nccl_done_), rank, "cudaEventDestroy");
+  if (pinned_) cuda_ok_or_log(cudaFreeHost(pinned_), rank, "cudaFreeHost");
+  if (nccl_staging_) cuda_ok_or_log(cudaFree(nccl_staging_), rank, "cudaFree (NCCL staging)");
+  // The streams go with the members, after this (synchronized above).
+}
+
+// The CUDA IPC rules: an exported allocation must not be freed, nor an
+// exported event destroyed, while a peer still has it open.  So: close our
+// imports, say so in the node's control block, and wait (bounded by the
+// timeout) for every peer to say the same before releasing our exports.  A
+// peer that has exited has closed everything; one that does not answer in
+// time leaves our exports leaked (safe) rather than freed under it.
+void CudaEngine::close_ipc() {
+  if (!memory_ && !events_) return;
+  NodeControl& c = arena_->control();
+  const int me = topo_.local_rank;
+  if (memory_) memory_->close_peers();
+  if (events_) events_->close_peers();
+  counter_publish(c.cuda_closed[me], 1);
+  const auto give_up = Clock::now() + config_.timeout;
+  bool all_closed = true;
+  for (int x = 0; x < topo_.ranks_per_node; ++x) {
+    if (x == me) continue;
+    try {
+      counter_wait(c.cuda_closed[x], 1, [&] {
+        if (!process_alive(c.pids[x])) throw std::runtime_error("it exited");
+        if (arena_->aborted()) throw std::runtime_error("the node aborted: " + arena_->abort_message());
+        if (Clock::now() > give_up) throw std::runtime_error("timed out");
+      });
+    } catch (const std::exception& e) {
+      if (!process_alive(c.pids[x])) continue;  // its mappings went with it
+      all_closed = false;
+      FAIRRING_LOG(topo_.rank,
+                   "CUDA engine teardown: rank %d did not close this rank's CUDA IPC memory and events (%s); "
+                   "leaving them to the process's exit",
+                   topo_.local_ranks()[x], e.what());
     }
   }
-  for (cudaEvent_t ev : slice_end_) cudaEventDestroy(ev);
-  for (cudaEvent_t ev : d2h_done_) cudaEventDestroy(ev);
-  if (pinned_) cudaFreeHost(pinned_);
-  if (nccl_ready_) cudaEventDestroy(nccl_ready_);
-  if (nccl_done_) cudaEventDestroy(nccl_done_);
-  if (nccl_staging_) cudaFree(nccl_staging_);
+  if (!all_closed) {
+    if (memory_) memory_->leak_own();
+    if (events_) events_->leak_own();
+  }
   events_.reset();
   memory_.reset();
 }
