@@ -110,7 +110,7 @@ CudaEngine::CudaEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
   if (n > 1 && config_.gpu_transport == "nccl") {
     check_own_gpus(prefixed);
     nccl_ = std::make_unique<NcclRail>(prefixed, "nccl/rail" + std::to_string(topo_.local_rank), n, topo_.node,
-                                       config_.timeout);
+                                       config_.timeout, topo_.rank);
     nccl_stream_ = std::make_unique<DedicatedStream>(device_, true);
     nccl_shard_bytes_ = round_up(max_shard_bytes(params_, k, n), 256);
     void* staging = nullptr;
