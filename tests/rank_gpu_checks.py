@@ -258,6 +258,7 @@ def sec_group_cycles(rank, world, cfg):
         if not torch.all(t == want):
             failures.add(f"cycle {cycle}: got {t.unique()[:5].tolist()} expected {want}")
         dist.destroy_process_group(g)
+        del works, g  # the last references: the group's engines are torn down here, on every rank together
     # The default group still works.
     x = torch.ones(8, device=dev)
     dist.all_reduce(x)

@@ -48,7 +48,7 @@ bool CudaFairringWork::wait(std::chrono::milliseconds timeout) {
   // but not past the caller's timeout.  The future has no timed wait: poll,
   // backing off (it is usually a few microseconds away).
   if (std::this_thread::get_id() == completer_) return ok;
-  if (timeout != c10d::kNoTimeout) {
+  if (timeout != std::chrono::milliseconds::zero()) {  // zero: c10d's kNoTimeout
     auto nap = std::chrono::microseconds(10);
     while (!future_->completed()) {
       TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "fairring: Work.wait(timeout=", timeout.count(),

@@ -42,7 +42,7 @@ class SharedDeviceMemory {
   // them on our streams is over).  Our own is freed by the destructor, which
   // must not run before every peer has closed its mapping of it (freeing an
   // exported allocation a peer still maps is undefined behaviour); or
-  // leak(), when the peers cannot be waited for.
+  // leak_own(), when the peers cannot be waited for.
   void close_peers();
   void leak_own() { bases_[me_] = nullptr; }
 
