@@ -123,7 +123,8 @@ def _allreduce_rank(rank, world, backend, node_ids, sizes, iters, port, q):
 def bench_allreduce(quick):
     import torch.multiprocessing as mp
 
-    sizes = [1 << 20, 16 << 20] + ([] if quick else [128 << 20])
+    # 4 and 64 KiB: per-op latency (DDP's small buckets); the rest: bandwidth.
+    sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20] + ([] if quick else [128 << 20])
     iters = 5 if quick else 10
     ngpu = torch.cuda.device_count()
     layouts = {"1x2": ["a", "a"], "2x2": ["a", "a", "b", "b"]}
@@ -162,7 +163,7 @@ def bench_allreduce(quick):
                 busbw = 2 * (world - 1) / world * nbytes / slowest / 1e9
                 results.append({"layout": name, "backend": backend, "bytes": nbytes, "ms": slowest * 1e3,
                                 "busbw_gbs": busbw})
-                print(f"{name:>4} {backend:>8} {nbytes >> 20:5d} MiB: {slowest * 1e3:8.3f} ms  busbw {busbw:7.2f} GB/s")
+                print(f"{name:>4} {backend:>8} {nbytes >> 10:7d} KiB: {slowest * 1e3:8.3f} ms/op  busbw {busbw:7.2f} GB/s")
         if ngpu < world:
             print(f"{name}: NCCL not timed ({world} ranks on {ngpu} GPU(s); NCCL needs one GPU per rank)")
     return results

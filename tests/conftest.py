@@ -10,3 +10,11 @@ REPO = os.path.dirname(HERE)
 for p in (HERE, REPO):
     if p not in sys.path:
         sys.path.insert(0, p)
+
+# FAIRRING_TEST_DUMP_AFTER=<s> (the GPU check sets it just under its time
+# limit): the pytest process dumps every thread's Python stack after that
+# long, so a hang shows where it was before the limit kills it.
+if os.environ.get("FAIRRING_TEST_DUMP_AFTER"):
+    import faulthandler
+
+    faulthandler.dump_traceback_later(float(os.environ["FAIRRING_TEST_DUMP_AFTER"]), exit=False)

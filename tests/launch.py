@@ -132,6 +132,9 @@ def _rank_main(
     import faulthandler
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # FAIRRING_TEST_DUMP_AFTER=<s>: also dump them by themselves after that long.
+    if os.environ.get("FAIRRING_TEST_DUMP_AFTER"):
+        faulthandler.dump_traceback_later(float(os.environ["FAIRRING_TEST_DUMP_AFTER"]), exit=False)
 
     for k, v in env.items():
         if v is None:
@@ -259,7 +262,12 @@ def _run_ranks_once(
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
-    logdir = tempfile.mkdtemp(prefix="fairring-test-logs-")
+    # FAIRRING_TEST_LOG_DIR keeps the per-rank logs somewhere known (the GPU check's $OUT).
+    keep = os.environ.get("FAIRRING_TEST_LOG_DIR")
+    if keep:
+        os.makedirs(keep, exist_ok=True)
+    logdir = tempfile.mkdtemp(prefix=f"{fn.__qualname__}-{len(node_ids)}ranks-" if keep else "fairring-test-logs-",
+                              dir=keep or None)
     init = {
         "backend": backend,
         "init_method": f"tcp://127.0.0.1:{port}",

@@ -171,7 +171,105 @@ def sec_nccl_shared_gpu(rank, world, cfg):
     return {"failures": failures}
 
 
-SECTIONS = {"nccl_shared_gpu": sec_nccl_shared_gpu, "correctness": sec_correctness, "streams": sec_streams, "errors": sec_errors, "ddp": sec_ddp}
+def sec_poll_then_launch(rank, world, cfg):
+    """is_completed() polled until true, then a kernel launched on the same
+    thread: a not-ready query must not leave cudaErrorNotReady as the
+    thread's last error (ATen's launch check would raise it)."""
+    dev = _device(rank)
+    failures = Failures()
+    not_ready = 0
+    for it in range(3):
+        t = torch.full((1 << 20,), float(rank + 1), device=dev)
+        # The op's device work waits behind this, so the first polls see "not ready".
+        torch.cuda._sleep(20_000_000)
+        work = dist.all_reduce(t, async_op=True)
+        while not work.is_completed():
+            not_ready += 1
+        try:
+            y = t * 2  # a kernel launch on the polling thread
+            ok = bool(torch.all(y == 2 * sum(r + 1 for r in range(world))).item())
+        except Exception as e:  # noqa: BLE001
+            failures.add(f"iteration {it}: launch after is_completed() raised {type(e).__name__}: {str(e)[:300]}")
+            continue
+        if not ok:
+            failures.add(f"iteration {it}: wrong result {t.unique()[:5].tolist()}")
+    if not_ready == 0:
+        failures.add("is_completed() was never false: the check did not exercise a not-ready query")
+    return {"failures": failures, "not_ready_polls": not_ready}
+
+
+def sec_big_slices(rank, world, cfg):
+    """Tensors of several slices, each of several chunks and shards (run with
+    a small FAIRRING_SLICE_SIZE): every element lands where it belongs."""
+    dev = _device(rank)
+    failures, digests = Failures(), {}
+    for dtype, op in [(torch.float32, "SUM"), (torch.float32, "AVG"), (torch.bfloat16, "SUM"), (torch.int64, "MAX")]:
+        for n in cfg["sizes"]:
+            inputs = [make_input(70_000 + n % 1009, r, n, dtype, op) for r in range(world)]
+            name = f"{refs.dtype_name(dtype)}/{op}/n={n}"
+            t = inputs[rank].to(dev)
+            try:
+                dist.all_reduce(t, op=op_of(op))
+                got = t.cpu()
+            except Exception as e:  # noqa: BLE001
+                failures.add(f"{name}: raised {type(e).__name__}: {str(e)[:300]}")
+                continue
+            err = compare(got, inputs, reference(inputs, dtype, op), dtype, op)
+            if err:
+                failures.add(f"{name}: {err}")
+            digests[name] = digest(got)
+    return {"failures": failures, "digests": digests}
+
+
+def sec_slow_producer(rank, world, cfg):
+    """The input's last write is queued on a side stream behind a long
+    device sleep: the all-reduce must start after it (the caller's stream at
+    submit), deterministically, not after whatever happened to be done."""
+    dev = _device(rank)
+    failures = Failures()
+    side = torch.cuda.Stream(device=dev)
+    n = (4 << 20) // 4 + 3
+    for it in range(3):
+        with torch.cuda.stream(side):
+            x = torch.zeros(n, device=dev)
+            torch.cuda._sleep(50_000_000)  # tens of ms on an H200
+            x.fill_(float(rank + 1))  # the last write, queued behind the sleep
+            dist.all_reduce(x)
+            y = x.clone()
+        side.synchronize()
+        want = float(sum(r + 1 for r in range(world)))
+        if not torch.all(y == want):
+            failures.add(f"iteration {it}: read the input before its producer finished: {y.unique()[:5].tolist()}")
+    return {"failures": failures}
+
+
+def sec_group_cycles(rank, world, cfg):
+    """Create, use and destroy a fairring group three times in one process
+    (each time a new CUDA engine, its IPC memory and events, its teardown)."""
+    dev = _device(rank)
+    failures = Failures()
+    for cycle in range(3):
+        g = dist.new_group(backend="fairring")
+        t = torch.full((262147,), float(rank + cycle), device=dev)
+        works = [dist.all_reduce(t, group=g, async_op=True) for _ in range(2)]
+        for w in works:
+            w.wait()
+        want = float(sum(r + cycle for r in range(world))) * world
+        if not torch.all(t == want):
+            failures.add(f"cycle {cycle}: got {t.unique()[:5].tolist()} expected {want}")
+        dist.destroy_process_group(g)
+        del works, g  # the last references: the group's engines are torn down here, on every rank together
+    # The default group still works.
+    x = torch.ones(8, device=dev)
+    dist.all_reduce(x)
+    if not torch.all(x.cpu() == world):
+        failures.add("default group after the cycles: wrong result")
+    return {"failures": failures}
+
+
+SECTIONS = {"poll_then_launch": sec_poll_then_launch, "big_slices": sec_big_slices,
+            "slow_producer": sec_slow_producer, "group_cycles": sec_group_cycles,
+            "nccl_shared_gpu": sec_nccl_shared_gpu, "correctness": sec_correctness, "streams": sec_streams, "errors": sec_errors, "ddp": sec_ddp}
 
 
 def session(rank, world, sections, cfg):

@@ -24,6 +24,18 @@ TOPOLOGIES = {
                     ["correctness", "streams"], {"sizes": [1, 1031, 65537, 262147]}),
 }
 
+# Checks aimed at what a desk review found (issue 10), on their own sessions.
+BIG = [(4 << 20) // 4 + 7, (8 << 20) // 4 - 5]  # 4 and 8 MB float32, odd
+REVIEW_SECTIONS = ["poll_then_launch", "slow_producer", "group_cycles"]
+TOPOLOGIES.update({
+    # 256 KiB slices: many slices, each of several chunks and shards.
+    "2x2-slice256K": (["a", "a", "b", "b"], {"FAIRRING_SLICE_SIZE": "256K"}, ["big_slices"] + REVIEW_SECTIONS,
+                      {"sizes": BIG}),
+    "1x2-slice256K": (["a", "a"], {"FAIRRING_SLICE_SIZE": "256K"}, ["big_slices"] + REVIEW_SECTIONS, {"sizes": BIG}),
+    # Three nodes: small chunks have fewer shards than nodes.
+    "3x1": (["a", "b", "c"], {}, ["correctness"], {"sizes": [1, 13, 1031, 8193, 65537]}),
+})
+
 _cache: dict = {}
 
 
@@ -92,3 +104,30 @@ def test_nccl_with_a_shared_gpu_is_a_clear_error():
     assert not bad, launch.describe_all(res)
     for rank, r in enumerate(res):
         assert not r.value["nccl_shared_gpu"]["failures"], f"rank {rank}: {r.value['nccl_shared_gpu']['failures']}"
+
+
+@requires_gpu
+@pytest.mark.parametrize("name", ["1x2-slice256K", "2x2-slice256K"])
+def test_many_slices_of_several_chunks(name):
+    out = _section(name, "big_slices")
+    assert out[0]["digests"], "no cases ran"
+    assert all(o["digests"] == out[0]["digests"] for o in out), "ranks differ"
+
+
+@requires_gpu
+@pytest.mark.parametrize("name", ["1x2-slice256K", "2x2-slice256K"])
+def test_launch_after_polling_is_completed(name):
+    out = _section(name, "poll_then_launch")
+    assert all(o["not_ready_polls"] > 0 for o in out)
+
+
+@requires_gpu
+@pytest.mark.parametrize("name", ["1x2-slice256K", "2x2-slice256K"])
+def test_slow_producer_on_a_side_stream(name):
+    _section(name, "slow_producer")
+
+
+@requires_gpu
+@pytest.mark.parametrize("name", ["1x2-slice256K", "2x2-slice256K"])
+def test_groups_created_and_destroyed_three_times_exit_cleanly(name):
+    _section(name, "group_cycles")  # also: every rank exited 0, in time (not hung at exit)

@@ -9,8 +9,10 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <cstring>
+#include <set>
 #include <stdexcept>
 
+#include "allreduce/rail_plan.h"
 #include "allreduce/wait_check.h"
 #include "common/errors.h"
 #include "common/log.h"
@@ -23,6 +25,13 @@ namespace fairring {
 namespace {
 
 int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+
+// Live engines, for quiesce_all_cuda_engines().
+std::mutex g_cuda_engines_mu;
+std::set<CudaEngine*> g_cuda_engines;
+
+// How often the completion thread checks whether held ops' device work is over.
+constexpr auto kRetirePoll = std::chrono::milliseconds(1);
 
 cudaEvent_t new_event() {
   cudaEvent_t ev = nullptr;
@@ -92,18 +101,17 @@ CudaEngine::CudaEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
                                              3 * slots_, config_.timeout);
   }
   for (int s = 0; s < slots_; ++s) {
-    streams_.push_back(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device_.index()));
+    streams_.push_back(std::make_unique<DedicatedStream>(device_, /*high_priority=*/true));
     slice_end_.push_back(new_event());
   }
-  tail_ = std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(true, device_.index()));
-  future_stream_ = std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(false, device_.index()));
+  tail_ = std::make_unique<DedicatedStream>(device_, true);
+  future_stream_ = std::make_unique<DedicatedStream>(device_, false);
 
   if (n > 1 && config_.gpu_transport == "nccl") {
     check_own_gpus(prefixed);
     nccl_ = std::make_unique<NcclRail>(prefixed, "nccl/rail" + std::to_string(topo_.local_rank), n, topo_.node,
-                                       config_.timeout);
-    nccl_stream_ =
-        std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(true, device_.index()));
+                                       config_.timeout, topo_.rank);
+    nccl_stream_ = std::make_unique<DedicatedStream>(device_, true);
     nccl_shard_bytes_ = round_up(max_shard_bytes(params_, k, n), 256);
     void* staging = nullptr;
     cuda_check(cudaMalloc(&staging, static_cast<size_t>(nccl_shard_bytes_ * (n - 1))),
@@ -133,9 +141,15 @@ CudaEngine::CudaEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
   }
   completer_ = std::thread([this] { completion_loop(); });
   proxy_ = std::thread([this] { proxy_loop(); });
+  std::lock_guard<std::mutex> lock(g_cuda_engines_mu);
+  g_cuda_engines.insert(this);
 }
 
 CudaEngine::~CudaEngine() {
+  {
+    std::lock_guard<std::mutex> lock(g_cuda_engines_mu);
+    g_cuda_engines.erase(this);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
@@ -163,42 +177,75 @@ CudaEngine::~CudaEngine() {
   rail_.reset();
   mesh_.reset();
   c10::cuda::CUDAGuard guard(device_);
+  const int rank = topo_.rank;
   if (nccl_ && (failed_.load() || arena_->aborted())) nccl_->abort_on_destroy();
   nccl_.reset();
   if (failed_.load() || arena_->aborted()) {
     // Our streams may wait on a dead peer's events forever, and freeing
-    // device memory would wait for them: leave it to the process's exit.
-    FAIRRING_DEBUG_LOG(topo_.rank, "CUDA engine teardown after a failure: staging memory not freed");
+    // memory they use would wait for them (or pull it from under them):
+    // leave it to the process's exit.  Destroying the streams and local
+    // events is fine (CUDA releases them once their work is done).
+    FAIRRING_DEBUG_LOG(rank, "CUDA engine teardown after a failure: staging memory not freed");
     (void)memory_.release();  // deliberately leaked
     (void)events_.release();
-    return;
+    pinned_ = nullptr;
+    nccl_staging_ = nullptr;
+  } else {
+    // Phase 1: our device work is over, and with it every use of the peers'
+    // memory and events.
+    for (auto& s : streams_) cuda_ok_or_log(cudaStreamSynchronize(s->stream()), rank, "cudaStreamSynchronize (slot)");
+    for (auto* s : {tail_.get(), future_stream_.get(), nccl_stream_.get()}) {
+      if (s) cuda_ok_or_log(cudaStreamSynchronize(s->stream()), rank, "cudaStreamSynchronize");
+    }
+    // Phases 2 and 3: close what we imported, then free what we exported
+    // once every peer has closed it.
+    close_ipc();
   }
-  // Our device work must be over before its memory goes.  Peers may still be
-  // reading our staging areas: give them until they say they are done
-  // (consumed counters), bounded by a short wait, before freeing it.
-  for (auto& s : streams_) cudaStreamSynchronize(s.stream());
-  cudaStreamSynchronize(tail_->stream());
-  if (memory_ && next_slice_seq_ > 0) {
-    const uint32_t mark = static_cast<uint32_t>(next_slice_seq_);
-    const auto give_up = Clock::now() + std::chrono::seconds(10);
-    for (int x = 0; x < topo_.ranks_per_node; ++x) {
-      if (x == topo_.local_rank) continue;
-      try {
-        counter_wait(arena_->control().consumed[x], mark, [&] {
-          if (Clock::now() > give_up || arena_->aborted()) throw std::runtime_error("gave up");
-        });
-        for (int s = 0; s < slots_; ++s) cudaEventSynchronize(consumed_event(x, s));
-      } catch (const std::exception&) {
-        FAIRRING_DEBUG_LOG(topo_.rank, "CUDA engine teardown: local rank %d did not finish in time", x);
-      }
+  for (cudaEvent_t ev : slice_end_) cuda_ok_or_log(cudaEventDestroy(ev), rank, "cudaEventDestroy");
+  for (cudaEvent_t ev : d2h_done_) cuda_ok_or_log(cudaEventDestroy(ev), rank, "cudaEventDestroy");
+  if (nccl_ready_) cuda_ok_or_log(cudaEventDestroy(nccl_ready_), rank, "cudaEventDestroy");
+  if (nccl_done_) cuda_ok_or_log(cudaEventDestroy(nccl_done_), rank, "cudaEventDestroy");
+  if (pinned_) cuda_ok_or_log(cudaFreeHost(pinned_), rank, "cudaFreeHost");
+  if (nccl_staging_) cuda_ok_or_log(cudaFree(nccl_staging_), rank, "cudaFree (NCCL staging)");
+  // The streams go with the members, after this (synchronized above).
+}
+
+// The CUDA IPC rules: an exported allocation must not be freed, nor an
+// exported event destroyed, while a peer still has it open.  So: close our
+// imports, say so in the node's control block, and wait (bounded by the
+// timeout) for every peer to say the same before releasing our exports.  A
+// peer that has exited has closed everything; one that does not answer in
+// time leaves our exports leaked (safe) rather than freed under it.
+void CudaEngine::close_ipc() {
+  if (!memory_ && !events_) return;
+  NodeControl& c = arena_->control();
+  const int me = topo_.local_rank;
+  if (memory_) memory_->close_peers();
+  if (events_) events_->close_peers();
+  counter_publish(c.cuda_closed[me], 1);
+  const auto give_up = Clock::now() + config_.timeout;
+  bool all_closed = true;
+  for (int x = 0; x < topo_.ranks_per_node; ++x) {
+    if (x == me) continue;
+    try {
+      counter_wait(c.cuda_closed[x], 1, [&] {
+        if (!process_alive(c.pids[x])) throw std::runtime_error("it exited");
+        if (arena_->aborted()) throw std::runtime_error("the node aborted: " + arena_->abort_message());
+        if (Clock::now() > give_up) throw std::runtime_error("timed out");
+      });
+    } catch (const std::exception& e) {
+      if (!process_alive(c.pids[x])) continue;  // its mappings went with it
+      all_closed = false;
+      FAIRRING_LOG(topo_.rank,
+                   "CUDA engine teardown: rank %d did not close this rank's CUDA IPC memory and events (%s); "
+                   "leaving them to the process's exit",
+                   topo_.local_ranks()[x], e.what());
     }
   }
-  for (cudaEvent_t ev : slice_end_) cudaEventDestroy(ev);
-  for (cudaEvent_t ev : d2h_done_) cudaEventDestroy(ev);
-  if (pinned_) cudaFreeHost(pinned_);
-  if (nccl_ready_) cudaEventDestroy(nccl_ready_);
-  if (nccl_done_) cudaEventDestroy(nccl_done_);
-  if (nccl_staging_) cudaFree(nccl_staging_);
+  if (!all_closed) {
+    if (memory_) memory_->leak_own();
+    if (events_) events_->leak_own();
+  }
   events_.reset();
   memory_.reset();
 }
@@ -218,12 +265,6 @@ void CudaEngine::submit(std::shared_ptr<CudaAllreduceOp> op) {
   queue_.push_back(std::move(op));
   lock.unlock();
   cv_.notify_all();
-}
-
-void CudaEngine::record_streams(const at::Tensor& t) const {
-  const auto& ptr = t.storage().data_ptr();
-  for (const auto& s : streams_) c10::cuda::CUDACachingAllocator::recordStream(ptr, s);
-  c10::cuda::CUDACachingAllocator::recordStream(ptr, *tail_);
 }
 
 void CudaEngine::wait_idle() {
@@ -256,34 +297,104 @@ void CudaEngine::complete(const std::shared_ptr<CudaAllreduceOp>& op, std::excep
     done_queue_.push_back(op);
     done_errors_.push_back(error);
   }
-  done_cv_.notify_one();
+  done_cv_.notify_all();  // quiesce() waits on it too
 }
 
 void CudaEngine::completion_loop() {
   c10::cuda::CUDAGuard guard(device_);
+  // Ops completed here whose device work may still run: held for their tensors.
+  std::deque<std::shared_ptr<CudaAllreduceOp>> retiring;
+  Clock::time_point stop_by{};
   for (;;) {
     std::shared_ptr<CudaAllreduceOp> op;
     std::exception_ptr error;
     {
       std::unique_lock<std::mutex> lock(done_mu_);
-      done_cv_.wait(lock, [&] { return !done_queue_.empty() || done_stopping_; });
-      if (done_queue_.empty()) return;
-      op = std::move(done_queue_.front());
-      error = done_errors_.front();
-      done_queue_.pop_front();
-      done_errors_.pop_front();
-    }
-    try {
-      // The future's own event is recorded on future_stream_, which waits for
-      // exactly this op (ops complete here in order).
-      if (!error && op->done) {
-        cuda_check(cudaStreamWaitEvent(future_stream_->stream(), op->done, 0), "cudaStreamWaitEvent");
+      done_busy_ = false;
+      retiring_ = retiring.size();
+      done_cv_.notify_all();  // quiesce() may be waiting for this
+      auto wake = [&] { return !done_queue_.empty() || (done_stopping_ && retiring.empty()); };
+      if (retiring.empty()) {
+        done_cv_.wait(lock, wake);
+      } else {
+        done_cv_.wait_for(lock, kRetirePoll, wake);
       }
-      auto after = std::move(op->after_complete);
-      op->after_complete = nullptr;
-      if (after) after(error, *future_stream_);
-    } catch (const std::exception& e) {
-      FAIRRING_LOG(topo_.rank, "a completion callback raised: %s", e.what());
+      if (!done_queue_.empty()) {
+        op = std::move(done_queue_.front());
+        error = done_errors_.front();
+        done_queue_.pop_front();
+        done_errors_.pop_front();
+        done_busy_ = true;
+      } else if (done_stopping_) {
+        if (retiring.empty()) return;
+        if (stop_by == Clock::time_point{}) stop_by = Clock::now() + config_.timeout;
+        if (failed_.load() || Clock::now() > stop_by) {
+          // Device work that may never finish: its tensors must not go back
+          // to the allocator.
+          FAIRRING_DEBUG_LOG(topo_.rank, "CUDA engine teardown: %zu ops' tensors not released", retiring.size());
+          new std::deque<std::shared_ptr<CudaAllreduceOp>>(std::move(retiring));  // deliberately leaked
+          retiring_ = 0;
+          return;
+        }
+      }
+    }
+    if (op) {
+      try {
+        // The future's own event is recorded on future_stream_, which waits
+        // for exactly this op (ops complete here in order).
+        if (!error && op->enqueued) {
+          cuda_check(cudaStreamWaitEvent(future_stream_->stream(), op->done->get(), 0), "cudaStreamWaitEvent");
+        }
+        auto after = std::move(op->after_complete);
+        op->after_complete = nullptr;
+        if (after) after(error, future_stream_->c10());
+      } catch (const std::exception& e) {
+        FAIRRING_LOG(topo_.rank, "a completion callback raised: %s", e.what());
+      }
+      retiring.push_back(std::move(op));
+    }
+    retire(retiring);
+  }
+}
+
+void CudaEngine::retire(std::deque<std::shared_ptr<CudaAllreduceOp>>& retiring) {
+  // Ops finish on the tail stream in order: the front is the first to check.
+  while (!retiring.empty()) {
+    CudaAllreduceOp& op = *retiring.front();
+    if (op.enqueued) {
+      // After a failure the device work may wait forever on a dead peer.
+      if (failed_.load()) return;
+      try {
+        if (!cuda_done(cudaEventQuery(op.done->get()), "querying an all_reduce's completion")) return;
+      } catch (const std::exception& e) {
+        FAIRRING_LOG(topo_.rank, "CUDA all-reduce #%llu: %s; its tensors are not released",
+                     static_cast<unsigned long long>(op.seq), e.what());
+        new std::shared_ptr<CudaAllreduceOp>(std::move(retiring.front()));  // deliberately leaked
+      }
+    }
+    retiring.pop_front();
+  }
+}
+
+bool CudaEngine::quiesce(std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_until(lock, until, [&] { return completed_ == submitted_; })) return false;
+  }
+  std::unique_lock<std::mutex> lock(done_mu_);
+  // After a failure held ops stay held (their device work may never end).
+  return done_cv_.wait_until(
+      lock, until, [&] { return done_queue_.empty() && !done_busy_ && (retiring_ == 0 || failed_.load()); });
+}
+
+void quiesce_all_cuda_engines() {
+  std::lock_guard<std::mutex> lock(g_cuda_engines_mu);
+  // Bounded as Engine::quiesce_all.
+  const std::chrono::milliseconds limit(10000);
+  for (CudaEngine* e : g_cuda_engines) {
+    if (!e->quiesce(limit)) {
+      FAIRRING_LOG(e->rank(), "CUDA all_reduces still in flight at exit (a peer is stalled?); not waiting for them");
     }
   }
 }
@@ -302,13 +413,13 @@ void CudaEngine::fail(const std::string& why) {
   feed_cv_.notify_all();
 }
 
-std::function<void()> CudaEngine::wait_check(int local_peer, const char* what, uint64_t op_seq) {
+std::function<void()> CudaEngine::wait_check(int local_peer, const char* what, uint64_t op_seq, bool via_network) {
   return make_wait_check(topo_, *arena_, config_.timeout, [this] {
     if (failed_.load()) {
       std::lock_guard<std::mutex> lock(mu_);
       throw std::runtime_error(error_);
     }
-  }, "CUDA all_reduce", local_peer, what, op_seq);
+  }, "CUDA all_reduce", local_peer, what, op_seq, via_network);
 }
 
 void CudaEngine::reduce_scatter(Pending& p) {
@@ -318,12 +429,13 @@ void CudaEngine::reduce_scatter(Pending& p) {
   const int slot = static_cast<int>(p.seq % slots_);
   const int64_t esize = c10::elementSize(op.dtype);
   const uint32_t mark = static_cast<uint32_t>(p.seq + 1);
-  cudaStream_t stream = streams_[slot].stream();
+  cudaStream_t stream = streams_[slot]->stream();
   char* tensor = static_cast<char*>(op.buffer.data_ptr()) + p.plan.slice.offset * esize;
   const int64_t divisor = (op.op == RedOp::kAvg) ? topo_.size : 0;
   NodeControl& c = arena_->control();
 
   // After the caller's work on the tensor (its stream at submit time).
+  p.op->enqueued = true;
   cuda_check(cudaStreamWaitEvent(stream, op.ready, 0), "cudaStreamWaitEvent (caller's stream)");
 
   char* chunk = tensor;  // k == 1: the slice of the tensor is the node's chunk
@@ -419,40 +531,51 @@ void CudaEngine::reduce_scatter(Pending& p) {
   }
 }
 
-// The reduction-server exchange of one chunk over NCCL, the same steps and
-// order as RailStage's: shard j of the chunk goes to node j; this rank sums
-// the shards it serves (its node's) in node order, divided for AVG; the sum
-// goes back to every node, and the other shards' sums come in.  All on the
-// NCCL stream, which runs the exchanges one at a time in slice order (one
-// communicator, the same order on every rank of the rail).
+// The reduction-server exchange of one chunk over NCCL, the same walk as
+// RailStage's (plan_rail): our piece of each remote shard goes to the node
+// that serves it; if we serve a shard, we sum it with the peers' pieces in
+// node order (divided for AVG) and send the sum back; the other shards' sums
+// come in.  All on the NCCL stream, which runs the exchanges one at a time in
+// slice order (one communicator, the same order on every rank of the rail).
+// Every rank of the rail has the same shard list, so an empty transfer is
+// skipped on both of its ends.
 void CudaEngine::nccl_exchange(const Pending& p, char* chunk, cudaStream_t stream, int64_t divisor) {
   const CudaAllreduceOp& op = *p.op;
   const int64_t esize = c10::elementSize(op.dtype);
   const int n = topo_.num_nodes;
   const int self = topo_.node;
-  const std::vector<Range>& shards = p.plan.shards[topo_.local_rank];
+  const RailPlan plan = plan_rail(p.plan.shards[topo_.local_rank], self, n);
+  TORCH_CHECK(n <= kMaxCudaReduceInputs, "fairring: FAIRRING_GPU_TRANSPORT=nccl supports at most ",
+              kMaxCudaReduceInputs, " nodes");
   cudaStream_t ns = nccl_stream_->stream();
   auto staging = [&](int j) { return nccl_staging_ + static_cast<int64_t>(j < self ? j : j - 1) * nccl_shard_bytes_; };
-  const Range& mine = shards[self];
+  auto at = [&](const Range& r) { return chunk + r.offset * esize; };
+  auto bytes = [&](const Range& r) { return static_cast<size_t>(r.count * esize); };
+  const bool serving = plan.serves && plan.served.count > 0;
+  if (serving && static_cast<int64_t>(bytes(plan.served)) > nccl_shard_bytes_) {
+    throw std::logic_error("fairring: shard larger than its NCCL staging buffer (plan bound violated)");
+  }
   cuda_check(cudaEventRecord(nccl_ready_, stream), "cudaEventRecord");
   cuda_check(cudaStreamWaitEvent(ns, nccl_ready_, 0), "cudaStreamWaitEvent (to NCCL)");
   nccl_->group_start();
-  for (int j = 0; j < n; ++j) {
-    if (j == self) continue;
-    nccl_->send(chunk + shards[j].offset * esize, static_cast<size_t>(shards[j].count * esize), j, ns);
-    nccl_->recv(staging(j), static_cast<size_t>(mine.count * esize), j, ns);
+  for (const RemoteShard& r : plan.remote) {
+    if (r.shard.count > 0) nccl_->send(at(r.shard), bytes(r.shard), r.node, ns);
+  }
+  if (serving) {
+    for (int j : plan.contributors) nccl_->recv(staging(j), bytes(plan.served), j, ns);
   }
   nccl_->group_end();
-  const void* inputs[kMaxCudaReduceInputs];
-  TORCH_CHECK(n <= kMaxCudaReduceInputs, "fairring: FAIRRING_GPU_TRANSPORT=nccl supports at most ",
-              kMaxCudaReduceInputs, " nodes");
-  for (int j = 0; j < n; ++j) inputs[j] = j == self ? chunk + mine.offset * esize : staging(j);
-  reduce_cuda(op.dtype, op.op, chunk + mine.offset * esize, inputs, n, mine.count, divisor, ns);
+  if (serving) {
+    const void* inputs[kMaxCudaReduceInputs];
+    for (int j = 0; j < n; ++j) inputs[j] = j == self ? at(plan.served) : staging(j);
+    reduce_cuda(op.dtype, op.op, at(plan.served), inputs, n, plan.served.count, divisor, ns);
+  }
   nccl_->group_start();
-  for (int j = 0; j < n; ++j) {
-    if (j == self) continue;
-    nccl_->send(chunk + mine.offset * esize, static_cast<size_t>(mine.count * esize), j, ns);
-    nccl_->recv(chunk + shards[j].offset * esize, static_cast<size_t>(shards[j].count * esize), j, ns);
+  if (serving) {
+    for (int j : plan.contributors) nccl_->send(at(plan.served), bytes(plan.served), j, ns);
+  }
+  for (const RemoteShard& r : plan.remote) {
+    if (r.shard.count > 0) nccl_->recv(at(r.shard), bytes(r.shard), r.node, ns);
   }
   nccl_->group_end();
   cuda_check(cudaEventRecord(nccl_done_, ns), "cudaEventRecord");
@@ -496,9 +619,7 @@ void CudaEngine::feeder_loop() {
       }
       const auto start = Clock::now();
       for (int spins = 0;; ++spins) {
-        const cudaError_t st = cudaEventQuery(next.copied);
-        if (st == cudaSuccess) break;
-        if (st != cudaErrorNotReady) cuda_check(st, "device-to-host copy of a reduced chunk");
+        if (cuda_done(cudaEventQuery(next.copied), "device-to-host copy of a reduced chunk")) break;
         if (failed_.load()) return;
         if (Clock::now() - start > config_.timeout) {
           throw std::runtime_error("timed out waiting for the GPU to finish reducing slice " +
@@ -520,7 +641,7 @@ void CudaEngine::rail_done(uint64_t slice_seq) {
     c10::cuda::CUDAGuard guard(device_);
     const int slot = static_cast<int>(slice_seq % slots_);
     const Return& r = returns_[slot];
-    cudaStream_t stream = streams_[slot].stream();
+    cudaStream_t stream = streams_[slot]->stream();
     cuda_check(cudaMemcpyAsync(r.device_chunk, pinned_ + static_cast<int64_t>(slot) * area_, r.bytes,
                                cudaMemcpyHostToDevice, stream),
                "host-to-device copy");
@@ -540,12 +661,14 @@ void CudaEngine::all_gather(Pending& p) {
   const int slot = static_cast<int>(p.seq % slots_);
   const uint32_t mark = static_cast<uint32_t>(p.seq + 1);
   const int64_t esize = c10::elementSize(op.dtype);
-  cudaStream_t stream = streams_[slot].stream();
+  cudaStream_t stream = streams_[slot]->stream();
   NodeControl& c = arena_->control();
   if (k > 1) {
     char* tensor = static_cast<char*>(op.buffer.data_ptr()) + p.plan.slice.offset * esize;
     for (int x = 0; x < p.plan.num_chunks(); ++x) {
-      counter_wait(c.chunk_done[x], mark, wait_check(x == me ? -1 : x, "finish reducing its chunk", op.seq));
+      // Between nodes a peer's chunk comes back from the rails.
+      counter_wait(c.chunk_done[x], mark,
+                   wait_check(x == me ? -1 : x, "finish reducing its chunk", op.seq, rail_ || nccl_));
       if (x != me) {
         cuda_check(cudaStreamWaitEvent(stream, chunk_done_event(x, slot), 0), "cudaStreamWaitEvent (peer chunk)");
       }
@@ -608,11 +731,11 @@ void CudaEngine::proxy_loop() {
         CudaAllreduceOp& op = *front.op;
         if (op.user.defined()) {
           // A non-contiguous caller tensor gets the result after the last slice.
-          c10::cuda::CUDAStreamGuard on_tail(*tail_);
+          c10::cuda::CUDAStreamGuard on_tail(tail_->c10());
           at::NoGradGuard no_grad;
           op.user.copy_(op.buffer, /*non_blocking=*/true);
         }
-        cuda_check(cudaEventRecord(op.done, tail_->stream()), "cudaEventRecord (op done)");
+        cuda_check(cudaEventRecord(op.done->get(), tail_->stream()), "cudaEventRecord (op done)");
         complete(front.op, nullptr);
       }
       pending.pop_front();

@@ -42,6 +42,7 @@
 #include "allreduce/plan.h"
 #include "allreduce/rail_stage.h"
 #include "common/config.h"
+#include "common/cuda_resources.h"
 #include "topology/topology.h"
 #include "transport/cuda_ipc.h"
 #include "transport/nccl_rail.h"
@@ -61,7 +62,13 @@ struct CudaAllreduceOp {
   RedOp op = RedOp::kSum;
   int64_t numel = 0;
   cudaEvent_t ready = nullptr;  // recorded on the caller's stream at submit; the engine destroys it
-  cudaEvent_t done = nullptr;   // recorded after the op's last device work (owned by the Work)
+  // Recorded after the op's last device work; shared with the Work.  The
+  // engine holds the op (its tensors) until it has completed, so that the
+  // caching allocator cannot hand the memory out while the engine's streams
+  // still use it (no recordStream on the engine's own streams, which are
+  // destroyed with it while the allocator would still refer to them).
+  std::shared_ptr<CudaEvent> done;
+  bool enqueued = false;  // some of its device work was enqueued (proxy thread)
   // Host side completion, from the proxy thread: quick, never blocks.
   std::function<void(std::exception_ptr)> on_complete;
   // Then from the completion thread, in order, with `stream` waiting on
@@ -77,13 +84,15 @@ class CudaEngine {
   ~CudaEngine();
 
   c10::Device device() const { return device_; }
+  int rank() const { return topo_.rank; }
   void submit(std::shared_ptr<CudaAllreduceOp> op);
-  // Tells the caching allocator that `t`'s memory is used on the engine's
-  // streams, so that it is not reused before they are done with it.
-  void record_streams(const at::Tensor& t) const;
   std::thread::id completion_thread() const { return completer_.get_id(); }
   // Blocks until every submitted op is enqueued and its device work finished.
   void wait_idle();
+  // Blocks (up to `limit`) until every op has completed, its device work is
+  // over and no engine thread holds a tensor or Work any more (as
+  // Engine::quiesce).  True if it got there.
+  bool quiesce(std::chrono::milliseconds limit);
 
  private:
   struct Pending {
@@ -114,9 +123,13 @@ class CudaEngine {
   // the NCCL stream, ordered after and before `stream`.
   void nccl_exchange(const Pending& p, char* chunk, cudaStream_t stream, int64_t divisor);
   void check_own_gpus(const c10::intrusive_ptr<c10d::Store>& store);
+  // Teardown of the node's CUDA IPC resources, after our streams are idle.
+  void close_ipc();
+  // Drops the ops at the front of `retiring` whose device work is over.
+  void retire(std::deque<std::shared_ptr<CudaAllreduceOp>>& retiring);
   void complete(const std::shared_ptr<CudaAllreduceOp>& op, std::exception_ptr error);
   void fail(const std::string& why);
-  std::function<void()> wait_check(int local_peer, const char* what, uint64_t op_seq);
+  std::function<void()> wait_check(int local_peer, const char* what, uint64_t op_seq, bool via_network = false);
 
   // Our staging areas of `slot` and a peer's as we see them.
   char* input_area(int x, int slot) const { return memory_->base(x) + static_cast<int64_t>(slot) * 2 * area_; }
@@ -136,9 +149,9 @@ class CudaEngine {
   std::unique_ptr<NodeArena> arena_;             // host counters, headers, abort word
   std::unique_ptr<SharedDeviceMemory> memory_;   // K > 1: per slot, input + output area
   std::unique_ptr<SharedEvents> events_;         // K > 1
-  std::vector<c10::cuda::CUDAStream> streams_;   // one per slot
-  std::unique_ptr<c10::cuda::CUDAStream> tail_;  // waits on every slice's end; ops' done events
-  std::unique_ptr<c10::cuda::CUDAStream> future_stream_;  // futures are completed on it
+  std::vector<std::unique_ptr<DedicatedStream>> streams_;  // one per slot
+  std::unique_ptr<DedicatedStream> tail_;  // waits on every slice's end; ops' done events
+  std::unique_ptr<DedicatedStream> future_stream_;  // futures are completed on it
   std::vector<cudaEvent_t> slice_end_;           // per slot, local
   std::vector<cudaEvent_t> d2h_done_;            // per slot, local (N > 1)
   char* pinned_ = nullptr;                       // N > 1: one slice per slot, host
@@ -147,7 +160,7 @@ class CudaEngine {
   std::unique_ptr<TcpMesh> mesh_;      // tcp
   std::unique_ptr<RailStage> rail_;    // tcp
   std::unique_ptr<NcclRail> nccl_;     // nccl
-  std::unique_ptr<c10::cuda::CUDAStream> nccl_stream_;  // every NCCL exchange, in slice order
+  std::unique_ptr<DedicatedStream> nccl_stream_;  // every NCCL exchange, in slice order
   char* nccl_staging_ = nullptr;       // device: the peers' shards this rank serves
   int64_t nccl_shard_bytes_ = 0;       // room per peer in nccl_staging_
   cudaEvent_t nccl_ready_ = nullptr;   // local: slot stream -> NCCL stream
@@ -175,9 +188,15 @@ class CudaEngine {
   std::deque<std::shared_ptr<CudaAllreduceOp>> done_queue_;
   std::deque<std::exception_ptr> done_errors_;
   uint64_t futures_completed_ = 0;
+  bool done_busy_ = false;   // the completion thread holds an op it took from done_queue_
+  size_t retiring_ = 0;      // ops completed whose device work may still run (held for their tensors)
   bool done_stopping_ = false;
   std::thread completer_;
 };
+
+// CudaEngine::quiesce() on every live CUDA engine of the process (with
+// Engine::quiesce_all, at interpreter exit).
+void quiesce_all_cuda_engines();
 
 }  // namespace fairring
 
@@ -185,6 +204,7 @@ class CudaEngine {
 
 namespace fairring {
 class CudaEngine {};  // so that owners compile in a CPU-only build
+inline void quiesce_all_cuda_engines() {}
 }  // namespace fairring
 
 #endif  // FAIRRING_WITH_CUDA

@@ -47,6 +47,9 @@ struct NodeControl {
   SharedCounter in_ready[kMaxLocalRanks];    // input copied into its slot area
   SharedCounter chunk_done[kMaxLocalRanks];  // its chunk fully reduced (after the network)
   SharedCounter consumed[kMaxLocalRanks];    // finished reading the slot (all-gather done)
+  // CUDA engine teardown: 1 once local rank x has closed its mappings of the
+  // others' IPC memory and events, so they may free theirs.
+  SharedCounter cuda_closed[kMaxLocalRanks];
 };
 
 class NodeArena {

@@ -9,6 +9,7 @@
 
 #include "allreduce/deadlines.h"
 #include "allreduce/op.h"
+#include "allreduce/rail_plan.h"
 #include "common/errors.h"
 #include "transport/tcp_mesh.h"
 
@@ -126,17 +127,15 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
   SliceState* s = st.get();
   const RailTask& t = s->task;
   const int64_t elem = c10::elementSize(t.dtype);
-  const int me = topo_.node;
-  const int shards = static_cast<int>(t.shards.size());
+  const RailPlan plan = plan_rail(t.shards, topo_.node, topo_.num_nodes);
   const auto now = Clock::now();
 
   // Client side: our piece of each other node's shard goes to its server, the
   // reduced shard comes back into place.
-  for (int j = 0; j < shards; ++j) {
-    if (j == me) continue;
-    Channel& ch = *clients_[j];
-    const uint64_t bytes = static_cast<uint64_t>(bytes_of(t.shards[j], elem));
-    char* where = t.chunk + t.shards[j].offset * elem;
+  for (const RemoteShard& r : plan.remote) {
+    Channel& ch = *clients_[r.node];
+    const uint64_t bytes = static_cast<uint64_t>(bytes_of(r.shard, elem));
+    char* where = t.chunk + r.shard.offset * elem;
     Channel::Send send;
     send.header = header_for(t, WireKind::kContribution, bytes);
     send.data = where;
@@ -156,13 +155,14 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
     ++s->results_missing;
   }
 
-  // Server side: we serve shard `me` if the plan has that many shards.
-  if (me < shards) {
-    const uint64_t bytes = static_cast<uint64_t>(bytes_of(t.shards[me], elem));
+  // Server side: the peers' pieces of our shard, if the plan gives us one.
+  if (plan.serves) {
+    const Range served = plan.served;
+    const std::vector<int> contributors = plan.contributors;
+    const uint64_t bytes = static_cast<uint64_t>(bytes_of(served, elem));
     s->served = false;
     s->staging = &staging_[t.slice_seq % staging_.size()];
-    for (int i = 0; i < topo_.num_nodes; ++i) {
-      if (i == me) continue;
+    for (int i : contributors) {
       if (bytes > (*s->staging)[i].size()) {
         throw std::logic_error("fairring: shard larger than its staging buffer (plan bound violated)");
       }
@@ -176,19 +176,17 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
                       check_match(got, want, peer, self);
                       return dst;
                     },
-                    [this, s, elem, bytes] {
+                    [this, s, elem, bytes, served, contributors] {
                       if (--s->contributions_missing > 0) return;
                       // All pieces are in: reduce in node order, send back.
                       const RailTask& t = s->task;
-                      char* own = t.chunk + t.shards[topo_.node].offset * elem;
+                      char* own = t.chunk + served.offset * elem;
                       std::vector<const void*> inputs(topo_.num_nodes);
                       for (int n = 0; n < topo_.num_nodes; ++n) {
                         inputs[n] = (n == topo_.node) ? own : (*s->staging)[n].data();
                       }
-                      reduce_(t.dtype, t.op, own, inputs.data(), topo_.num_nodes,
-                              t.shards[topo_.node].count, t.divisor);
-                      for (int n = 0; n < topo_.num_nodes; ++n) {
-                        if (n == topo_.node) continue;
+                      reduce_(t.dtype, t.op, own, inputs.data(), topo_.num_nodes, served.count, t.divisor);
+                      for (int n : contributors) {
                         Channel::Send send;
                         send.header = header_for(t, WireKind::kResult, bytes);
                         send.data = own;

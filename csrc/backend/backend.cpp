@@ -10,6 +10,7 @@
 #include "allreduce/op.h"
 #include "backend/init_store.h"
 #include "backend/work.h"
+#include "common/gil.h"
 #include "kernels/reduce_cpu.h"
 
 namespace fairring {
@@ -120,7 +121,12 @@ FairringBackend::~FairringBackend() {
     (void)engine_.release();
     (void)cuda_engine_.release();
     (void)fallback_.release();
+    return;
   }
+  // The engines join their threads, which may need the GIL.
+  GilReleaseIfHeld no_gil;
+  cuda_engine_.reset();
+  engine_.reset();
 }
 
 void FairringBackend::check_same_process(const char* what) const {

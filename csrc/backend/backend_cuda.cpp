@@ -72,8 +72,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_device(at::Tensor& t, 
   const cudaError_t rec = cudaEventRecord(aop->ready, c10::cuda::getCurrentCUDAStream(t.device().index()).stream());
   if (rec != cudaSuccess) cudaEventDestroy(aop->ready);
   cuda_check(rec, "cudaEventRecord on the caller's stream");
-  engine->record_streams(buffer);
-  if (aop->user.defined()) engine->record_streams(aop->user);
+  // No recordStream: the engine holds the op's tensors until its device work is over.
   aop->on_complete = [work](std::exception_ptr error) { work->mark_done(error); };
   aop->after_complete = [work](std::exception_ptr error, const c10::cuda::CUDAStream& stream) {
     work->complete_future(error, stream);

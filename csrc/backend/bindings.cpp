@@ -3,8 +3,10 @@
 #include <pybind11/stl.h>
 #include <torch/extension.h>
 
+#include "allreduce/cuda_engine.h"
 #include "allreduce/engine.h"
 #include "allreduce/plan.h"
+#include "allreduce/rail_plan.h"
 #include "backend/backend.h"
 #include "common/config.h"
 #include "topology/topology.h"
@@ -78,7 +80,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "ip:port of this rank's TCP listener, or '' when the group is a single node")
       .def("topology", [](const FairringBackend& b) { return topology_dict(b.topology()); });
 
-  m.def("_quiesce_all", &Engine::quiesce_all, py::call_guard<py::gil_scoped_release>(),
+  m.def("_quiesce_all", [] {
+        Engine::quiesce_all();
+        quiesce_all_cuda_engines();
+      },
+      py::call_guard<py::gil_scoped_release>(),
         "Waits for in-flight all_reduces and lets the engines' threads drop their "
         "tensors; registered with atexit by fairring_py.");
   m.def("_topology_for_test", [](const std::vector<std::string>& keys, int rank) {
@@ -113,6 +119,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("numel"), py::arg("elem_size"), py::arg("ranks_per_node"), py::arg("num_nodes"),
       py::arg("slice_bytes") = PlanParams().slice_bytes, py::arg("min_chunk_bytes") = PlanParams().min_chunk_bytes,
       py::arg("min_shard_bytes") = PlanParams().min_shard_bytes);
+
+  // The rail exchange of a chunk with these shards, seen from `node`.
+  m.def("_rail_walk_for_test", [](const std::vector<std::pair<int64_t, int64_t>>& shards, int node, int num_nodes) {
+    std::vector<Range> rs;
+    for (const auto& s : shards) rs.push_back(Range{s.first, s.second});
+    const RailPlan p = plan_rail(rs, node, num_nodes);
+    py::dict d;
+    py::list remote;
+    for (const auto& r : p.remote) remote.append(py::make_tuple(r.node, r.shard.offset, r.shard.count));
+    d["remote"] = remote;
+    d["serves"] = p.serves;
+    d["served"] = py::make_tuple(p.served.offset, p.served.count);
+    d["contributors"] = p.contributors;
+    return d;
+  });
 
   m.def(
       "_max_shard_bytes_for_test",

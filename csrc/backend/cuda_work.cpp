@@ -4,7 +4,10 @@
 
 #include <c10/cuda/CUDAGuard.h>
 
-#include "transport/cuda_ipc.h"
+#include <algorithm>
+#include <chrono>
+
+#include "common/cuda_check.h"
 
 namespace fairring {
 
@@ -13,18 +16,10 @@ CudaFairringWork::CudaFairringWork(int rank, std::vector<at::Tensor> outputs, c1
     : c10d::Work(rank, c10d::OpType::ALLREDUCE),
       outputs_(std::move(outputs)),
       device_(device),
+      done_(std::make_shared<CudaEvent>(device)),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                         std::vector<c10::Device>{device})),
-      completer_(completer) {
-  c10::cuda::CUDAGuard guard(device_);
-  cuda_check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cannot create a CUDA event");
-}
-
-CudaFairringWork::~CudaFairringWork() {
-  // Destroying an event whose record is still pending is allowed; CUDA
-  // releases it once the record completes.
-  if (done_) cudaEventDestroy(done_);
-}
+      completer_(completer) {}
 
 void CudaFairringWork::mark_done(std::exception_ptr error) { finish(error); }
 
@@ -39,17 +34,31 @@ void CudaFairringWork::complete_future(std::exception_ptr error, const c10::cuda
 
 void CudaFairringWork::stream_wait() {
   c10::cuda::CUDAGuard guard(device_);
-  cuda_check(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device_.index()).stream(), done_, 0),
+  cuda_check(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device_.index()).stream(), done_->get(), 0),
              "cudaStreamWaitEvent on the all_reduce's completion");
 }
 
 bool CudaFairringWork::wait(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   // Host: enqueued (throws on error or timeout); then synchronize(), which
   // makes the current stream wait for the op.
   const bool ok = c10d::Work::wait(timeout);
   // The future is completed right after, on the completion thread; wait for
-  // it (except from that thread) so get_future().value() works after wait().
-  if (std::this_thread::get_id() != completer_) future_->wait();
+  // it (except from that thread) so get_future().value() works after wait(),
+  // but not past the caller's timeout.  The future has no timed wait: poll,
+  // backing off (it is usually a few microseconds away).
+  if (std::this_thread::get_id() == completer_) return ok;
+  if (timeout != std::chrono::milliseconds::zero()) {  // zero: c10d's kNoTimeout
+    auto nap = std::chrono::microseconds(10);
+    while (!future_->completed()) {
+      TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "fairring: Work.wait(timeout=", timeout.count(),
+                  " ms) timed out: the all_reduce is enqueued but its future was not completed in time "
+                  "(a callback chained on an earlier op's future is still running?)");
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(1000));
+    }
+  }
+  future_->wait();
   return ok;
 }
 
@@ -61,7 +70,8 @@ void CudaFairringWork::synchronize() {
 bool CudaFairringWork::isCompleted() {
   if (!c10d::Work::isCompleted()) return false;
   if (exception()) return true;
-  return cudaEventQuery(done_) == cudaSuccess;
+  c10::cuda::CUDAGuard guard(device_);
+  return cuda_done(cudaEventQuery(done_->get()), "querying the all_reduce's completion");
 }
 
 }  // namespace fairring

@@ -13,6 +13,9 @@
 #include <cuda_runtime_api.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "common/cuda_resources.h"
+
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -22,10 +25,9 @@ class CudaFairringWork : public c10d::Work {
  public:
   // `completer` is the thread that completes the future (CudaEngine's).
   CudaFairringWork(int rank, std::vector<at::Tensor> outputs, c10::Device device, std::thread::id completer);
-  ~CudaFairringWork() override;
 
-  // The event recorded after the op's last device work; owned by the Work.
-  cudaEvent_t done_event() const { return done_; }
+  // The event recorded after the op's last device work (shared with the op).
+  const std::shared_ptr<CudaEvent>& done_event() const { return done_; }
 
   // Host side done (every slice enqueued, or failed).  Quick, never blocks.
   void mark_done(std::exception_ptr error);
@@ -45,7 +47,7 @@ class CudaFairringWork : public c10d::Work {
 
   std::vector<at::Tensor> outputs_;
   c10::Device device_;
-  cudaEvent_t done_ = nullptr;
+  std::shared_ptr<CudaEvent> done_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::thread::id completer_;
 };

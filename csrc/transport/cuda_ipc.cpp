@@ -10,13 +10,6 @@
 
 namespace fairring {
 
-void cuda_check(cudaError_t err, const std::string& what) {
-  if (err != cudaSuccess) {
-    throw std::runtime_error("fairring: " + what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) +
-                             ")");
-  }
-}
-
 namespace {
 
 template <typename Handle>
@@ -48,7 +41,7 @@ int current_device() {
 SharedDeviceMemory::SharedDeviceMemory(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key,
                                        const std::vector<int>& local_ranks, int me, size_t bytes,
                                        std::chrono::milliseconds timeout)
-    : bases_(local_ranks.size(), nullptr), me_(me) {
+    : bases_(local_ranks.size(), nullptr), me_(me), rank_(local_ranks[me]) {
   void* mine = nullptr;
   cuda_check(cudaMalloc(&mine, bytes), "cannot allocate " + std::to_string(bytes) +
                                            " bytes of CUDA staging memory (FAIRRING_TOTAL_MEMORY bounds it)");
@@ -84,25 +77,30 @@ SharedDeviceMemory::SharedDeviceMemory(const c10::intrusive_ptr<c10d::Store>& st
       bases_[x] = static_cast<char*>(p);
     }
   } catch (...) {
-    for (size_t x = 0; x < bases_.size(); ++x) {
-      if (static_cast<int>(x) != me && bases_[x]) cudaIpcCloseMemHandle(bases_[x]);
-    }
-    cudaFree(mine);
+    // Peers may have mapped ours already: it is left to the process's exit.
+    close_peers();
     throw;
   }
 }
 
-SharedDeviceMemory::~SharedDeviceMemory() {
+void SharedDeviceMemory::close_peers() {
   for (size_t x = 0; x < bases_.size(); ++x) {
-    if (static_cast<int>(x) != me_ && bases_[x]) cudaIpcCloseMemHandle(bases_[x]);
+    if (static_cast<int>(x) == me_ || !bases_[x]) continue;
+    cuda_ok_or_log(cudaIpcCloseMemHandle(bases_[x]), rank_, "cudaIpcCloseMemHandle");
+    bases_[x] = nullptr;
   }
-  if (bases_[me_]) cudaFree(bases_[me_]);
+}
+
+SharedDeviceMemory::~SharedDeviceMemory() {
+  close_peers();
+  if (bases_[me_]) cuda_ok_or_log(cudaFree(bases_[me_]), rank_, "cudaFree (CUDA staging memory)");
 }
 
 SharedEvents::SharedEvents(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key,
                            const std::vector<int>& local_ranks, int me, int count,
                            std::chrono::milliseconds timeout)
-    : events_(local_ranks.size() * static_cast<size_t>(count), nullptr), count_(count) {
+    : events_(local_ranks.size() * static_cast<size_t>(count), nullptr), count_(count), me_(me),
+      rank_(local_ranks[me]) {
   try {
     std::vector<uint8_t> blob;
     for (int i = 0; i < count; ++i) {
@@ -134,16 +132,28 @@ SharedEvents::SharedEvents(const c10::intrusive_ptr<c10d::Store>& store, const s
       }
     }
   } catch (...) {
-    for (cudaEvent_t ev : events_) {
-      if (ev) cudaEventDestroy(ev);
-    }
+    // Peers may have opened ours already: they are left to the process's exit.
+    close_peers();
     throw;
   }
 }
 
+void SharedEvents::close_peers() {
+  for (size_t i = 0; i < events_.size(); ++i) {
+    if (static_cast<int>(i / count_) == me_ || !events_[i]) continue;
+    cuda_ok_or_log(cudaEventDestroy(events_[i]), rank_, "cudaEventDestroy (a peer's IPC event)");
+    events_[i] = nullptr;
+  }
+}
+
+void SharedEvents::leak_own() {
+  for (int i = 0; i < count_; ++i) events_[static_cast<size_t>(me_) * count_ + i] = nullptr;
+}
+
 SharedEvents::~SharedEvents() {
+  close_peers();
   for (cudaEvent_t ev : events_) {
-    if (ev) cudaEventDestroy(ev);
+    if (ev) cuda_ok_or_log(cudaEventDestroy(ev), rank_, "cudaEventDestroy (an IPC event)");
   }
 }
 

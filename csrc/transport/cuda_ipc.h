@@ -13,14 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "common/cuda_check.h"
+
 namespace c10d {
 class Store;
 }
 
 namespace fairring {
-
-// Throws std::runtime_error("fairring: <what>: <CUDA error>") unless err is cudaSuccess.
-void cuda_check(cudaError_t err, const std::string& what);
 
 // Device memory this process allocates (cudaMalloc, so it can be exported)
 // and the mappings of the same allocation made by every other local rank.
@@ -39,9 +38,18 @@ class SharedDeviceMemory {
   // Base of local rank x's allocation as this process sees it.
   char* base(int x) const { return bases_[x]; }
 
+  // Teardown, first phase: unmap the peers' allocations (once every use of
+  // them on our streams is over).  Our own is freed by the destructor, which
+  // must not run before every peer has closed its mapping of it (freeing an
+  // exported allocation a peer still maps is undefined behaviour); or
+  // leak_own(), when the peers cannot be waited for.
+  void close_peers();
+  void leak_own() { bases_[me_] = nullptr; }
+
  private:
   std::vector<char*> bases_;  // [me] is our own allocation
   int me_ = 0;
+  int rank_ = -1;  // for logs
 };
 
 // Events created with cudaEventInterprocess by one process and opened by the
@@ -61,9 +69,17 @@ class SharedEvents {
   // Event i of local rank x (ours when x == me).
   cudaEvent_t at(int x, int i) const { return events_[static_cast<size_t>(x) * count_ + i]; }
 
+  // Teardown, as SharedDeviceMemory: close the peers' events first; ours
+  // are destroyed by the destructor once every peer has closed them (or
+  // leaked).
+  void close_peers();
+  void leak_own();
+
  private:
   std::vector<cudaEvent_t> events_;
   int count_ = 0;
+  int me_ = 0;
+  int rank_ = -1;  // for logs
 };
 
 }  // namespace fairring

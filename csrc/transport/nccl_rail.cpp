@@ -7,12 +7,15 @@
 #include <nccl.h>  // only to check the declarations below
 #define FAIRRING_HAVE_NCCL_H 1
 #endif
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
 #include <vector>
+
+#include "common/log.h"
 
 namespace fairring {
 
@@ -49,19 +52,46 @@ struct NcclApi {
 template <typename F>
 bool bind(void* lib, const char* name, F& fn, std::string& error) {
   fn = reinterpret_cast<F>(dlsym(lib, name));
-  if (!fn && error.empty()) error = std::string("libnccl.so.2 has no ") + name;
+  if (!fn && error.empty()) error = std::string("the loaded NCCL library has no ") + name;
   return fn != nullptr;
 }
 
-const NcclApi& nccl() {
+// libnccl.so.2 of torch's pip NVIDIA packages (site-packages/nvidia/nccl/lib),
+// found from where torch's own libraries are (site-packages/torch/lib).
+std::string torch_pip_nccl() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&c10::cuda::device_count), &info) == 0 || !info.dli_fname) return "";
+  std::string path = info.dli_fname;
+  for (int up = 0; up < 3; ++up) {  // libc10_cuda.so -> lib -> torch -> site-packages
+    const size_t slash = path.rfind('/');
+    if (slash == std::string::npos) return "";
+    path.resize(slash);
+  }
+  return path + "/nvidia/nccl/lib/libnccl.so.2";
+}
+
+// The NCCL torch uses if it has loaded one; else the one of torch's pip
+// packages; else whatever the loader finds.
+void* open_nccl(std::string& tried) {
+  if (void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD)) return lib;
+  const std::string pip = torch_pip_nccl();
+  for (const std::string& name : {pip, std::string("libnccl.so.2"), std::string("libnccl.so")}) {
+    if (name.empty()) continue;
+    if (void* lib = dlopen(name.c_str(), RTLD_NOW | RTLD_GLOBAL)) return lib;
+    const char* why = dlerror();
+    tried += (tried.empty() ? "" : "; ") + std::string(why ? why : name + ": not found");
+  }
+  return nullptr;
+}
+
+const NcclApi& nccl(int rank = -1) {
   static NcclApi api;
   static std::once_flag once;
-  std::call_once(once, [] {
-    void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
-    if (!lib) lib = dlopen("libnccl.so", RTLD_NOW | RTLD_GLOBAL);
+  std::call_once(once, [rank] {
+    std::string tried;
+    void* lib = open_nccl(tried);
     if (!lib) {
-      const char* why = dlerror();
-      api.load_error = std::string("cannot load libnccl.so.2: ") + (why ? why : "not found");
+      api.load_error = "cannot load NCCL (" + tried + ")";
       return;
     }
     std::string& e = api.load_error;
@@ -74,6 +104,10 @@ const NcclApi& nccl() {
     bind(lib, "ncclGroupStart", api.group_start, e);
     bind(lib, "ncclGroupEnd", api.group_end, e);
     bind(lib, "ncclGetErrorString", api.error_string, e);
+    Dl_info info;
+    const bool found = api.get_unique_id && dladdr(reinterpret_cast<void*>(api.get_unique_id), &info) != 0;
+    FAIRRING_DEBUG_LOG(rank, "FAIRRING_GPU_TRANSPORT=nccl: using %s",
+                       found && info.dli_fname ? info.dli_fname : "libnccl.so.2 (path unknown)");
   });
   if (!api.load_error.empty()) {
     throw std::runtime_error("fairring: FAIRRING_GPU_TRANSPORT=nccl: " + api.load_error +
@@ -91,8 +125,8 @@ void check(int result, const char* what) {
 }  // namespace
 
 NcclRail::NcclRail(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, int size, int index,
-                   std::chrono::milliseconds timeout) {
-  const NcclApi& api = nccl();
+                   std::chrono::milliseconds timeout, int rank) {
+  const NcclApi& api = nccl(rank);
   UniqueId id;
   if (index == 0) {
     check(api.get_unique_id(&id), "ncclGetUniqueId");

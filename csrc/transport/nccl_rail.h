@@ -1,8 +1,9 @@
 // NCCL point-to-point on a rail (the ranks with one local rank, one per node),
-// for FAIRRING_GPU_TRANSPORT=nccl.  NCCL is loaded at run time (dlopen of
-// libnccl.so.2, which a CUDA build of torch has usually loaded already), so
-// the extension neither needs NCCL's headers nor links it.  Only compiled with
-// CUDA (FAIRRING_WITH_CUDA).
+// for FAIRRING_GPU_TRANSPORT=nccl.  NCCL is loaded at run time: the
+// libnccl.so.2 torch has loaded, else the one of torch's pip NVIDIA packages
+// (site-packages/nvidia/nccl/lib), else the loader's; FAIRRING_DEBUG=1 logs
+// which.  So the extension neither needs NCCL's headers nor links it.  Only
+// compiled with CUDA (FAIRRING_WITH_CUDA).
 #pragma once
 
 #ifdef FAIRRING_WITH_CUDA
@@ -24,8 +25,9 @@ class NcclRail {
  public:
   // Collective over the rail: `size` ranks, this one at `index` (its node).
   // The rail's index 0 draws the NCCL unique id and shares it under `key`.
+  // `rank` (the group rank) is for logs.
   NcclRail(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, int size, int index,
-           std::chrono::milliseconds timeout);
+           std::chrono::milliseconds timeout, int rank);
   ~NcclRail();
   NcclRail(const NcclRail&) = delete;
   NcclRail& operator=(const NcclRail&) = delete;
