@@ -330,3 +330,45 @@ def fork_after_init(rank, world):
     out["after"] = _attempt(lambda: dist.all_reduce(y))
     out["after_right"] = bool(torch.all(y == sum(range(world))))
     return out
+
+
+def hostile_peers(rank, world, flood):
+    """Rank 0 attacks rank 1's rail listener while the job runs: a silent
+    connection, garbage, a well-formed greeting with a wrong secret, one with
+    an absurd rank, and `flood` connections at once.  Results stay right."""
+    import socket
+    import struct
+
+    addr = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu")).listen_address()
+    addrs = [None] * world
+    dist.all_gather_object(addrs, addr)
+    out = {"right": True}
+    socks = []
+    if rank == 0:
+        host, _, port = addrs[1].rpartition(":")
+        target = (host.strip("[]"), int(port))
+        socks.append(socket.create_connection(target, timeout=10))  # silent
+        g = socket.create_connection(target, timeout=10)
+        g.sendall(os.urandom(48))
+        socks.append(g)
+        for claimed in (1, 2**31 - 1):
+            h = socket.create_connection(target, timeout=10)
+            h.sendall(b"FAIRRNG1" + struct.pack("<iI", claimed, 0) + os.urandom(32))
+            socks.append(h)
+        for _ in range(flood):
+            try:
+                socks.append(socket.create_connection(target, timeout=10))
+            except OSError:
+                break
+    for i in range(5):
+        x = torch.full((65537 + i,), float(rank + 1))
+        dist.all_reduce(x)
+        out["right"] &= bool(torch.all(x == sum(range(1, world + 1))))
+    dist.barrier()
+    for s in socks:
+        s.close()
+    time.sleep(0.5)
+    y = torch.ones(4099)
+    dist.all_reduce(y)
+    out["right"] &= bool(torch.all(y == world))
+    return out

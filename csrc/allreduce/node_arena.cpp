@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <cstring>
+
+#include "common/log.h"
 #include <new>
 #include <stdexcept>
 
@@ -11,6 +13,8 @@ namespace fairring {
 
 namespace {
 int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+// Every segment's name starts with this (tests and the sweep look for it).
+constexpr const char* kShmPrefix = "fairring-";
 }  // namespace
 
 NodeArena::NodeArena(
@@ -40,17 +44,23 @@ NodeArena::NodeArena(
 
   area_ = round_up(slot_area_bytes, 4096);
   const int64_t total = control_bytes + header_bytes + area_ * (ranks_ + 1) * slots;
-  const std::string name = "/fairring-" + job_uid + "-node" + std::to_string(topo.node);
   const std::string ready_key = "fairring/shm_ready/" + std::to_string(topo.node);
   const std::string mapped_key = "fairring/shm_mapped/" + std::to_string(topo.node);
 
   if (topo.local_rank == 0) {
+    // Names a crash left behind (see below) go first.
+    if (int n = ShmSegment::sweep_stale(kShmPrefix)) {
+      FAIRRING_DEBUG_LOG(topo.rank, "removed %d shared memory segment(s) of crashed jobs from /dev/shm", n);
+    }
+    const std::string name = ShmSegment::name_for("/" + std::string(kShmPrefix) + job_uid + "-node" +
+                                                  std::to_string(topo.node));
     shm_ = ShmSegment::create(name, static_cast<size_t>(total));
     new (shm_.data()) NodeControl();
-    store->set(ready_key, std::vector<uint8_t>{1});
+    store->set(ready_key, std::vector<uint8_t>(name.begin(), name.end()));
   } else {
     store->wait({ready_key}, timeout);
-    shm_ = ShmSegment::open(name, static_cast<size_t>(total));
+    const std::vector<uint8_t> name = store->get(ready_key);
+    shm_ = ShmSegment::open(std::string(name.begin(), name.end()), static_cast<size_t>(total));
   }
   char* base = static_cast<char*>(shm_.data());
   control_ = reinterpret_cast<NodeControl*>(base);

@@ -1,11 +1,15 @@
 #include "transport/shm.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <ctime>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <utility>
@@ -89,6 +93,39 @@ ShmSegment ShmSegment::open(const std::string& name, size_t size) {
   close(fd);
   s.size_ = size;
   return s;
+}
+
+namespace {
+// The tag name_for() appends: "-p<pid>".
+constexpr const char* kPidTag = "-p";
+// A segment younger than this may belong to a group being created in a pid
+// namespace we cannot see into: left alone.
+constexpr time_t kStaleAfterSeconds = 60;
+}  // namespace
+
+std::string ShmSegment::name_for(const std::string& base) { return base + kPidTag + std::to_string(getpid()); }
+
+int ShmSegment::sweep_stale(const std::string& prefix) {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  int removed = 0;
+  const time_t now = time(nullptr);
+  while (struct dirent* e = readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name.rfind(prefix, 0) != 0) continue;
+    const size_t tag = name.rfind(kPidTag);
+    if (tag == std::string::npos) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(name.c_str() + tag + 2, &end, 10);
+    if (pid <= 0 || end == nullptr || *end != '\0') continue;
+    struct stat st;
+    if (fstatat(dirfd(dir), name.c_str(), &st, 0) != 0) continue;
+    if (st.st_uid != geteuid() || now - st.st_mtime < kStaleAfterSeconds) continue;
+    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // creator alive (or not ours to see)
+    if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
+  closedir(dir);
+  return removed;
 }
 
 void ShmSegment::unlink() {

@@ -20,6 +20,15 @@ class ShmSegment {
   // Maps a segment another rank created.
   static ShmSegment open(const std::string& name, size_t size);
 
+  // The name for a new segment `base`, tagged with the creating process so
+  // that sweep_stale() can tell when it is gone.
+  static std::string name_for(const std::string& base);
+  // Removes names (made by name_for) of this user's segments under
+  // /dev/shm/`prefix`* whose creator has exited and that are older than a
+  // minute: what a crash during group creation (before every rank mapped the
+  // segment and removed its name) leaves behind.  Returns how many.
+  static int sweep_stale(const std::string& prefix);
+
   // Removes the name; the memory stays mapped until every process unmaps it
   // (or exits), so a crash cannot leak it once this has run.
   void unlink();

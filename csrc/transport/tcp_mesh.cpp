@@ -91,7 +91,7 @@ void TcpMesh::accept_loop() {
         if (n > 0) {
           p.got += static_cast<size_t>(n);
         } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-          FAIRRING_LOG(rank_, "rejected a connection from %s: closed before its greeting", p.from.c_str());
+          log_rejection(p.from, "closed before its greeting");
           drop = true;
         }
       }
@@ -99,7 +99,7 @@ void TcpMesh::accept_loop() {
         admit(std::move(p.socket), p.hello, p.from);
         drop = true;
       } else if (!drop && now > p.deadline) {
-        FAIRRING_LOG(rank_, "rejected a connection from %s: no greeting within 5 s", p.from.c_str());
+        log_rejection(p.from, "no greeting within 5 s");
         drop = true;
       }
       if (!drop) keep.push_back(std::move(p));
@@ -111,8 +111,7 @@ void TcpMesh::accept_loop() {
       if (!s.valid()) continue;
       std::string from = s.peer_name();
       if (pending.size() >= kMaxPending) {
-        FAIRRING_LOG(rank_, "rejected a connection from %s: too many connections awaiting their greeting",
-                     from.c_str());
+        log_rejection(from, "too many connections awaiting their greeting");
         continue;
       }
       pending.push_back(Pending{std::move(s), std::move(from), now + kGreetingTimeout});
@@ -120,19 +119,28 @@ void TcpMesh::accept_loop() {
   }
 }
 
+void TcpMesh::log_rejection(const std::string& from, const std::string& why) {
+  // A scan or a flood of rogue connections must not flood the job's logs:
+  // the first one is reported, the rest at debug level only.
+  if (rejections_++ == 0) {
+    FAIRRING_LOG(rank_, "rejected a connection from %s: %s (later rejections are logged with FAIRRING_DEBUG=1)",
+                 from.c_str(), why.c_str());
+  } else {
+    FAIRRING_DEBUG_LOG(rank_, "rejected a connection from %s: %s", from.c_str(), why.c_str());
+  }
+}
+
 void TcpMesh::admit(Socket s, const Hello& hello, const std::string& from) {
   if (std::memcmp(hello.magic, kHelloMagic, sizeof(kHelloMagic)) != 0 ||
       !same_secret(hello.secret, secret_.data())) {
-    FAIRRING_LOG(rank_, "rejected a connection from %s: it does not know this process group's secret",
-                 from.c_str());
+    log_rejection(from, "it does not know this process group's secret");
     return;
   }
   std::lock_guard<std::mutex> lock(mu_);
   const int peer = hello.rank;
   const bool expected = std::find(expected_.begin(), expected_.end(), peer) != expected_.end();
   if (!expected || servers_.count(peer) != 0) {
-    FAIRRING_LOG(rank_, "rejected a connection from %s claiming rank %d: not an expected rail peer",
-                 from.c_str(), peer);
+    log_rejection(from, "it claims rank " + std::to_string(peer) + ", not an expected rail peer");
     return;
   }
   // Acknowledge, then hand the link over.

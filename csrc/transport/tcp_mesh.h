@@ -61,6 +61,7 @@ class TcpMesh {
   void accept_loop();
   // Keeps the connection if the greeting is right and from an expected peer.
   void admit(Socket socket, const Hello& hello, const std::string& from);
+  void log_rejection(const std::string& from, const std::string& why);
 
   c10::intrusive_ptr<c10d::Store> store_;
   int rank_;
@@ -71,6 +72,7 @@ class TcpMesh {
   Socket listener_;
   std::thread acceptor_;
   std::atomic<bool> stop_{false};
+  uint64_t rejections_ = 0;  // acceptor thread only
 
   std::mutex mu_;
   std::condition_variable cv_;
