@@ -85,6 +85,9 @@ def stall_or_die(rank, world, culprit, how, timeout_s, sync_dir=None):
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(launch.DELIBERATE_EXIT)
+        if how == "destroy":
+            # Leaves while the others still issue collectives.
+            dist.destroy_process_group()
         give_up = time.monotonic() + 2 * timeout_s + 15
         others = [r for r in range(world) if r != culprit]
         while time.monotonic() < give_up:
@@ -371,4 +374,74 @@ def hostile_peers(rank, world, flood):
     y = torch.ones(4099)
     dist.all_reduce(y)
     out["right"] &= bool(torch.all(y == world))
+    return out
+
+
+def bad_tensors(rank, world):
+    """Tensors users pass by accident: each gives the right result or a clear
+    error (never a crash, never silently wrong numbers), and the group keeps
+    working.  Returns {case: (outcome, detail)}."""
+    out = {}
+    want = float(sum(range(1, world + 1)))
+
+    def case(name, fn):
+        try:
+            detail = fn()
+            out[name] = ("ok" if detail is None else "wrong", detail)
+        except (RuntimeError, ValueError, TypeError) as e:
+            out[name] = ("error", f"{type(e).__name__}: {str(e)[:300]}")
+
+    def conj():
+        z = torch.full((33,), complex(rank + 1, rank + 1), dtype=torch.complex64).conj()
+        dist.all_reduce(z)
+        ref = complex(want, -want)
+        return None if torch.all(z.resolve_conj() == ref) else f"got {z[:2].tolist()}, want {ref}"
+    case("conj-bit", conj)
+
+    # Not here: a tensor with the negative bit set (x._neg_view()).  torch's
+    # dispatcher hands every backend a resolved copy and copies it back
+    # before the collective has run, so it stays unchanged on gloo too.
+
+    def expanded():
+        x = torch.full((1,), float(rank + 1)).expand(1000)
+        dist.all_reduce(x)
+        return None if torch.all(x == want) else f"got {x[:2].tolist()}"
+    case("expanded-stride0", expanded)
+
+    def overlapping():
+        base = torch.full((20,), float(rank + 1))
+        x = base.as_strided((10, 4), (1, 1))  # rows overlap
+        dist.all_reduce(x)
+        return None if torch.all(x == want) else f"got {x.flatten()[:4].tolist()}"
+    case("overlapping-view", overlapping)
+
+    def zero_dim():
+        x = torch.tensor(float(rank + 1))
+        dist.all_reduce(x)
+        return None if x.item() == want and x.dim() == 0 else f"got {x}"
+    case("0-dim", zero_dim)
+
+    def empty():
+        x = torch.empty(0, 5)
+        dist.all_reduce(x)
+        return None if x.shape == (0, 5) else f"shape {tuple(x.shape)}"
+    case("empty", empty)
+
+    def leaf():
+        x = torch.full((100,), float(rank + 1), requires_grad=True)
+        dist.all_reduce(x)
+        return None if torch.all(x.detach() == want) else f"got {x[:2].tolist()}"
+    case("requires-grad-leaf", leaf)
+
+    def meta():
+        # torch's dispatcher treats a meta tensor's all_reduce as shape-only
+        # and never reaches a backend: no data, nothing to get wrong.
+        x = torch.empty(10, device="meta")
+        dist.all_reduce(x)
+        return None if x.shape == (10,) and x.is_meta else f"meta tensor became {x}"
+    case("meta", meta)
+
+    x = torch.full((4099,), float(rank + 1))
+    dist.all_reduce(x)
+    out["after"] = ("ok" if torch.all(x == want) else "wrong", None)
     return out

@@ -75,25 +75,31 @@ def _check_culprit_named(res, culprit, timeout_s, how):
     return problems
 
 
-STALL_CASES = [(["a", "a", "b", "b"], 3), (["a", "a", "b", "b"], 0), (["a", "a"], 1)]
+STALL_CASES = [(["a", "a", "b", "b"], 3, "stall"), (["a", "a", "b", "b"], 0, "stall"), (["a", "a"], 1, "stall"),
+               (["a", "a", "b", "b"], 1, "destroy"), (["a", "a"], 0, "destroy")]
 
 
-@pytest.mark.parametrize("nodes,culprit", STALL_CASES, ids=["2x2-rank3", "2x2-rank0", "1x2-rank1"])
-def test_stalled_rank_named_within_timeout(nodes, culprit):
+@pytest.mark.parametrize("nodes,culprit,how", STALL_CASES,
+                         ids=["2x2-rank3", "2x2-rank0", "1x2-rank1", "2x2-rank1-destroys", "1x2-rank0-destroys"])
+def test_stalled_rank_named_within_timeout(nodes, culprit, how):
+    """A rank that stops issuing collectives (stalled, or its group destroyed
+    while the others go on) is named by every other rank within the timeout."""
     timeout_s = 5
     with tempfile.TemporaryDirectory(prefix="fairring-test-sync-") as sync_dir:
-        res = launch.run_ranks(rank_errors.stall_or_die, nodes, args=(culprit, "stall", timeout_s, sync_dir),
+        res = launch.run_ranks(rank_errors.stall_or_die, nodes, args=(culprit, how, timeout_s, sync_dir),
                                pg_timeout_s=timeout_s, timeout_s=90)
     problems = _check_culprit_named(res, culprit, timeout_s, "stalled")
     assert not problems, "\n".join(problems) + "\n" + _fmt(res)
 
 
 DEAD_CASES = [(["a", "a", "b", "b"], 1, "die"), (["a", "b"], 1, "die"), (["a", "a"], 0, "die"),
-              (["a", "a", "b", "b"], 2, "die-mid-op")]
+              (["a", "a", "b", "b"], 2, "die-mid-op"), (["a", "a", "b", "b"], 3, "die-mid-op"),
+              (["a", "a"], 1, "die-mid-op")]
 
 
 @pytest.mark.parametrize("nodes,culprit,how", DEAD_CASES,
-                         ids=["2x2-rank1", "2x1-rank1", "1x2-rank0", "2x2-rank2-mid-op"])
+                         ids=["2x2-rank1", "2x1-rank1", "1x2-rank0", "2x2-leader-mid-op", "2x2-non-leader-mid-op",
+                              "1x2-non-leader-mid-op"])
 def test_dead_rank_named_within_timeout(nodes, culprit, how):
     timeout_s = 8
     shm_before = launch.list_shm()
@@ -260,3 +266,20 @@ def test_stale_segment_of_a_crashed_creator_is_swept():
         for n in (name, young):
             if os.path.exists(os.path.join("/dev/shm", n)):
                 os.unlink(os.path.join("/dev/shm", n))
+
+
+def test_bad_tensors_give_right_results_or_clear_errors():
+    res = launch.run_ranks(rank_errors.bad_tensors, ["a", "a", "b", "b"], timeout_s=120)
+    problems = []
+    for r in res:
+        v = r.value
+        for case, (outcome, detail) in v.items():
+            if outcome == "wrong":
+                problems.append(f"rank {r.rank} [{case}]: silently wrong: {detail}")
+        for case in ("overlapping-view", "0-dim", "empty", "requires-grad-leaf", "meta", "after"):
+            if v[case][0] != "ok":
+                problems.append(f"rank {r.rank} [{case}]: expected a right result, got {v[case]}")
+        outcome, detail = v["expanded-stride0"]
+        if outcome != "error" or "share memory" not in detail or "fairring" not in detail:
+            problems.append(f"rank {r.rank} [expanded-stride0]: expected fairring's clear error, got {v['expanded-stride0']}")
+    assert not problems, "\n".join(problems)

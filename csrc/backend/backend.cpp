@@ -9,6 +9,7 @@
 #include "allreduce/engine.h"
 #include "allreduce/op.h"
 #include "backend/init_store.h"
+#include "backend/reduce_input.h"
 #include "backend/work.h"
 #include "common/gil.h"
 #include "kernels/reduce_cpu.h"
@@ -172,47 +173,21 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_coalesced(std::vector<
 // buffer and copied back (the old multi-tensor API, allreduce_coalesced).
 c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_cpu(std::vector<at::Tensor>& tensors, RedOp op,
                                                              c10d::OpType type) {
-  const c10::ScalarType type0 = tensors[0].scalar_type();
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
     TORCH_CHECK(t.layout() == c10::kStrided && t.device().is_cpu(),
                 "fairring: all_reduce of several tensors needs dense CPU tensors, but tensor ", i, " is a ",
                 t.layout(), " tensor on ", t.device().str());
-    TORCH_CHECK(t.scalar_type() == type0, "fairring: all_reduce of several tensors needs one dtype, but tensor 0 is ",
-                dtype_name(type0), " and tensor ", i, " is ", dtype_name(t.scalar_type()));
   }
-  at::Tensor buffer;
-  std::vector<at::Tensor> users;
-  if (tensors.size() == 1 && tensors[0].is_contiguous()) {
-    buffer = tensors[0];
-  } else if (tensors.size() == 1) {
-    buffer = tensors[0].contiguous();
-    users = tensors;
-  } else {
-    std::vector<at::Tensor> flat;
-    for (const at::Tensor& t : tensors) flat.push_back(t.reshape({-1}));
-    buffer = at::cat(flat);
-    users = tensors;
-  }
-  c10::ScalarType dtype = type0;
-  int64_t numel = buffer.numel();
-  if (buffer.is_complex()) {
-    TORCH_CHECK(op == RedOp::kSum || op == RedOp::kAvg, "fairring: all_reduce of complex tensors supports SUM and AVG only, got ",
-                redop_name(op));
-    dtype = c10::toRealValueType(dtype);
-    numel *= 2;
-  }
-  const std::string why = reduce_unsupported_reason(dtype, op);
-  TORCH_CHECK(why.empty(), "fairring: all_reduce: ", why);
-
+  ReduceInput in = prepare_reduce_input(tensors, op);
   ++seq_;
   auto work = c10::make_intrusive<FairringWork>(getRank(), type, tensors);
   auto aop = std::make_shared<AllreduceOp>();
-  aop->buffer = buffer;
-  aop->users = std::move(users);
-  aop->dtype = dtype;
+  aop->buffer = std::move(in.buffer);
+  aop->users = std::move(in.users);
+  aop->dtype = in.dtype;
   aop->op = op;
-  aop->numel = numel;
+  aop->numel = in.numel;
   aop->on_complete = [work](std::exception_ptr error) { work->mark_done(error); };
   aop->after_complete = [work](std::exception_ptr error) { work->complete_future(error); };
   engine_->submit(std::move(aop));

@@ -1,0 +1,28 @@
+// What an all-reduce call's tensors become for the engines (CPU and CUDA
+// alike): one contiguous buffer reduced in place, and the caller's tensors
+// to copy the result back into when the buffer is not the tensor itself.
+// The checks a user's tensors must pass live here, once.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "common/reduce_op.h"
+
+namespace fairring {
+
+struct ReduceInput {
+  at::Tensor buffer;              // contiguous
+  std::vector<at::Tensor> users;  // empty when `buffer` is the caller's tensor
+  c10::ScalarType dtype;          // as the kernels see it (complex travels as its real type)
+  int64_t numel = 0;              // elements of `dtype`
+};
+
+// `tensors`: one tensor, or several of one dtype and device flattened into
+// one buffer.  Throws a c10::Error that names the problem for what cannot be
+// reduced: elements that share memory (expanded or overlapping views),
+// mixed dtypes, an op the dtype does not support.
+ReduceInput prepare_reduce_input(const std::vector<at::Tensor>& tensors, RedOp op);
+
+}  // namespace fairring
