@@ -445,3 +445,16 @@ def bad_tensors(rank, world):
     dist.all_reduce(x)
     out["after"] = ("ok" if torch.all(x == want) else "wrong", None)
     return out
+
+
+def all_killed(rank, world, sync_dir):
+    """Every rank of the job is SIGKILLed in the middle of an all_reduce
+    stream; first each notes the segments it maps (for the test to check)."""
+    import signal
+
+    dist.all_reduce(torch.ones(65537))
+    with open(os.path.join(sync_dir, f"maps{rank}"), "w") as f:
+        f.write("\n".join(n for n, _ in launch.own_shm_mappings()))
+    works = [dist.all_reduce(torch.ones(1_000_003), async_op=True) for _ in range(3)]
+    del works
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -283,3 +283,17 @@ def test_bad_tensors_give_right_results_or_clear_errors():
         if outcome != "error" or "share memory" not in detail or "fairring" not in detail:
             problems.append(f"rank {r.rank} [expanded-stride0]: expected fairring's clear error, got {v['expanded-stride0']}")
     assert not problems, "\n".join(problems)
+
+
+def test_whole_job_killed_leaves_no_segment():
+    with tempfile.TemporaryDirectory(prefix="fairring-test-sync-") as d:
+        launch.run_ranks(rank_errors.all_killed, ["a", "a", "b", "b"], args=(d,), timeout_s=60, check=False)
+        import os
+
+        names = set()
+        for f in os.listdir(d):
+            with open(os.path.join(d, f)) as fh:
+                names |= {n for n in fh.read().split("\n") if n}
+    assert names, "the ranks mapped no shared memory segment (nothing was tested)"
+    left = sorted(n for n in names if n in launch.list_shm())
+    assert not left, f"segments of a job whose ranks were all killed remain in /dev/shm: {left}"
