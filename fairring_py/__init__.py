@@ -29,9 +29,16 @@ atexit.register(_C._quiesce_all)
 
 def _create_backend(dist_opts, pg_options):
     """Called by torch.distributed for every process group using "fairring"."""
-    resolved = _resolve(pg_options)
     store = dist_opts.store
     rank, size, timeout = dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout
+    # A bad option on one rank must fail every rank's creation at once, not
+    # leave the others waiting for it in gloo's rendezvous below.
+    try:
+        resolved = _resolve(pg_options)
+    except Exception as e:
+        _C._init_failed(store, rank, size, timeout, f"{type(e).__name__}: {e}")
+        raise
+    _C._init_checkpoint(store, rank, size, timeout, "options")
     # Collectives other than all-reduce go to gloo, on its own corner of the store.
     fallback = dist.ProcessGroupGloo(dist.PrefixStore("fairring-gloo/", store), rank, size, timeout)
     config = _C.Config()

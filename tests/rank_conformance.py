@@ -113,36 +113,49 @@ def monitored_barrier(rank, world):
 
 
 def several_tensors(rank, world):
-    """The multi-tensor API: a list of tensors is one coalesced all-reduce;
-    mixed dtypes are a clear error."""
+    """all_reduce_coalesced: several tensors (any shapes, non-contiguous too)
+    in one native all-reduce, each reduced across ranks on its own; mixed
+    dtypes are a clear error.  The old list form of all_reduce (one tensor
+    per device, all added together) is a clear error, not a silent guess."""
+    import warnings
+
     failures = []
     pg = dist.distributed_c10d._get_default_group()
     shapes = [(3,), (2, 5), (), (0,), (7, 1, 3)]
     ts = [torch.full(s, float(rank + 1 + i)) for i, s in enumerate(shapes)]
     nc = torch.full((4, 6), float(rank + 1)).t()  # not contiguous
     ts.append(nc)
-    pg.allreduce(ts).wait()
-    for i, t in enumerate(ts[:-1]):
-        want = sum(r + 1 + i for r in range(world))
-        if t.shape != torch.Size(shapes[i]) or not torch.all(t == want):
-            failures.append(f"tensor {i} of a list all_reduce: shape {tuple(t.shape)}, values {t.flatten()[:3].tolist()}")
-    if not torch.all(nc == sum(range(1, world + 1))) or nc.is_contiguous():
-        failures.append("non-contiguous tensor of a list all_reduce got a wrong result")
-    c = [torch.full((5,), float(rank)), torch.full((3,), 2.0)]
-    dist.all_reduce_coalesced(c, op=dist.ReduceOp.MAX)
-    if not (torch.all(c[0] == world - 1) and torch.all(c[1] == 2.0)):
-        failures.append(f"all_reduce_coalesced MAX gave {c[0].tolist()} {c[1].tolist()}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # all_reduce_coalesced is deprecated in torch, still used
+        dist.all_reduce_coalesced(ts)
+        for i, t in enumerate(ts[:-1]):
+            want = sum(r + 1 + i for r in range(world))
+            if t.shape != torch.Size(shapes[i]) or not torch.all(t == want):
+                failures.append(f"tensor {i} of all_reduce_coalesced: shape {tuple(t.shape)}, "
+                                f"values {t.flatten()[:3].tolist()}")
+        if not torch.all(nc == sum(range(1, world + 1))) or nc.is_contiguous():
+            failures.append("non-contiguous tensor of all_reduce_coalesced got a wrong result")
+        c = [torch.full((5,), float(rank)), torch.full((3,), 2.0)]
+        dist.all_reduce_coalesced(c, op=dist.ReduceOp.MAX)
+        if not (torch.all(c[0] == world - 1) and torch.all(c[1] == 2.0)):
+            failures.append(f"all_reduce_coalesced MAX gave {c[0].tolist()} {c[1].tolist()}")
+        try:
+            dist.all_reduce_coalesced([torch.ones(3), torch.ones(3, dtype=torch.float64)])
+            failures.append("all_reduce_coalesced of mixed dtypes did not raise")
+        except (RuntimeError, ValueError) as e:  # torch's own check may come first
+            if "dtype" not in str(e):
+                failures.append(f"mixed dtypes: unclear error {str(e)[:200]}")
     try:
-        pg.allreduce([torch.ones(3), torch.ones(3, dtype=torch.float64)]).wait()
-        failures.append("a list of mixed dtypes did not raise")
+        pg.allreduce([torch.ones(3), torch.ones(3)]).wait()
+        failures.append("the list form of all_reduce did not raise")
     except RuntimeError as e:
-        if "dtype" not in str(e):
-            failures.append(f"mixed dtypes: unclear error {str(e)[:200]}")
+        if "one tensor per call" not in str(e) or "all_reduce_coalesced" not in str(e):
+            failures.append(f"list form: unclear error {str(e)[:200]}")
     # The group still works.
     x = torch.ones(9)
     dist.all_reduce(x)
     if not torch.all(x == world):
-        failures.append("all_reduce after the list calls is wrong")
+        failures.append("all_reduce after the coalesced calls is wrong")
     return failures
 
 
@@ -190,3 +203,25 @@ def callback_waits_on_other_future(rank, world):
     if not torch.all(out == world ** 3):
         return [f"waits inside a callback gave {out.tolist()}, want {world ** 3}"]
     return []
+
+
+def profiler_events(rank, world):
+    """torch.profiler shows each Fairring all-reduce as its own event, with
+    the input's shape and the op's real duration (as gloo's show)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.ones(1 << 20)
+    dist.all_reduce(x)  # warm-up, outside the trace
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        dist.all_reduce(x)
+        dist.all_reduce(torch.ones(4099), async_op=True).wait()
+    events = [e for e in prof.events() if e.name == "fairring:all_reduce"]
+    failures = []
+    shapes = sorted(tuple(tuple(s) for s in e.input_shapes) for e in events)
+    if shapes != [((4099,),), ((1 << 20,),)]:
+        failures.append(f"fairring:all_reduce events with shapes {shapes}, want [[4099]] and [[1048576]]; "
+                        f"events seen: {sorted({e.name for e in prof.events()})[:30]}")
+    big = [e for e in events if e.input_shapes and tuple(e.input_shapes[0]) == (1 << 20,)]
+    if big and big[0].cpu_time_total <= 0:
+        failures.append("the 4 MiB all_reduce's event has no duration")
+    return failures

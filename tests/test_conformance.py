@@ -69,3 +69,8 @@ def test_powersgd_hook_completes(topo, batched):
 @pytest.mark.parametrize("topo", TOPOLOGIES)
 def test_callback_waits_on_other_futures(topo):
     _run(rank_conformance.callback_waits_on_other_future, TOPOLOGIES[topo], timeout_s=60)
+
+
+@pytest.mark.parametrize("topo", TOPOLOGIES)
+def test_profiler_shows_fairring_ops(topo):
+    _run(rank_conformance.profiler_events, TOPOLOGIES[topo])

@@ -297,3 +297,30 @@ def test_whole_job_killed_leaves_no_segment():
     assert names, "the ranks mapped no shared memory segment (nothing was tested)"
     left = sorted(n for n in names if n in launch.list_shm())
     assert not left, f"segments of a job whose ranks were all killed remain in /dev/shm: {left}"
+
+
+@pytest.mark.parametrize("nodes,bad", [(["a", "a"], 1), (["a", "a", "b", "b"], 2)], ids=["1x2", "2x2"])
+def test_bad_option_on_one_rank_fails_every_rank(nodes, bad):
+    """A value only one rank's environment has wrong: that rank raises
+    ValueError naming it, the others fail at once with the same cause
+    (they used to wait the whole timeout in the gloo rendezvous)."""
+    timeout_s = 30
+    rank_env = [{"FAIRRING_PARALLELISM": "0"} if r == bad else {} for r in range(len(nodes))]
+    with tempfile.TemporaryDirectory(prefix="fairring-test-store-") as d:
+        res = launch.run_ranks(rank_errors.init_failure, nodes, backend=None, args=(d, timeout_s),
+                               rank_env=rank_env, timeout_s=120)
+    problems = []
+    for r in res:
+        v = r.value
+        if not v["raised"]:
+            problems.append(f"rank {r.rank}: group creation succeeded")
+            continue
+        if "FAIRRING_PARALLELISM" not in v["msg"]:
+            problems.append(f"rank {r.rank}: error does not name FAIRRING_PARALLELISM: {v['msg'][:300]!r}")
+        if r.rank == bad and v["type"] != "ValueError":
+            problems.append(f"rank {r.rank}: raised {v['type']}, expected ValueError")
+        if r.rank != bad and not re.search(rf"\brank {bad}\b", v["msg"]):
+            problems.append(f"rank {r.rank}: error does not name rank {bad}: {v['msg'][:300]!r}")
+        if v["elapsed"] > timeout_s / 2:
+            problems.append(f"rank {r.rank}: failed after {v['elapsed']:.1f}s (timeout {timeout_s}s)")
+    assert not problems, "\n".join(problems)

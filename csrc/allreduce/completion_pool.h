@@ -6,8 +6,10 @@
 // callback.  With one completion thread that wait can never end (the future
 // it waits for is queued behind it).  So the pool guarantees progress: when a
 // call is queued and every worker is inside a call, another worker starts.
-// Calls start in the order they were posted; they may overlap only while one
-// of them blocks (as gloo's worker threads overlap theirs).
+// Calls start in the order they were posted; a call posted while every
+// worker is still inside one (blocked or merely slow) runs alongside it, as
+// gloo's worker threads run theirs.  Workers started that way stay, idle, for
+// the pool's life, so a job settles at a handful of them.
 //
 // Its state is shared with the workers, so a worker may outlive the pool: the
 // owner may be destroyed from inside a callback (a group dropped there).

@@ -71,7 +71,7 @@ FairringBackend::FairringBackend(
   try {
     validate(config_);
     build(init, node_key);
-    init->all_built();
+    init->checkpoint("built");
   } catch (const std::exception& e) {
     init->publish_failure(e.what());
     throw;
@@ -148,9 +148,13 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce(
   // merge their indices.  Ordered after the all-reduces issued before.
   if (tensors[0].layout() != c10::kStrided) return delegate().allreduce(tensors, opts);
   const RedOp op = to_redop(opts.reduceOp, tensors[0].scalar_type());
+  // c10d's list form means one tensor per device, all reduced together
+  // (gloo adds the list's tensors to each other too): not what a list of
+  // different tensors wants, and not something Fairring does.
+  TORCH_CHECK(tensors.size() == 1, "fairring: all_reduce takes one tensor per call, got ", tensors.size(),
+              " (the old one-tensor-per-device form). Issue one all_reduce per tensor, or use "
+              "all_reduce_coalesced to reduce several tensors in one op.");
   if (!tensors[0].device().is_cpu()) {
-    TORCH_CHECK(tensors.size() == 1, "fairring: all_reduce of several ", tensors[0].device().str(),
-                " tensors in one call is not supported; issue one all_reduce per tensor");
     ++seq_;
     return allreduce_device(tensors[0], tensors, op);  // backend_cuda.cpp
   }
@@ -176,12 +180,14 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_cpu(std::vector<at::Te
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
     TORCH_CHECK(t.layout() == c10::kStrided && t.device().is_cpu(),
-                "fairring: all_reduce of several tensors needs dense CPU tensors, but tensor ", i, " is a ",
+                "fairring: all_reduce_coalesced needs dense CPU tensors, but tensor ", i, " is a ",
                 t.layout(), " tensor on ", t.device().str());
   }
   ReduceInput in = prepare_reduce_input(tensors, op);
   ++seq_;
-  auto work = c10::make_intrusive<FairringWork>(getRank(), type, tensors);
+  auto work = c10::make_intrusive<FairringWork>(
+      getRank(), type, tensors,
+      type == c10d::OpType::ALLREDUCE_COALESCED ? "fairring:all_reduce_coalesced" : "fairring:all_reduce");
   auto aop = std::make_shared<AllreduceOp>();
   aop->buffer = std::move(in.buffer);
   aop->users = std::move(in.users);

@@ -8,6 +8,7 @@
 #include "allreduce/plan.h"
 #include "allreduce/rail_plan.h"
 #include "backend/backend.h"
+#include "backend/init_store.h"
 #include "common/config.h"
 #include "topology/topology.h"
 
@@ -80,6 +81,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "ip:port of this rank's TCP listener, or '' when the group is a single node")
       .def("topology", [](const FairringBackend& b) { return topology_dict(b.topology()); });
 
+  // Group creation steps run from Python (fairring_py._create_backend),
+  // through the same failure-aware store as the C++ ones.
+  m.def(
+      "_init_checkpoint",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
+         const std::string& stage) { c10::make_intrusive<InitStore>(store, rank, size, timeout)->checkpoint(stage); },
+      py::call_guard<py::gil_scoped_release>(),
+      "Returns once every rank of the group reached `stage` of its creation; raises the first rank's failure.");
+  m.def(
+      "_init_failed",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
+         const std::string& why) { c10::make_intrusive<InitStore>(store, rank, size, timeout)->publish_failure(why); },
+      py::call_guard<py::gil_scoped_release>(), "Tells the group's other ranks why this rank cannot create it.");
   m.def("_quiesce_all", [] {
         Engine::quiesce_all();
         quiesce_all_cuda_engines();

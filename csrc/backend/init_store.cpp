@@ -55,10 +55,10 @@ void InitStore::publish_failure(const std::string& why) {
   }
 }
 
-void InitStore::all_built() {
-  PrefixStore::set("built/" + std::to_string(rank_), std::vector<uint8_t>{1});
+void InitStore::checkpoint(const std::string& stage) {
+  PrefixStore::set(stage + "/" + std::to_string(rank_), std::vector<uint8_t>{1});
   std::vector<std::string> keys;
-  for (int r = 0; r < size_; ++r) keys.push_back("built/" + std::to_string(r));
+  for (int r = 0; r < size_; ++r) keys.push_back(stage + "/" + std::to_string(r));
   wait(keys);
 }
 

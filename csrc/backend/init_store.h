@@ -26,8 +26,9 @@ class InitStore : public c10d::PrefixStore {
 
   // Publishes this rank's failure (only the first failure of the group is kept).
   void publish_failure(const std::string& why);
-  // Every rank built its part: returns once all have, throws if one failed.
-  void all_built();
+  // Every rank reached `stage` ("built"): returns once all have, throws the
+  // first failure if one rank published it instead.
+  void checkpoint(const std::string& stage);
 
  private:
   int rank_;

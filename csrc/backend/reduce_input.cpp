@@ -13,7 +13,7 @@ ReduceInput prepare_reduce_input(const std::vector<at::Tensor>& tensors, RedOp o
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
     TORCH_CHECK(t.scalar_type() == first.scalar_type() && t.device() == first.device(),
-                "fairring: all_reduce of several tensors needs one dtype and device, but tensor 0 is ",
+                "fairring: all_reduce_coalesced needs one dtype and device, but tensor 0 is ",
                 dtype_name(first.scalar_type()), " on ", first.device().str(), " and tensor ", i, " is ",
                 dtype_name(t.scalar_type()), " on ", t.device().str());
     // The result would be written into one element several times, once

@@ -2,8 +2,10 @@
 
 namespace fairring {
 
-FairringWork::FairringWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
-    : c10d::Work(rank, type),
+FairringWork::FairringWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, const char* profiling_title)
+    // With a title, the base class opens an async profiler range with the
+    // tensors' shapes, closed by finish(): the trace shows the op's real span.
+    : c10d::Work(rank, type, profiling_title, outputs),
       outputs_(std::move(outputs)),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
 

@@ -10,7 +10,8 @@ namespace fairring {
 
 class FairringWork : public c10d::Work {
  public:
-  FairringWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs);
+  // `profiling_title` names the op in torch.profiler traces ("fairring:all_reduce").
+  FairringWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, const char* profiling_title);
 
   // Completes the work: wait() returns (or throws).  Quick, never blocks.
   void mark_done(std::exception_ptr error);
