@@ -5,9 +5,19 @@
 
 __main__.py  the microbenchmark's command line (local, netns, scaling, torchrun, mpirun)
 ddp.py       the DDP benchmark: command line and per-rank loop
-worker.py    one rank: process groups, the timed sweep, exact checks
-launch.py    starts the ranks (subprocesses with torchrun's variables, or mpirun)
+worker.py    one rank's entry point; the all-reduce job: the timed sweep, exact checks
+launch.py    starts the ranks (subprocesses with torchrun's variables, or mpirun); a
+             rank's start (Ranks: its place and process groups); the run metadata
 netns.py     the cluster simulated with network namespaces, veth links and tc tbf
 report.py    table, CSV, JSON and plots
 metrics.py   pure helpers: sizes, rates, busbw, link bound, statistics
+
+Imports go one way (no cycle), all at module top; only the optional mpi4py
+and matplotlib are imported where they are used:
+
+    __main__  imports worker, launch, netns, report, metrics
+    worker    imports ddp, launch, report, metrics
+    ddp       imports launch, netns, metrics
+    report    imports metrics
+    launch, netns, metrics import nothing of the package
 """

@@ -14,10 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 
-from . import metrics
+from . import launch, metrics, netns, report, worker
 
 
 def parser() -> argparse.ArgumentParser:
@@ -105,36 +104,7 @@ def build_config(args, p) -> dict:
     }
 
 
-def exit_on_signals() -> None:
-    """SIGTERM/SIGHUP unwind like Ctrl-C, so every finally block (ranks killed,
-    namespaces deleted) runs."""
-    def handler(signum, frame):
-        raise SystemExit(128 + signum)
-
-    for s in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, handler)
-
-
-def run_external(cfg: dict, kind: str, args) -> int:
-    """This process is a rank started by torchrun or mpirun.  Nodes are the
-    real machines, unless --ranks-per-node K asks to simulate them (rank r on
-    node r // K)."""
-    from . import worker
-
-    env = os.environ
-    cfg.update(launcher=kind, mpi=kind == "mpi", nodes=None, ranks_per_node=None)
-    if args.ranks_per_node:
-        cfg["ranks_per_node"] = args.ranks_per_node
-        cfg["simulate_ranks_per_node"] = args.ranks_per_node  # read by the worker under mpirun
-        if kind == "torchrun":
-            env["FAIRRING_NODE_ID"] = str(int(env["RANK"]) // args.ranks_per_node)
-            cfg["nodes"] = -(-int(env["WORLD_SIZE"]) // args.ranks_per_node)
-    return worker.run_config(cfg)
-
-
 def run_local(cfg: dict) -> int:
-    from . import launch, netns, report
-
     def once(c, nodes):
         c = dict(c, nodes=nodes)
         if cfg["mpi"]:
@@ -172,8 +142,6 @@ def main(argv=None) -> int:
     p = parser()
     args = p.parse_args(argv)
     if args.netns_cleanup:
-        from . import netns
-
         try:
             netns.check_usable()
         except netns.NetnsError as e:
@@ -182,16 +150,16 @@ def main(argv=None) -> int:
         print(f"removed {len(removed)} namespace(s){': ' + ', '.join(removed) if removed else ''}")
         return 0
     cfg = build_config(args, p)
-    from . import launch
-
     kind = launch.external_launcher()
     if kind is not None:
         if args.netns or args.scaling:
             p.error("--netns and --scaling start the ranks themselves; run without torchrun/mpirun")
         if args.mpi and kind != "mpi":
             p.error("--mpi under torchrun: start the ranks with mpirun instead (or let --mpi start them)")
-        return run_external(cfg, kind, args)
-    exit_on_signals()
+        # This process is a rank started by torchrun or mpirun.
+        launch.adopt_external(cfg, kind, args.ranks_per_node)
+        return launch.run_rank(cfg, worker.run_allreduce)
+    launch.exit_on_signals()
     return run_local(cfg)
 
 

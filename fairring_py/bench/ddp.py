@@ -26,8 +26,9 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import metrics
+from . import launch, metrics, netns
 
 SEED = 4321
 # Largest relative parameter difference between the fairring and baseline
@@ -65,9 +66,7 @@ def same_on_all_ranks(ranks, flat: torch.Tensor) -> bool:
     return ranks.sum_over_ranks(0 if torch.equal(ref, flat) else 1) == 0
 
 
-def rank_main(ranks, cfg: dict) -> int:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
+def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
     dev = ranks.device
     torch.manual_seed(SEED)
     model = make_model(cfg).to(dev)
@@ -111,24 +110,16 @@ def rank_main(ranks, cfg: dict) -> int:
                          "p90_step_s": st["p90"], "samples_per_s": global_batch / st["median"]})
         for r in rows:
             r["speedup_vs_baseline"] = r["samples_per_s"] / rows[1]["samples_per_s"]
-        from .worker import fairring_topology, git_commit
-        import datetime
-
         rate, nodes = cfg.get("link_rate_Bps"), cfg.get("nodes") or 1
         # Least time per step to all-reduce the gradients over the capped links
         # (compute and overlap aside): a floor, not a prediction.
         bound = metrics.link_bound_s(nparams * 4, nodes, rate) if rate else None
 
         summary = {
-            "meta": {"date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": git_commit(),
-                     "host": os.uname().nodename, "cpus": os.cpu_count(), "torch": torch.__version__,
-                     "device": dev.type, "world_size": ranks.world, "nodes": cfg.get("nodes"),
-                     "ranks_per_node": cfg.get("ranks_per_node"), "fairring_topology": fairring_topology(),
-                     "netns": cfg.get("netns", False), "link_rate_Bps": cfg.get("link_rate_Bps"),
-                     "model": cfg["model"], "width": cfg["width"], "depth": cfg["depth"], "seq": cfg["seq"],
-                     "params": nparams, "grad_bytes": nparams * 4, "batch_per_rank": cfg["batch"],
-                     "bucket_cap_mb": cfg["bucket_cap_mb"], "steps": n, "warmup": cfg["warmup"],
-                     "grad_link_bound_s": bound},
+            "meta": launch.run_meta(
+                ranks, cfg, model=cfg["model"], width=cfg["width"], depth=cfg["depth"], seq=cfg["seq"],
+                params=nparams, grad_bytes=nparams * 4, batch_per_rank=cfg["batch"],
+                bucket_cap_mb=cfg["bucket_cap_mb"], steps=n, warmup=cfg["warmup"], grad_link_bound_s=bound),
             "rows": rows,
             "check": {"ok": ok, "identical_across_ranks": dict(zip(names, identical_across_ranks)),
                       "replica_max_rel_diff": replica_rel_diff, "rtol": REPLICA_RTOL},
@@ -190,9 +181,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from . import launch, netns
-    from .__main__ import exit_on_signals
-
     p = parser()
     a = p.parse_args(argv)
     if a.link_rate and not a.netns:
@@ -208,11 +196,9 @@ def main(argv=None) -> int:
            "threads": a.threads, "nodes": a.nodes, "ranks_per_node": a.ranks_per_node, "netns": a.netns,
            "link_rate_Bps": rate, "out": a.out}
     if launch.external_launcher() == "torchrun":
-        from .worker import run_config
-
         cfg.update(nodes=None, ranks_per_node=None)
-        return run_config(cfg)
-    exit_on_signals()
+        return launch.run_rank(cfg, rank_main)
+    launch.exit_on_signals()
     try:
         if a.netns:
             netns.check_usable(link_rate=bool(rate))

@@ -1,23 +1,35 @@
-"""Starting the ranks of a benchmark: one launcher for the microbenchmark and
-the DDP benchmark.
+"""The launch of a benchmark, both sides: starting the ranks (one launcher for
+the microbenchmark and the DDP benchmark), a rank's own start (its place in the
+job, its process groups), and the run metadata every report records.
 
 Every rank is a fresh ``python -m fairring_py.bench.worker CONFIG`` process with
 the environment torchrun would give it (RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR, MASTER_PORT) plus FAIRRING_NODE_ID = rank // ranks_per_node, so
 one code path serves our own launcher, torchrun and mpirun.  In a simulated
 cluster (netns.Cluster) each rank runs under ``ip netns exec`` of its node.
+
+The job modules (worker.py: the all-reduce sweep; ddp.py) import this one;
+this one imports no job, so the package has no import cycle.
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from typing import List, Optional
+import traceback
+from typing import Callable, List, Optional
+
+import torch
+import torch.distributed as dist
+
+import fairring_py  # registers the "fairring" backend
 
 WORKER = "fairring_py.bench.worker"
 # After the first rank fails, how long the others get to report their own
@@ -49,9 +61,31 @@ def external_launcher(environ=None) -> Optional[str]:
 def package_path() -> str:
     """The directory holding the fairring_py that runs this launcher, so the
     ranks import the same one (an in-place build or a worktree included)."""
-    import fairring_py
-
     return os.path.dirname(os.path.dirname(os.path.abspath(fairring_py.__file__)))
+
+
+def exit_on_signals() -> None:
+    """SIGTERM/SIGHUP unwind like Ctrl-C, so every finally block (ranks killed,
+    namespaces deleted) runs."""
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, handler)
+
+
+def adopt_external(cfg: dict, kind: str, ranks_per_node: Optional[int]) -> None:
+    """This process is a rank started by torchrun or mpirun (``kind``): record
+    it in the config.  Nodes are the real machines, unless ``ranks_per_node``
+    K asks to simulate them (rank r on node r // K)."""
+    env = os.environ
+    cfg.update(launcher=kind, mpi=kind == "mpi", nodes=None, ranks_per_node=None)
+    if ranks_per_node:
+        cfg["ranks_per_node"] = ranks_per_node
+        cfg["simulate_ranks_per_node"] = ranks_per_node  # read by Ranks under mpirun
+        if kind == "torchrun":
+            env["FAIRRING_NODE_ID"] = str(int(env["RANK"]) // ranks_per_node)
+            cfg["nodes"] = -(-int(env["WORLD_SIZE"]) // ranks_per_node)
 
 
 def base_env(extra: Optional[dict] = None) -> dict:
@@ -157,8 +191,6 @@ def _wait(procs: List[subprocess.Popen], timeout_s: float) -> None:
 def run_mpirun(config: dict, nodes: int, ranks_per_node: int, timeout_s: float) -> None:
     """Run the job under OpenMPI's mpirun (all ranks on this machine); the
     worker then also times MPI_Allreduce in the same processes."""
-    import shutil
-
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         raise LaunchError("--mpi needs OpenMPI's mpirun (Debian: apt-get install openmpi-bin libopenmpi-dev)")
@@ -186,3 +218,133 @@ def run_mpirun(config: dict, nodes: int, ranks_per_node: int, timeout_s: float) 
     finally:
         _kill([proc])
         os.unlink(config_path)
+
+
+# ---------------------------------------------------------------- a rank's start
+
+class Ranks:
+    """This process's place in the job and its groups."""
+
+    def __init__(self, config: dict):
+        self.mpi_comm = None
+        env = os.environ
+        if "OMPI_COMM_WORLD_RANK" in env or "PMIX_RANK" in env or config.get("mpi"):
+            self._from_mpi(config)
+        self.rank = int(env["RANK"])
+        self.world = int(env["WORLD_SIZE"])
+        self.local_rank = int(env.get("LOCAL_RANK", "0"))
+        self.device = torch.device(config.get("device", "cpu"))
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        torch.set_num_threads(int(config.get("threads", 1)))
+
+        timeout = datetime.timedelta(seconds=float(config.get("pg_timeout_s", 300)))
+        dist.init_process_group("fairring", init_method="env://", timeout=timeout)
+        self.fairring = dist.group.WORLD
+        # Measurement plumbing (barriers, gathering times) never shares a
+        # group with a backend under test.
+        self.control = dist.new_group(backend="gloo", timeout=timeout)
+        self.baseline_name = "nccl" if self.device.type == "cuda" else "gloo"
+        self.baseline = dist.new_group(backend=self.baseline_name, timeout=timeout)
+
+    def _from_mpi(self, config: dict) -> None:
+        try:
+            from mpi4py import MPI  # optional: only --mpi needs it
+        except ImportError:
+            raise SystemExit("fairring bench: --mpi needs mpi4py (python3 -m pip install mpi4py)") from None
+        comm = MPI.COMM_WORLD
+        env = os.environ
+        env["RANK"], env["WORLD_SIZE"] = str(comm.Get_rank()), str(comm.Get_size())
+        env["LOCAL_RANK"] = env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")
+        env.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in env:  # started by a user's own mpirun
+            env["MASTER_PORT"] = str(comm.bcast(free_port() if comm.Get_rank() == 0 else None, root=0))
+        k = config.get("simulate_ranks_per_node")
+        if k:  # simulated nodes: mpirun cannot give each rank its own variable
+            env["FAIRRING_NODE_ID"] = str(comm.Get_rank() // int(k))
+        self.mpi_comm = comm.Dup()
+
+    def max_over_ranks(self, values: List[float]) -> List[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.control)
+        return t.tolist()
+
+    def sum_over_ranks(self, value: int) -> int:
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, group=self.control)
+        return int(t.item())
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.control)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+
+def run_rank(cfg: dict, job: Callable[[Ranks, dict], int]) -> int:
+    """Run ``job(ranks, cfg)`` as this rank: join the groups, print any failure
+    to stderr, leave the groups.  Returns the rank's exit code."""
+    try:
+        code = job(Ranks(cfg), cfg)
+    except SystemExit as e:
+        print(e, file=sys.stderr, flush=True)
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        rank = os.environ.get("RANK", "?")
+        print(f"rank {rank}: benchmark failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        code = 1
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+    return code
+
+
+# ---------------------------------------------------------------- run metadata
+
+def fairring_topology() -> str:
+    try:
+        pg = dist.distributed_c10d._get_default_group()
+        t = pg._get_backend(torch.device("cpu")).topology()
+        return f"{t['num_nodes']}x{t['ranks_per_node']}" + (" (flat fallback)" if t["flattened"] else "")
+    except Exception as e:  # informational only
+        return f"unknown ({e})"
+
+
+def git_commit() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        r = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                           timeout=5)
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return r.stdout.strip() + ("+dirty" if dirty else "") if r.returncode == 0 else ""
+    except Exception:
+        return ""
+
+
+def run_meta(ranks: Ranks, cfg: dict, **job) -> dict:
+    """The "meta" of a report: when, which code, where, the job's shape (then
+    ``job``, the fields of that job).  The launcher is recorded when the
+    config names one (the microbenchmark's does)."""
+    meta = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "host": os.uname().nodename,
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "device": ranks.device.type,
+        "world_size": ranks.world,
+        "nodes": cfg.get("nodes"),
+        "ranks_per_node": cfg.get("ranks_per_node"),
+        "fairring_topology": fairring_topology(),
+    }
+    if "launcher" in cfg:
+        meta["launcher"] = cfg["launcher"]
+    meta.update(netns=cfg.get("netns", False), link_rate_Bps=cfg.get("link_rate_Bps"))
+    meta.update(job)
+    return meta

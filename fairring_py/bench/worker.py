@@ -1,9 +1,9 @@
 """One rank of a benchmark: ``python -m fairring_py.bench.worker CONFIG.json``.
 
 Reads the rank from the environment (torchrun's variables, or OpenMPI's under
-mpirun), joins a "fairring" process group plus gloo groups on the same ranks,
-and runs the job the config names: the all-reduce sweep below, or the DDP
-benchmark (ddp.py).  Rank 0 writes the report.
+mpirun), joins a "fairring" process group plus gloo groups on the same ranks
+(launch.Ranks), and runs the job the config names: the all-reduce sweep
+below, or the DDP benchmark (ddp.py).  Rank 0 writes the report.
 
 How a sample is timed: all ranks leave a barrier (on a separate gloo "control"
 group), each times ``reps`` operations back to back (``reps`` per backend and
@@ -18,99 +18,22 @@ collective.
 """
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import sys
 import time
-import traceback
-from typing import Dict, List
+from typing import Dict
 
 import torch
 import torch.distributed as dist
 
-from . import metrics
+from . import ddp, metrics, report
+from .launch import Ranks, run_meta, run_rank
 
 SEED = 1234
 # Memory-copy bandwidth probe: bytes per copy, copies per measurement.
 MEMCPY_BYTES = 64 * metrics.MiB
 MEMCPY_REPS = 5
-
-
-# ---------------------------------------------------------------- process setup
-
-class Ranks:
-    """This process's place in the job and its groups."""
-
-    def __init__(self, config: dict):
-        self.mpi_comm = None
-        env = os.environ
-        if "OMPI_COMM_WORLD_RANK" in env or "PMIX_RANK" in env or config.get("mpi"):
-            self._from_mpi(config)
-        self.rank = int(env["RANK"])
-        self.world = int(env["WORLD_SIZE"])
-        self.local_rank = int(env.get("LOCAL_RANK", "0"))
-        self.device = torch.device(config.get("device", "cpu"))
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        torch.set_num_threads(int(config.get("threads", 1)))
-
-        import fairring_py  # noqa: F401  registers the "fairring" backend
-
-        timeout = datetime.timedelta(seconds=float(config.get("pg_timeout_s", 300)))
-        dist.init_process_group("fairring", init_method="env://", timeout=timeout)
-        self.fairring = dist.group.WORLD
-        # Measurement plumbing (barriers, gathering times) never shares a
-        # group with a backend under test.
-        self.control = dist.new_group(backend="gloo", timeout=timeout)
-        self.baseline_name = "nccl" if self.device.type == "cuda" else "gloo"
-        self.baseline = dist.new_group(backend=self.baseline_name, timeout=timeout)
-
-    def _from_mpi(self, config: dict) -> None:
-        try:
-            from mpi4py import MPI
-        except ImportError:
-            raise SystemExit("fairring bench: --mpi needs mpi4py (python3 -m pip install mpi4py)") from None
-        comm = MPI.COMM_WORLD
-        env = os.environ
-        env["RANK"], env["WORLD_SIZE"] = str(comm.Get_rank()), str(comm.Get_size())
-        env["LOCAL_RANK"] = env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")
-        env.setdefault("MASTER_ADDR", "127.0.0.1")
-        if "MASTER_PORT" not in env:  # started by a user's own mpirun
-            from .launch import free_port
-
-            env["MASTER_PORT"] = str(comm.bcast(free_port() if comm.Get_rank() == 0 else None, root=0))
-        k = config.get("simulate_ranks_per_node")
-        if k:  # simulated nodes: mpirun cannot give each rank its own variable
-            env["FAIRRING_NODE_ID"] = str(comm.Get_rank() // int(k))
-        self.mpi_comm = comm.Dup()
-
-    def max_over_ranks(self, values: List[float]) -> List[float]:
-        t = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.control)
-        return t.tolist()
-
-    def sum_over_ranks(self, value: int) -> int:
-        t = torch.tensor([value], dtype=torch.int64)
-        dist.all_reduce(t, group=self.control)
-        return int(t.item())
-
-    def barrier(self) -> None:
-        dist.barrier(group=self.control)
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-
-
-def fairring_topology() -> str:
-    try:
-        pg = dist.distributed_c10d._get_default_group()
-        t = pg._get_backend(torch.device("cpu")).topology()
-        return f"{t['num_nodes']}x{t['ranks_per_node']}" + (" (flat fallback)" if t["flattened"] else "")
-    except Exception as e:  # informational only
-        return f"unknown ({e})"
 
 
 # ---------------------------------------------------------------- data
@@ -274,23 +197,7 @@ def sweep_size(ranks, backends, size, cfg) -> dict:
             "checked": checked}
 
 
-def git_commit() -> str:
-    import subprocess
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        r = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                           timeout=5)
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-        return r.stdout.strip() + ("+dirty" if dirty else "") if r.returncode == 0 else ""
-    except Exception:
-        return ""
-
-
 def run_allreduce(ranks: Ranks, cfg: dict) -> int:
-    from . import report
-
     backends = [TorchBackend("fairring", ranks.fairring), TorchBackend(ranks.baseline_name, ranks.baseline)]
     if ranks.mpi_comm is not None:
         if ranks.device.type != "cpu":
@@ -315,27 +222,15 @@ def run_allreduce(ranks: Ranks, cfg: dict) -> int:
                   f"({res['samples']} samples; reps {'/'.join(map(str, res['reps']))})", file=sys.stderr, flush=True)
     failed = ranks.sum_over_ranks(1 if errors else 0)
     if is0:
-        meta = {
-            "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "commit": git_commit(),
-            "host": os.uname().nodename,
-            "cpus": os.cpu_count(),
-            "torch": torch.__version__,
-            "device": str(ranks.device.type),
-            "world_size": ranks.world,
-            "nodes": cfg.get("nodes"),
-            "ranks_per_node": cfg.get("ranks_per_node"),
-            "fairring_topology": fairring_topology(),
-            "launcher": cfg.get("launcher"),
-            "netns": cfg.get("netns", False),
-            "link_rate_Bps": cfg.get("link_rate_Bps"),
-            "inflight": cfg["inflight"],
-            "dtype": "float32",
-            "op": "SUM",
-            "fairring_env": {k: v for k, v in os.environ.items() if k.startswith("FAIRRING_")
-                             and k != "FAIRRING_NODE_ID"},
-            "timing": "per sample: barrier, reps groups back to back, max over ranks of the per-rank time / reps",
-        }
+        meta = run_meta(
+            ranks, cfg,
+            inflight=cfg["inflight"],
+            dtype="float32",
+            op="SUM",
+            fairring_env={k: v for k, v in os.environ.items() if k.startswith("FAIRRING_")
+                          and k != "FAIRRING_NODE_ID"},
+            timing="per sample: barrier, reps groups back to back, max over ranks of the per-rank time / reps",
+        )
         summary = report.summarize_run(meta, memcpy, [be.name for be in backends], results,
                                        checks_failed_ranks=failed)
         report.emit(summary, cfg.get("out"))
@@ -354,29 +249,8 @@ def main(argv=None) -> int:
 
 
 def run_config(cfg: dict) -> int:
-    ranks = None
-    try:
-        ranks = Ranks(cfg)
-        if cfg.get("job", "allreduce") == "ddp":
-            from . import ddp
-
-            code = ddp.rank_main(ranks, cfg)
-        else:
-            code = run_allreduce(ranks, cfg)
-    except SystemExit as e:
-        print(e, file=sys.stderr, flush=True)
-        code = e.code if isinstance(e.code, int) else 1
-    except BaseException:
-        rank = os.environ.get("RANK", "?")
-        print(f"rank {rank}: benchmark failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-        code = 1
-    finally:
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:
-                pass
-    return code
+    """Run the job the config names: "ddp" (ddp.py) or the all-reduce sweep."""
+    return run_rank(cfg, ddp.rank_main if cfg.get("job", "allreduce") == "ddp" else run_allreduce)
 
 
 if __name__ == "__main__":
