@@ -49,7 +49,12 @@ def _extension():
             "fairring_py._C",
             sources + cu_sources,
             include_dirs=include_dirs,
-            define_macros=[("FAIRRING_WITH_CUDA", "1")],
+            define_macros=[
+                ("FAIRRING_WITH_CUDA", "1"),
+                # What the CUDA kernels were built for, as fairring_py.info reports it.
+                ("FAIRRING_CUDA_ARCH_LIST",
+                 '"%s"' % os.environ.get("TORCH_CUDA_ARCH_LIST", "torch's default (the GPUs seen at build time)")),
+            ],
             extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3"]},
             extra_link_args=["-lrt", "-ldl"],  # dl: NCCL is loaded at run time
         )

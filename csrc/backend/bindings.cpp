@@ -2,6 +2,7 @@
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 #include <torch/extension.h>
+#include <torch/version.h>
 
 #include "allreduce/cuda_engine.h"
 #include "allreduce/engine.h"
@@ -57,6 +58,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("socket_ifname", &Config::socket_ifname)
       .def_readwrite("gpu_transport", &Config::gpu_transport)
       .def_readwrite("timeout", &Config::timeout);
+
+  // What the extension was built with, for fairring_py.info (bug reports).
+  m.def("_build_info", [] {
+    py::dict d;
+    d["torch_built_against"] = TORCH_VERSION;
+#ifdef FAIRRING_WITH_CUDA
+    d["cuda"] = true;
+    d["cuda_arch_list"] = FAIRRING_CUDA_ARCH_LIST;
+#else
+    d["cuda"] = false;
+    d["cuda_arch_list"] = "";
+#endif
+    return d;
+  });
 
   // The one copy of the defaults and bounds; fairring_py/options.py reads them.
   py::dict defaults;
