@@ -16,7 +16,7 @@ import torch.distributed as dist
 from . import _C  # noqa: E402  (needs torch.distributed's bindings loaded first)
 from .options import Options, resolve as _resolve, node_key as _node_key
 
-__all__ = ["Options", "BACKEND_NAME"]
+__all__ = ["Options", "BACKEND_NAME", "dump_recent"]
 __version__ = "0.1.0"
 
 BACKEND_NAME = "fairring"
@@ -69,3 +69,24 @@ if not hasattr(dist.Backend, BACKEND_NAME.upper()):
     dist.Backend.register_backend(
         BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"]
     )
+
+
+def dump_recent(group=None, file=None):
+    """The last collectives of a Fairring process group (the default group if
+    None), oldest first: their sequence number, kind, size, state ("in flight",
+    "done", "failed", "delegated" to gloo) and timings.  Printed to ``file``
+    (if given) one per line, and returned as a list of dicts.  The same list
+    is written to stderr by itself when the group's first collective fails."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    backend = pg._get_backend(torch.device("cpu"))
+    if not isinstance(backend, _C.FairringBackend):
+        raise ValueError(f"fairring: dump_recent needs a Fairring process group, got {type(backend).__name__}")
+    records = backend.recent_ops()
+    if file is not None:
+        for r in records:
+            took = f", took {r['duration_ms']:.1f} ms" if r["duration_ms"] is not None else ""
+            what = f" of {r['what']}" if r["what"] else ""
+            err = f": {r['error']}" if r["error"] else ""
+            print(f"#{r['seq']} {r['kind']}{what}, {r['bytes']} bytes: {r['state']}, "
+                  f"started {r['started_ms_ago']:.1f} ms ago{took}{err}", file=file)
+    return records

@@ -225,3 +225,34 @@ def profiler_events(rank, world):
     if big and big[0].cpu_time_total <= 0:
         failures.append("the 4 MiB all_reduce's event has no duration")
     return failures
+
+
+def recent_ops(rank, world):
+    """fairring_py.dump_recent lists the group's last collectives with their
+    kind, size, state and timing, in issue order."""
+    import io
+
+    import fairring_py
+
+    start = len(fairring_py.dump_recent())
+    dist.all_reduce(torch.ones(1000))
+    dist.broadcast(torch.ones(3), src=0)
+    w = dist.all_reduce(torch.ones(5, dtype=torch.float64), op=dist.ReduceOp.MAX, async_op=True)
+    w.wait()
+    buf = io.StringIO()
+    recs = fairring_py.dump_recent(file=buf)[start:]
+    failures = []
+    kinds = [r["kind"] for r in recs]
+    if kinds != ["all_reduce", "broadcast (gloo)", "all_reduce"]:
+        failures.append(f"recorded kinds {kinds}")
+    else:
+        if recs[0]["bytes"] != 4000 or recs[0]["state"] != "done" or recs[0]["duration_ms"] is None:
+            failures.append(f"first record {recs[0]}")
+        if "float64 with MAX" not in recs[2]["what"]:
+            failures.append(f"third record {recs[2]}")
+        seqs = [r["seq"] for r in recs]
+        if seqs != sorted(seqs) or len(set(seqs)) != 3:
+            failures.append(f"sequence numbers {seqs}")
+    if "broadcast (gloo)" not in buf.getvalue():
+        failures.append(f"printed dump: {buf.getvalue()[:300]!r}")
+    return failures

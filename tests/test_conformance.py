@@ -74,3 +74,7 @@ def test_callback_waits_on_other_futures(topo):
 @pytest.mark.parametrize("topo", TOPOLOGIES)
 def test_profiler_shows_fairring_ops(topo):
     _run(rank_conformance.profiler_events, TOPOLOGIES[topo])
+
+
+def test_dump_recent():
+    _run(rank_conformance.recent_ops, TOPOLOGIES["2x2"])

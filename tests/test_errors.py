@@ -25,6 +25,9 @@ def test_mismatch_raises_everywhere(nodes):
     # joinable, or an exception escaping a thread).
     problems = [f"rank {r.rank} printed 'terminate called':\n{r.output[-3000:]}"
                 for r in res if "terminate called" in r.output]
+    # The first failure of a group dumps its last collectives (RecentOps).
+    problems += [f"rank {r.rank} did not log the group's last collectives at its first failure"
+                 for r in res if "this group's last collectives" not in r.output]
     for r in res:
         v = r.value
         if not all(v.get("warmup_ok", [])):

@@ -10,6 +10,7 @@
 #include "allreduce/op.h"
 #include "backend/init_store.h"
 #include "backend/reduce_input.h"
+#include "common/log.h"
 #include "backend/work.h"
 #include "common/gil.h"
 #include "kernels/reduce_cpu.h"
@@ -137,6 +138,32 @@ void FairringBackend::check_same_process(const char* what) const {
               "Create a new process group in the child.");
 }
 
+std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind, std::string what, int64_t bytes,
+                                                              std::function<void(std::exception_ptr)> done) {
+  auto recent = recent_;
+  auto handle = recent->start(seq_++, kind, std::move(what), bytes);
+  const int rank = getRank();
+  return [recent, handle, rank, done = std::move(done)](std::exception_ptr error) {
+    std::string why;
+    if (error) {
+      try {
+        std::rethrow_exception(error);
+      } catch (const std::exception& e) {
+        why = e.what();
+      } catch (...) {
+        why = "unknown error";
+      }
+    }
+    recent->finish(handle, why);
+    // The group's first failure: what led up to it, for the post-mortem.
+    if (error && recent->first_failure()) {
+      FAIRRING_LOG(rank, "collective #%llu failed; this group's last collectives:\n%s",
+                   static_cast<unsigned long long>(handle->seq), recent->format().c_str());
+    }
+    done(error);
+  };
+}
+
 std::string FairringBackend::listen_address() const { return engine_->listen_address(); }
 
 c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce(
@@ -146,7 +173,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce(
   check_same_process("all_reduce");
   // Sparse gradients (nn.Embedding(sparse=True)) are gloo's: it knows how to
   // merge their indices.  Ordered after the all-reduces issued before.
-  if (tensors[0].layout() != c10::kStrided) return delegate().allreduce(tensors, opts);
+  if (tensors[0].layout() != c10::kStrided) return delegate("allreduce").allreduce(tensors, opts);
   const RedOp op = to_redop(opts.reduceOp, tensors[0].scalar_type());
   // c10d's list form means one tensor per device, all reduced together
   // (gloo adds the list's tensors to each other too): not what a list of
@@ -155,7 +182,6 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce(
               " (the old one-tensor-per-device form). Issue one all_reduce per tensor, or use "
               "all_reduce_coalesced to reduce several tensors in one op.");
   if (!tensors[0].device().is_cpu()) {
-    ++seq_;
     return allreduce_device(tensors[0], tensors, op);  // backend_cuda.cpp
   }
   return allreduce_cpu(tensors, op, c10d::OpType::ALLREDUCE);
@@ -166,7 +192,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_coalesced(std::vector<
   const bool native = !tensors.empty() && std::all_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) {
     return t.layout() == c10::kStrided && t.device().is_cpu();
   });
-  if (!native) return delegate().allreduce_coalesced(tensors, opts);
+  if (!native) return delegate("allreduce_coalesced").allreduce_coalesced(tensors, opts);
   check_same_process("allreduce_coalesced");
   return allreduce_cpu(tensors, to_redop(opts.reduceOp, tensors[0].scalar_type()),
                        c10d::OpType::ALLREDUCE_COALESCED);
@@ -184,7 +210,6 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_cpu(std::vector<at::Te
                 t.layout(), " tensor on ", t.device().str());
   }
   ReduceInput in = prepare_reduce_input(tensors, op);
-  ++seq_;
   auto work = c10::make_intrusive<FairringWork>(
       getRank(), type, tensors,
       type == c10d::OpType::ALLREDUCE_COALESCED ? "fairring:all_reduce_coalesced" : "fairring:all_reduce");
@@ -194,15 +219,17 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_cpu(std::vector<at::Te
   aop->dtype = in.dtype;
   aop->op = op;
   aop->numel = in.numel;
-  aop->on_complete = [work](std::exception_ptr error) { work->mark_done(error); };
+  aop->on_complete = track(type == c10d::OpType::ALLREDUCE_COALESCED ? "all_reduce_coalesced" : "all_reduce",
+                           describe(aop->numel, static_cast<int32_t>(aop->dtype), static_cast<int32_t>(op)),
+                           aop->buffer.nbytes(), [work](std::exception_ptr error) { work->mark_done(error); });
   aop->after_complete = [work](std::exception_ptr error) { work->complete_future(error); };
   engine_->submit(std::move(aop));
   return work;
 }
 
-c10d::Backend& FairringBackend::delegate() {
-  check_same_process("a collective");
-  ++seq_;
+c10d::Backend& FairringBackend::delegate(const char* kind) {
+  check_same_process(kind);
+  recent_->start(seq_++, std::string(kind) + " (gloo)", "", 0, /*delegated=*/true);
   engine_->wait_idle();
   wait_idle_device();
   return *fallback_;
@@ -210,83 +237,83 @@ c10d::Backend& FairringBackend::delegate() {
 
 c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                           const c10d::BroadcastOptions& opts) {
-  return delegate().broadcast(tensors, opts);
+  return delegate("broadcast").broadcast(tensors, opts);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::reduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::ReduceOptions& opts) {
-  return delegate().reduce(tensors, opts);
+  return delegate("reduce").reduce(tensors, opts);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::AllgatherOptions& opts) {
-  return delegate().allgather(outputs, inputs, opts);
+  return delegate("allgather").allgather(outputs, inputs, opts);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                 const c10d::AllgatherOptions& opts) {
-  return delegate()._allgather_base(output, input, opts);
+  return delegate("_allgather_base")._allgather_base(output, input, opts);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                     std::vector<at::Tensor>& inputs,
                                                                     const c10d::AllgatherOptions& opts) {
-  return delegate().allgather_coalesced(outputs, inputs, opts);
+  return delegate("allgather_coalesced").allgather_coalesced(outputs, inputs, opts);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                 std::vector<at::Tensor>& inputs,
                                                                                 const c10d::AllgatherOptions& opts) {
-  return delegate().allgather_into_tensor_coalesced(outputs, inputs, opts);
+  return delegate("allgather_into_tensor_coalesced").allgather_into_tensor_coalesced(outputs, inputs, opts);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs,
                                                        const c10d::GatherOptions& opts) {
-  return delegate().gather(outputs, inputs, opts);
+  return delegate("gather").gather(outputs, inputs, opts);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::scatter(std::vector<at::Tensor>& outputs,
                                                         std::vector<std::vector<at::Tensor>>& inputs,
                                                         const c10d::ScatterOptions& opts) {
-  return delegate().scatter(outputs, inputs, opts);
+  return delegate("scatter").scatter(outputs, inputs, opts);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                std::vector<std::vector<at::Tensor>>& inputs,
                                                                const c10d::ReduceScatterOptions& opts) {
-  return delegate().reduce_scatter(outputs, inputs, opts);
+  return delegate("reduce_scatter").reduce_scatter(outputs, inputs, opts);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                      const c10d::ReduceScatterOptions& opts) {
-  return delegate()._reduce_scatter_base(output, input, opts);
+  return delegate("_reduce_scatter_base")._reduce_scatter_base(output, input, opts);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  return delegate().reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  return delegate("reduce_scatter_tensor_coalesced").reduce_scatter_tensor_coalesced(outputs, inputs, opts);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                               std::vector<int64_t>& output_splits,
                                                               std::vector<int64_t>& input_splits,
                                                               const c10d::AllToAllOptions& opts) {
-  return delegate().alltoall_base(output, input, output_splits, input_splits, opts);
+  return delegate("alltoall_base").alltoall_base(output, input, output_splits, input_splits, opts);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllToAllOptions& opts) {
-  return delegate().alltoall(outputs, inputs, opts);
+  return delegate("alltoall").alltoall(outputs, inputs, opts);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
-  return delegate().send(tensors, dst, tag);
+  return delegate("send").send(tensors, dst, tag);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
-  return delegate().recv(tensors, src, tag);
+  return delegate("recv").recv(tensors, src, tag);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  return delegate().recvAnysource(tensors, tag);
+  return delegate("recvAnysource").recvAnysource(tensors, tag);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::barrier(const c10d::BarrierOptions& opts) {
-  return delegate().barrier(opts);
+  return delegate("barrier").barrier(opts);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                                  const c10d::AllreduceOptions& opts) {
-  return delegate().allreduce_sparse(tensors, opts);
+  return delegate("allreduce_sparse").allreduce_sparse(tensors, opts);
 }
 void FairringBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
-  delegate().monitoredBarrier(opts, wait_all_ranks);
+  delegate("monitoredBarrier").monitoredBarrier(opts, wait_all_ranks);
 }
 
 }  // namespace fairring

@@ -9,10 +9,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 
+#include "backend/recent_ops.h"
 #include "common/config.h"
 #include "common/reduce_op.h"
 #include "topology/topology.h"
@@ -99,12 +101,20 @@ class FairringBackend : public c10d::Backend {
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
 
   const Topology& topology() const { return topo_; }
+  const RecentOps& recent_ops() const { return *recent_; }
+  // How many collectives recent_ops() keeps: enough to see the pattern
+  // that led to a failure (a bucket cycle of DDP), small enough to print.
+  static constexpr size_t kRecentOps = 64;
   std::string listen_address() const;
 
  private:
   // Lets the all-reduces issued so far finish before a delegated collective
   // runs, so collectives on the group take effect in issue order.
-  c10d::Backend& delegate();
+  c10d::Backend& delegate(const char* kind);
+  // Numbers a native op, records it in recent_ and wraps its completion
+  // (`done`) to record how it ended.
+  std::function<void(std::exception_ptr)> track(const char* kind, std::string what, int64_t bytes,
+                                                std::function<void(std::exception_ptr)> done);
   // Throws if called in a fork()ed child of the process that built the group.
   void check_same_process(const char* what) const;
   // The collective part of construction (topology, secret, engine).
@@ -117,6 +127,8 @@ class FairringBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> fallback_;
   std::unique_ptr<Engine> engine_;
   std::atomic<uint64_t> seq_{0};
+  // The last collectives, for post-mortems (dumped on the first failure).
+  std::shared_ptr<RecentOps> recent_ = std::make_shared<RecentOps>(kRecentOps);
 
   // All-reduce of a tensor that is not on the CPU (backend_cuda.cpp): the
   // CUDA engine, created at the group's first CUDA all-reduce, or an error.

@@ -94,7 +94,29 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("fallback"), py::call_guard<py::gil_scoped_release>())
       .def("listen_address", &FairringBackend::listen_address,
            "ip:port of this rank's TCP listener, or '' when the group is a single node")
-      .def("topology", [](const FairringBackend& b) { return topology_dict(b.topology()); });
+      .def("topology", [](const FairringBackend& b) { return topology_dict(b.topology()); })
+      .def(
+          "recent_ops",
+          [](const FairringBackend& b) {
+            const auto now = std::chrono::steady_clock::now();
+            auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
+            py::list out;
+            for (const auto& r : b.recent_ops().snapshot()) {
+              py::dict d;
+              d["seq"] = r.seq;
+              d["kind"] = r.kind;
+              d["what"] = r.what;
+              d["bytes"] = r.bytes;
+              d["state"] = r.state;
+              d["error"] = r.error;
+              d["started_ms_ago"] = ms(now - r.start);
+              const bool ended = r.state == "done" || r.state == "failed";
+              d["duration_ms"] = ended ? py::cast(ms(r.end - r.start)) : py::none();
+              out.append(d);
+            }
+            return out;
+          },
+          "The group's last collectives, oldest first (fairring_py.dump_recent)");
 
   // Group creation steps run from Python (fairring_py._create_backend),
   // through the same failure-aware store as the C++ ones.
