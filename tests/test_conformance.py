@@ -78,3 +78,18 @@ def test_profiler_shows_fairring_ops(topo):
 
 def test_dump_recent():
     _run(rank_conformance.recent_ops, TOPOLOGIES["2x2"])
+
+
+@pytest.mark.parametrize("level", ["", "2", "3"])
+def test_debug_log_levels(level):
+    """FAIRRING_DEBUG=2 logs each rank's options, topology and rail; 3 adds
+    every collective; unset, group creation and ops log nothing."""
+    res = launch.run_ranks(rank_conformance.a_few_ops, TOPOLOGIES["2x2"], env={"FAIRRING_DEBUG": level or None},
+                           timeout_s=60)
+    for r in res:
+        out = r.output
+        setup = "topology: 2 node(s) x 2 rank(s)" in out and "rail: ranks" in out and "FAIRRING_SLICE_SIZE=" in out
+        ops = "all_reduce of 1000 elements of float32 with SUM: issued" in out and "all_reduce: done" in out
+        assert setup == (level in ("2", "3")), f"rank {r.rank}, FAIRRING_DEBUG={level!r}: setup lines {setup}\n{out}"
+        assert ops == (level == "3"), f"rank {r.rank}, FAIRRING_DEBUG={level!r}: per-op lines {ops}\n{out}"
+        assert all(ln.startswith("[fairring rank ") for ln in out.splitlines() if "fairring rank" in ln)

@@ -113,6 +113,28 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
     job_uid_.assign(blob.begin() + secret_.size(), blob.end());
   }
   engine_ = std::make_unique<Engine>(store, topo_, config_, job_uid_, secret_);
+  log_setup();
+}
+
+void FairringBackend::log_setup() const {
+  if (debug_level() < kLogSetup) return;
+  const int rank = getRank();
+  FAIRRING_LOG(rank, "group of %d ranks: FAIRRING_SLICE_SIZE=%lld FAIRRING_TOTAL_MEMORY=%lld FAIRRING_PARALLELISM=%d "
+               "FAIRRING_GPU_TRANSPORT=%s, timeout %lld ms", getSize(), static_cast<long long>(config_.slice_size),
+               static_cast<long long>(config_.total_memory), config_.parallelism, config_.gpu_transport.c_str(),
+               static_cast<long long>(config_.timeout.count()));
+  auto list = [](const std::vector<int>& v) {
+    std::string s;
+    for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+    return s;
+  };
+  FAIRRING_LOG(rank, "topology: %d node(s) x %d rank(s)%s; this rank is local rank %d of node %d (ranks %s)",
+               topo_.num_nodes, topo_.ranks_per_node, topo_.flattened ? " (flat: nodes of unequal size)" : "",
+               topo_.local_rank, topo_.node, list(topo_.local_ranks()).c_str());
+  if (topo_.num_nodes > 1) {
+    FAIRRING_LOG(rank, "rail: ranks %s, over TCP, listening on %s", list(topo_.rail()).c_str(),
+                 engine_->listen_address().c_str());
+  }
 }
 
 FairringBackend::~FairringBackend() {
@@ -143,6 +165,8 @@ std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind,
   auto recent = recent_;
   auto handle = recent->start(seq_++, kind, std::move(what), bytes);
   const int rank = getRank();
+  FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s of %s: issued", static_cast<unsigned long long>(handle->seq), kind,
+                  handle->what.c_str());
   return [recent, handle, rank, done = std::move(done)](std::exception_ptr error) {
     std::string why;
     if (error) {
@@ -155,6 +179,8 @@ std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind,
       }
     }
     recent->finish(handle, why);
+    FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s: %s", static_cast<unsigned long long>(handle->seq),
+                    handle->kind.c_str(), error ? ("failed: " + why).c_str() : "done");
     // The group's first failure: what led up to it, for the post-mortem.
     if (error && recent->first_failure()) {
       FAIRRING_LOG(rank, "collective #%llu failed; this group's last collectives:\n%s",

@@ -119,6 +119,8 @@ class FairringBackend : public c10d::Backend {
   void check_same_process(const char* what) const;
   // The collective part of construction (topology, secret, engine).
   void build(const c10::intrusive_ptr<InitStore>& store, const std::string& node_key);
+  // FAIRRING_DEBUG=2: the options, topology and rails this rank ended up with.
+  void log_setup() const;
   c10::intrusive_ptr<c10d::Work> allreduce_cpu(std::vector<at::Tensor>& tensors, RedOp op, c10d::OpType type);
 
   Topology topo_;
