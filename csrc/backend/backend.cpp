@@ -6,10 +6,11 @@
 #include <algorithm>
 
 #include "allreduce/cuda_engine.h"
-#include "allreduce/engine.h"
+#include "allreduce/host_engine.h"
 #include "allreduce/op.h"
 #include "backend/init_store.h"
 #include "backend/work.h"
+#include "common/dtype_name.h"
 #include "common/gil.h"
 #include "kernels/reduce_cpu.h"
 
@@ -110,7 +111,7 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
     std::copy(blob.begin(), blob.begin() + secret_.size(), secret_.begin());
     job_uid_.assign(blob.begin() + secret_.size(), blob.end());
   }
-  engine_ = std::make_unique<Engine>(store, topo_, config_, job_uid_, secret_);
+  engine_ = std::make_unique<HostEngine>(store, topo_, config_, job_uid_, secret_);
 }
 
 FairringBackend::~FairringBackend() {

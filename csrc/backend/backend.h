@@ -1,5 +1,5 @@
 // FairringBackend: the c10d::Backend that torch.distributed talks to.  It runs
-// all-reduce itself (allreduce/engine.h) and hands every other collective to a
+// all-reduce itself (allreduce/host_engine.h) and hands every other collective to a
 // gloo backend it owns, after the all-reduces issued before it have finished.
 #pragma once
 
@@ -20,7 +20,7 @@
 
 namespace fairring {
 
-class Engine;
+class HostEngine;
 class CudaEngine;
 class InitStore;
 
@@ -115,7 +115,7 @@ class FairringBackend : public c10d::Backend {
   Config config_;
   const int creator_pid_ = getpid();
   c10::intrusive_ptr<c10d::Backend> fallback_;
-  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<HostEngine> engine_;
   std::atomic<uint64_t> seq_{0};
 
   // All-reduce of a tensor that is not on the CPU (backend_cuda.cpp): the

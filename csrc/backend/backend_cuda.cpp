@@ -59,7 +59,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_device(at::Tensor& t, 
               t.device().str());
 
   c10::cuda::CUDAGuard guard(t.device());
-  auto work = c10::make_intrusive<CudaFairringWork>(getRank(), tensors, t.device(), engine->completion_thread());
+  auto work = c10::make_intrusive<CudaFairringWork>(getRank(), tensors, t.device());
   auto aop = std::make_shared<CudaAllreduceOp>();
   aop->buffer = buffer;
   if (!buffer.is_same(t)) aop->user = t;

@@ -3,12 +3,11 @@
 #include <pybind11/stl.h>
 #include <torch/extension.h>
 
-#include "allreduce/cuda_engine.h"
-#include "allreduce/engine.h"
 #include "allreduce/plan.h"
 #include "allreduce/rail_plan.h"
 #include "backend/backend.h"
 #include "common/config.h"
+#include "pipeline/pipeline.h"
 #include "topology/topology.h"
 
 namespace py = pybind11;
@@ -80,10 +79,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "ip:port of this rank's TCP listener, or '' when the group is a single node")
       .def("topology", [](const FairringBackend& b) { return topology_dict(b.topology()); });
 
-  m.def("_quiesce_all", [] {
-        Engine::quiesce_all();
-        quiesce_all_cuda_engines();
-      },
+  m.def("_quiesce_all", [] { Pipeline::quiesce_all(); },
       py::call_guard<py::gil_scoped_release>(),
         "Waits for in-flight all_reduces and lets the engines' threads drop their "
         "tensors; registered with atexit by fairring_py.");
