@@ -52,15 +52,7 @@ CudaEngine::CudaEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
   area_ = round_up(config.slice_size, 256);
   const int k = topo.ranks_per_node;
   const int n = topo.num_nodes;
-  const int64_t need = cuda_required_memory(config, params(), k, n);
-  if (need > config.total_memory) {
-    throw std::invalid_argument(
-        "FAIRRING_TOTAL_MEMORY=" + std::to_string(config.total_memory) + " bytes is too small for the CUDA "
-        "all-reduce with FAIRRING_PARALLELISM=" + std::to_string(num_slots()) + " slices of FAIRRING_SLICE_SIZE=" +
-        std::to_string(config.slice_size) + " bytes, " + std::to_string(k) + " ranks per node and " +
-        std::to_string(n) + " nodes: it needs " + std::to_string(need) +
-        " bytes. Raise FAIRRING_TOTAL_MEMORY or lower FAIRRING_SLICE_SIZE / FAIRRING_PARALLELISM.");
-  }
+  require_memory(cuda_required_memory(config, params(), k, n));
   c10::cuda::CUDAGuard guard(device_);
   // Its own corner of the store: the CPU engine's node arena and TCP mesh use
   // the same keys.

@@ -33,15 +33,7 @@ int64_t required_memory(const Config& c, const PlanParams& p, int k, int n) {
 HostEngine::HostEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const Config& config,
                        const std::string& job_uid, const Secret& secret)
     : Pipeline(topo, config, "") {
-  const int64_t need = required_memory(config, params(), topo.ranks_per_node, topo.num_nodes);
-  if (need > config.total_memory) {
-    throw std::invalid_argument(
-        "FAIRRING_TOTAL_MEMORY=" + std::to_string(config.total_memory) + " bytes is too small for FAIRRING_PARALLELISM=" +
-        std::to_string(config.parallelism) + " slices of FAIRRING_SLICE_SIZE=" + std::to_string(config.slice_size) +
-        " bytes with " + std::to_string(topo.ranks_per_node) + " ranks per node and " +
-        std::to_string(topo.num_nodes) + " nodes: it needs " + std::to_string(need) +
-        " bytes. Raise FAIRRING_TOTAL_MEMORY or lower FAIRRING_SLICE_SIZE / FAIRRING_PARALLELISM.");
-  }
+  require_memory(required_memory(config, params(), topo.ranks_per_node, topo.num_nodes));
   set_arena(std::make_unique<NodeArena>(store, topo, job_uid, num_slots(), config.slice_size, config.timeout));
 
   if (topo.num_nodes > 1) {

@@ -195,29 +195,33 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_cpu(std::vector<at::Te
     buffer = at::cat(flat);
     users = tensors;
   }
-  c10::ScalarType dtype = type0;
+  auto aop = std::make_shared<AllreduceOp>();
+  set_reduction(*aop, buffer, op, "all_reduce");
+  aop->users = std::move(users);
+  ++seq_;
+  auto work = c10::make_intrusive<FairringWork>(getRank(), type, tensors);
+  aop->on_complete = [work](std::exception_ptr error) { work->mark_done(error); };
+  aop->after_complete = [work](std::exception_ptr error) { work->complete_future(error); };
+  engine_->submit(std::move(aop));
+  return work;
+}
+
+void FairringBackend::set_reduction(PipelineOp& aop, const at::Tensor& buffer, RedOp op, const char* what) {
+  c10::ScalarType dtype = buffer.scalar_type();
   int64_t numel = buffer.numel();
   if (buffer.is_complex()) {
+    // Reduced as the real view: element-wise SUM and AVG only.
     TORCH_CHECK(op == RedOp::kSum || op == RedOp::kAvg, "fairring: all_reduce of complex tensors supports SUM and AVG only, got ",
                 redop_name(op));
     dtype = c10::toRealValueType(dtype);
     numel *= 2;
   }
   const std::string why = reduce_unsupported_reason(dtype, op);
-  TORCH_CHECK(why.empty(), "fairring: all_reduce: ", why);
-
-  ++seq_;
-  auto work = c10::make_intrusive<FairringWork>(getRank(), type, tensors);
-  auto aop = std::make_shared<AllreduceOp>();
-  aop->buffer = buffer;
-  aop->users = std::move(users);
-  aop->dtype = dtype;
-  aop->op = op;
-  aop->numel = numel;
-  aop->on_complete = [work](std::exception_ptr error) { work->mark_done(error); };
-  aop->after_complete = [work](std::exception_ptr error) { work->complete_future(error); };
-  engine_->submit(std::move(aop));
-  return work;
+  TORCH_CHECK(why.empty(), "fairring: ", what, ": ", why);
+  aop.buffer = buffer;
+  aop.dtype = dtype;
+  aop.op = op;
+  aop.numel = numel;
 }
 
 c10d::Backend& FairringBackend::delegate() {

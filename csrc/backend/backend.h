@@ -15,6 +15,7 @@
 
 #include "common/config.h"
 #include "common/reduce_op.h"
+#include "pipeline/pipeline_op.h"
 #include "topology/topology.h"
 #include "transport/tcp_mesh.h"
 
@@ -109,6 +110,10 @@ class FairringBackend : public c10d::Backend {
   void check_same_process(const char* what) const;
   // The collective part of construction (topology, secret, engine).
   void build(const c10::intrusive_ptr<InitStore>& store, const std::string& node_key);
+  // Sets what `aop` reduces: `buffer` (complex: as its real view) with `op`,
+  // or throws the error users see when the kernels cannot (`what` names the
+  // call in it).  Shared by the CPU and CUDA paths.
+  static void set_reduction(PipelineOp& aop, const at::Tensor& buffer, RedOp op, const char* what);
   c10::intrusive_ptr<c10d::Work> allreduce_cpu(std::vector<at::Tensor>& tensors, RedOp op, c10d::OpType type);
 
   Topology topo_;

@@ -33,16 +33,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_device(at::Tensor& t, 
               "; call torch.cuda.set_device() with the tensor's device first (each rank drives one device)");
 
   at::Tensor buffer = t.is_contiguous() ? t : t.contiguous();
-  c10::ScalarType dtype = buffer.scalar_type();
-  int64_t numel = buffer.numel();
-  if (buffer.is_complex()) {
-    TORCH_CHECK(op == RedOp::kSum || op == RedOp::kAvg,
-                "fairring: all_reduce of complex tensors supports SUM and AVG only, got ", redop_name(op));
-    dtype = c10::toRealValueType(dtype);
-    numel *= 2;
-  }
-  const std::string why = reduce_unsupported_reason(dtype, op);
-  TORCH_CHECK(why.empty(), "fairring: all_reduce of a CUDA tensor: ", why);
+  auto aop = std::make_shared<CudaAllreduceOp>();
+  set_reduction(*aop, buffer, op, "all_reduce of a CUDA tensor");
 
   CudaEngine* engine = nullptr;
   {
@@ -60,12 +52,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_device(at::Tensor& t, 
 
   c10::cuda::CUDAGuard guard(t.device());
   auto work = c10::make_intrusive<CudaFairringWork>(getRank(), tensors, t.device());
-  auto aop = std::make_shared<CudaAllreduceOp>();
-  aop->buffer = buffer;
   if (!buffer.is_same(t)) aop->user = t;
-  aop->dtype = dtype;
-  aop->op = op;
-  aop->numel = numel;
   aop->done = work->done_event();
   // The engine starts after what the caller's stream has queued so far.
   cuda_check(cudaEventCreateWithFlags(&aop->ready, cudaEventDisableTiming), "cannot create a CUDA event");

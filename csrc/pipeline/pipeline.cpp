@@ -33,6 +33,17 @@ Pipeline::Pipeline(const Topology& topo, const Config& config, const char* devic
 
 Pipeline::~Pipeline() { stop(); }
 
+void Pipeline::require_memory(int64_t need) const {
+  if (need <= config_.total_memory) return;
+  throw std::invalid_argument(
+      "FAIRRING_TOTAL_MEMORY=" + std::to_string(config_.total_memory) + " bytes is too small for the " + device_ +
+      "all-reduce with FAIRRING_PARALLELISM=" + std::to_string(config_.parallelism) +
+      " slices of FAIRRING_SLICE_SIZE=" + std::to_string(config_.slice_size) + " bytes, " +
+      std::to_string(topo_.ranks_per_node) + " ranks per node and " + std::to_string(topo_.num_nodes) +
+      " nodes: it needs " + std::to_string(need) +
+      " bytes. Raise FAIRRING_TOTAL_MEMORY or lower FAIRRING_SLICE_SIZE / FAIRRING_PARALLELISM.");
+}
+
 void Pipeline::set_arena(std::unique_ptr<NodeArena> arena) {
   arena_ = std::move(arena);
   const std::string op_name = std::string(device_) + collective_name(Collective::kAllReduce);

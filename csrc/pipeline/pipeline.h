@@ -76,6 +76,9 @@ class Pipeline {
 
   // `device`: "" or "CUDA ", for messages.
   Pipeline(const Topology& topo, const Config& config, const char* device);
+  // Throws the error users see when FAIRRING_TOTAL_MEMORY cannot hold the
+  // engine's staging memory (`need` bytes per rank).
+  void require_memory(int64_t need) const;
   // The node's shared control block; before start().  Builds slots().
   void set_arena(std::unique_ptr<NodeArena> arena);
   // Last in the derived constructor: starts the loop thread and registers
