@@ -38,8 +38,9 @@ HostEngine::HostEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
 
   if (topo.num_nodes > 1) {
     RailStage::Callbacks cb;
-    cb.slice_done = [this](uint64_t seq) { slots().publish_chunk(seq); };
+    cb.slice_done = [this](uint64_t seq) { chunk_back(seq); };
     cb.failed = [this](const std::string& why) { fail(why); };
+    mirrors_.resize(num_slots());
     rail_ = connect_rail(store, topo, config, params(), secret, std::move(cb), mesh_);
   }
   start();
@@ -72,7 +73,7 @@ bool HostEngine::reduce_scatter(Slice& s, const TimePoint* until) {
   const int64_t divisor = (op.op == RedOp::kAvg) ? topo().size : 0;
 
   char* chunk = tensor;
-  char* mirror = nullptr;
+  Mirror mirror;
   if (k > 1) {
     // Peers read our input for their chunks only; our own chunk we reduce
     // straight from the tensor, so it is not copied.  A replicated slice is
@@ -112,9 +113,9 @@ bool HostEngine::reduce_scatter(Slice& s, const TimePoint* until) {
     // once it is final (here, or by the rail stage after the network), so
     // that our own all-gather copies the other chunks only.
     chunk = tensor + own.offset * esize;
-    mirror = arena.output_area(slot) + own.offset * esize;
+    mirror = Mirror{chunk, arena.output_area(slot) + own.offset * esize, static_cast<size_t>(own.count * esize)};
     reduce_cpu(op.dtype, op.op, chunk, inputs, k, own.count, topo().num_nodes == 1 ? divisor : 0);
-    if (!rail_) std::memcpy(mirror, chunk, own.count * esize);
+    if (!rail_) std::memcpy(mirror.to, mirror.from, mirror.bytes);
   }
   // A node of one rank (k == 1) reduces nothing locally: its chunk is the
   // slice of its own tensor, which goes to the rail as it is.
@@ -125,7 +126,7 @@ bool HostEngine::reduce_scatter(Slice& s, const TimePoint* until) {
     t.slice_seq = s.seq;
     t.key = op.key();
     t.chunk = chunk;
-    t.mirror = mirror;
+    mirrors_[slot] = mirror;  // read by chunk_back, ordered by post()
     t.shards = s.plan.shards[me];
     t.divisor = divisor;
     rail_->post(std::move(t));
@@ -133,6 +134,14 @@ bool HostEngine::reduce_scatter(Slice& s, const TimePoint* until) {
     slots().publish_chunk(s.seq);
   }
   return true;
+}
+
+void HostEngine::chunk_back(uint64_t slice_seq) {
+  // The slot's entry is not rewritten before our own all-gather of this
+  // slice has seen the chunk published below.
+  const Mirror& m = mirrors_[slots().slot(slice_seq)];
+  if (m.to) std::memcpy(m.to, m.from, m.bytes);
+  slots().publish_chunk(slice_seq);
 }
 
 bool HostEngine::all_gather(Slice& s, const TimePoint* until) {

@@ -16,6 +16,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "allreduce/op.h"
 #include "allreduce/rail_stage.h"
@@ -45,8 +46,19 @@ class HostEngine : public Pipeline {
   std::function<void()> completion_call(const std::shared_ptr<PipelineOp>& op, std::exception_ptr error) override;
   void on_failed(const std::string& why) override;
 
+  // From the rail's thread, in slice order: the chunk is final.
+  void chunk_back(uint64_t slice_seq);
+
   std::unique_ptr<TcpMesh> mesh_;
   std::unique_ptr<RailStage> rail_;
+  // Per slot, between nodes: where our chunk is copied for the local peers'
+  // all-gather once it is back from the rails (a node step, not the rail's).
+  struct Mirror {
+    const char* from = nullptr;
+    char* to = nullptr;
+    size_t bytes = 0;
+  };
+  std::vector<Mirror> mirrors_;
 };
 
 }  // namespace fairring

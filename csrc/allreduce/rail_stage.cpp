@@ -5,7 +5,6 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <unistd.h>
 
-#include <cstring>
 #include <stdexcept>
 
 #include "allreduce/deadlines.h"
@@ -196,12 +195,7 @@ void RailStage::maybe_finish() {
     if (!(s.served && s.contributions_missing == 0 && s.results_missing == 0 && s.sends_pending == 0)) {
       break;
     }
-    const RailTask& t = s.task;
-    if (t.mirror && !t.shards.empty()) {
-      const int64_t bytes = (t.shards.back().offset + t.shards.back().count) * c10::elementSize(t.dtype());
-      std::memcpy(t.mirror, t.chunk, bytes);
-    }
-    const uint64_t seq = t.slice_seq;
+    const uint64_t seq = s.task.slice_seq;
     active_.pop_front();
     callbacks_.slice_done(seq);
   }

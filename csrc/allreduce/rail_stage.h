@@ -44,9 +44,6 @@ struct RailTask {
   c10::ScalarType dtype() const { return static_cast<c10::ScalarType>(key.dtype); }
   RedOp op() const { return static_cast<RedOp>(key.op); }
   char* chunk = nullptr;       // this rank's node-reduced chunk; results land here too
-  // If set, the finished chunk is also copied here (the node's shared output
-  // area, for the local peers' all-gather) before slice_done.
-  char* mirror = nullptr;
   std::vector<Range> shards;   // in chunk (elements); shard j is served by node j
   int64_t divisor = 0;         // applied by the server (AVG)
 };
