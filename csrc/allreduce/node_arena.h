@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "common/op_key.h"
 #include "topology/topology.h"
 #include "transport/shm.h"
 #include "transport/sync.h"
@@ -23,13 +24,10 @@ namespace fairring {
 
 constexpr int kMaxLocalRanks = 256;
 
-// What a rank says it is reducing in a slot; compared between ranks.
+// What a rank says it runs in a slot; compared between ranks (NodeSlots).
 struct SlotHeader {
-  uint64_t op_seq;
+  OpKey key;
   uint64_t slice_seq;
-  int64_t numel;
-  int32_t dtype;
-  int32_t op;
 };
 
 struct NodeControl {

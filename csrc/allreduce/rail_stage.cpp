@@ -2,15 +2,16 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <unistd.h>
 
-#include <cstring>
 #include <stdexcept>
 
 #include "allreduce/deadlines.h"
-#include "allreduce/op.h"
 #include "allreduce/rail_plan.h"
+#include "common/config.h"
 #include "common/errors.h"
+#include "kernels/reduce_cpu.h"
 #include "transport/tcp_mesh.h"
 
 namespace fairring {
@@ -31,30 +32,16 @@ WireHeader header_for(const RailTask& t, WireKind kind, uint64_t bytes) {
   WireHeader h;
   h.kind = static_cast<uint32_t>(kind);
   h.slice_seq = t.slice_seq;
-  h.op_seq = t.op_seq;
-  h.numel = t.numel;
-  h.dtype = static_cast<int32_t>(t.dtype);
-  h.op = static_cast<int32_t>(t.op);
+  h.key = t.key;
   h.bytes = bytes;
   return h;
 }
 
-// Throws the message users see when ranks issued different all-reduces.
+// Throws the message users see when ranks issued different collectives.
 void check_match(const WireHeader& got, const WireHeader& want, int peer, int self) {
-  if (got.op_seq != want.op_seq || got.numel != want.numel || got.dtype != want.dtype ||
-      got.op != want.op || got.kind != want.kind) {
-    throw std::runtime_error(
-        "all_reduce mismatch between ranks: for collective #" + std::to_string(want.op_seq) +
-        " rank " + std::to_string(self) + " has " + describe(want.numel, want.dtype, want.op) +
-        " but rank " + std::to_string(peer) + " sent collective #" + std::to_string(got.op_seq) +
-        " with " + describe(got.numel, got.dtype, got.op) +
-        ". Every rank must issue the same collectives in the same order.");
-  }
-  if (got.slice_seq != want.slice_seq || got.bytes != want.bytes) {
-    throw std::runtime_error(
-        "all_reduce mismatch between ranks: rank " + std::to_string(peer) +
-        " is out of step with rank " + std::to_string(self) + " at collective #" +
-        std::to_string(want.op_seq) + " (an earlier collective differed between ranks)");
+  check_same_op(want.key, self, got.key, peer);
+  if (got.kind != want.kind || got.slice_seq != want.slice_seq || got.bytes != want.bytes) {
+    throw_out_of_step(want.key, self, peer);
   }
 }
 }  // namespace
@@ -126,7 +113,7 @@ void RailStage::send_aborts(const std::string& why) {
 void RailStage::start(std::unique_ptr<SliceState> st) {
   SliceState* s = st.get();
   const RailTask& t = s->task;
-  const int64_t elem = c10::elementSize(t.dtype);
+  const int64_t elem = c10::elementSize(t.dtype());
   const RailPlan plan = plan_rail(t.shards, topo_.node, topo_.num_nodes);
   const auto now = Clock::now();
 
@@ -185,7 +172,7 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
                       for (int n = 0; n < topo_.num_nodes; ++n) {
                         inputs[n] = (n == topo_.node) ? own : (*s->staging)[n].data();
                       }
-                      reduce_(t.dtype, t.op, own, inputs.data(), topo_.num_nodes, served.count, t.divisor);
+                      reduce_(t.dtype(), t.op(), own, inputs.data(), topo_.num_nodes, served.count, t.divisor);
                       for (int n : contributors) {
                         Channel::Send send;
                         send.header = header_for(t, WireKind::kResult, bytes);
@@ -208,12 +195,7 @@ void RailStage::maybe_finish() {
     if (!(s.served && s.contributions_missing == 0 && s.results_missing == 0 && s.sends_pending == 0)) {
       break;
     }
-    const RailTask& t = s.task;
-    if (t.mirror && !t.shards.empty()) {
-      const int64_t bytes = (t.shards.back().offset + t.shards.back().count) * c10::elementSize(t.dtype);
-      std::memcpy(t.mirror, t.chunk, bytes);
-    }
-    const uint64_t seq = t.slice_seq;
+    const uint64_t seq = s.task.slice_seq;
     active_.pop_front();
     callbacks_.slice_done(seq);
   }
@@ -303,6 +285,19 @@ void RailStage::loop() {
     callbacks_.failed(why);
     send_aborts(why);
   }
+}
+
+std::unique_ptr<RailStage> connect_rail(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo,
+                                        const Config& config, const PlanParams& params, const Secret& secret,
+                                        RailStage::Callbacks callbacks, std::unique_ptr<TcpMesh>& mesh) {
+  std::vector<int> peers;
+  for (int r : topo.rail()) {
+    if (r != topo.rank) peers.push_back(r);
+  }
+  mesh = std::make_unique<TcpMesh>(store, topo.rank, peers, secret, config.socket_ifname, config.timeout);
+  mesh->connect();
+  return std::make_unique<RailStage>(topo, *mesh, reduce_cpu, std::move(callbacks), config.timeout,
+                                     config.parallelism, max_shard_bytes(params, topo.ranks_per_node, topo.num_nodes));
 }
 
 }  // namespace fairring

@@ -16,15 +16,22 @@
 #include <vector>
 
 #include <c10/core/ScalarType.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include "allreduce/plan.h"
+#include "common/op_key.h"
 #include "common/reduce_op.h"
 #include "topology/topology.h"
 #include "transport/channel.h"
+#include "transport/tcp_mesh.h"
+
+namespace c10d {
+class Store;
+}
 
 namespace fairring {
 
-class TcpMesh;
+struct Config;
 
 // The element-wise reduction the server applies (the CPU kernel, or another
 // device's).
@@ -33,14 +40,10 @@ using ReduceFn = std::function<void(
 
 struct RailTask {
   uint64_t slice_seq = 0;
-  uint64_t op_seq = 0;
-  int64_t numel = 0;  // of the whole tensor, for matching
-  c10::ScalarType dtype = c10::ScalarType::Float;
-  RedOp op = RedOp::kSum;
+  OpKey key;  // the collective, for matching
+  c10::ScalarType dtype() const { return static_cast<c10::ScalarType>(key.dtype); }
+  RedOp op() const { return static_cast<RedOp>(key.op); }
   char* chunk = nullptr;       // this rank's node-reduced chunk; results land here too
-  // If set, the finished chunk is also copied here (the node's shared output
-  // area, for the local peers' all-gather) before slice_done.
-  char* mirror = nullptr;
   std::vector<Range> shards;   // in chunk (elements); shard j is served by node j
   int64_t divisor = 0;         // applied by the server (AVG)
 };
@@ -87,5 +90,13 @@ class RailStage {
   std::deque<std::unique_ptr<SliceState>> active_;  // thread-only
   std::thread thread_;
 };
+
+// Connects this rank's rail (`mesh`: a TCP connection to the same local rank
+// of every other node) and starts its stage, which reduces with the CPU
+// kernels and sizes its buffers from the plan's bound.  Collective over the
+// rail.
+std::unique_ptr<RailStage> connect_rail(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo,
+                                        const Config& config, const PlanParams& params, const Secret& secret,
+                                        RailStage::Callbacks callbacks, std::unique_ptr<TcpMesh>& mesh);
 
 }  // namespace fairring

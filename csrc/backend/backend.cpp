@@ -6,12 +6,13 @@
 #include <algorithm>
 
 #include "allreduce/cuda_engine.h"
-#include "allreduce/engine.h"
+#include "allreduce/host_engine.h"
 #include "allreduce/op.h"
 #include "backend/init_store.h"
 #include "backend/reduce_input.h"
 #include "common/log.h"
 #include "backend/work.h"
+#include "common/dtype_name.h"
 #include "common/gil.h"
 #include "kernels/reduce_cpu.h"
 
@@ -112,7 +113,7 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
     std::copy(blob.begin(), blob.begin() + secret_.size(), secret_.begin());
     job_uid_.assign(blob.begin() + secret_.size(), blob.end());
   }
-  engine_ = std::make_unique<Engine>(store, topo_, config_, job_uid_, secret_);
+  engine_ = std::make_unique<HostEngine>(store, topo_, config_, job_uid_, secret_);
   log_setup();
 }
 
@@ -158,6 +159,10 @@ void FairringBackend::check_same_process(const char* what) const {
               creator_pid_, ", from its fork()ed child ", getpid(),
               ": a child cannot use its parent's group (it would join the parent's collectives). "
               "Create a new process group in the child.");
+}
+
+std::string FairringBackend::op_size(const PipelineOp& op) {
+  return std::to_string(op.numel) + " elements of " + dtype_name(op.dtype) + " with " + redop_name(op.op);
 }
 
 std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind, std::string what, int64_t bytes,
@@ -246,7 +251,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_cpu(std::vector<at::Te
   aop->op = op;
   aop->numel = in.numel;
   aop->on_complete = track(type == c10d::OpType::ALLREDUCE_COALESCED ? "all_reduce_coalesced" : "all_reduce",
-                           describe(aop->numel, static_cast<int32_t>(aop->dtype), static_cast<int32_t>(op)),
+                           op_size(*aop),
                            aop->buffer.nbytes(), [work](std::exception_ptr error) { work->mark_done(error); });
   aop->after_complete = [work](std::exception_ptr error) { work->complete_future(error); };
   engine_->submit(std::move(aop));

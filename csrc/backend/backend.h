@@ -1,5 +1,5 @@
 // FairringBackend: the c10d::Backend that torch.distributed talks to.  It runs
-// all-reduce itself (allreduce/engine.h) and hands every other collective to a
+// all-reduce itself (allreduce/host_engine.h) and hands every other collective to a
 // gloo backend it owns, after the all-reduces issued before it have finished.
 #pragma once
 
@@ -17,12 +17,14 @@
 #include "backend/recent_ops.h"
 #include "common/config.h"
 #include "common/reduce_op.h"
+#include "pipeline/pipeline_op.h"
 #include "topology/topology.h"
 #include "transport/tcp_mesh.h"
 
 namespace fairring {
 
-class Engine;
+class HostEngine;
+struct PipelineOp;
 class CudaEngine;
 class InitStore;
 
@@ -113,6 +115,8 @@ class FairringBackend : public c10d::Backend {
   c10d::Backend& delegate(const char* kind);
   // Numbers a native op, records it in recent_ and wraps its completion
   // (`done`) to record how it ended.
+  // "1000 elements of float32 with SUM" (complex: its real view), for logs.
+  static std::string op_size(const PipelineOp& op);
   std::function<void(std::exception_ptr)> track(const char* kind, std::string what, int64_t bytes,
                                                 std::function<void(std::exception_ptr)> done);
   // Throws if called in a fork()ed child of the process that built the group.
@@ -127,7 +131,7 @@ class FairringBackend : public c10d::Backend {
   Config config_;
   const int creator_pid_ = getpid();
   c10::intrusive_ptr<c10d::Backend> fallback_;
-  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<HostEngine> engine_;
   std::atomic<uint64_t> seq_{0};
   // The last collectives, for post-mortems (dumped on the first failure).
   std::shared_ptr<RecentOps> recent_ = std::make_shared<RecentOps>(kRecentOps);

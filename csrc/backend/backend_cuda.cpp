@@ -50,7 +50,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_device(at::Tensor& t, 
               t.device().str());
 
   c10::cuda::CUDAGuard guard(t.device());
-  auto work = c10::make_intrusive<CudaFairringWork>(getRank(), tensors, t.device(), engine->completion_thread());
+  auto work = c10::make_intrusive<CudaFairringWork>(getRank(), tensors, t.device());
   auto aop = std::make_shared<CudaAllreduceOp>();
   aop->buffer = in.buffer;
   if (!in.users.empty()) aop->user = t;  // one tensor per call on CUDA
@@ -64,7 +64,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_device(at::Tensor& t, 
   if (rec != cudaSuccess) cudaEventDestroy(aop->ready);
   cuda_check(rec, "cudaEventRecord on the caller's stream");
   // No recordStream: the engine holds the op's tensors until its device work is over.
-  aop->on_complete = track("all_reduce (CUDA)", describe(in.numel, static_cast<int32_t>(in.dtype), static_cast<int32_t>(op)),
+  aop->on_complete = track("all_reduce (CUDA)", op_size(*aop),
                            in.buffer.nbytes(), [work](std::exception_ptr error) { work->mark_done(error); });
   aop->after_complete = [work](std::exception_ptr error, const c10::cuda::CUDAStream& stream) {
     work->complete_future(error, stream);

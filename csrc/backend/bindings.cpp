@@ -4,13 +4,12 @@
 #include <torch/extension.h>
 #include <torch/version.h>
 
-#include "allreduce/cuda_engine.h"
-#include "allreduce/engine.h"
 #include "allreduce/plan.h"
 #include "allreduce/rail_plan.h"
 #include "backend/backend.h"
 #include "backend/init_store.h"
 #include "common/config.h"
+#include "pipeline/pipeline.h"
 #include "topology/topology.h"
 
 namespace py = pybind11;
@@ -131,10 +130,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
          const std::string& why) { c10::make_intrusive<InitStore>(store, rank, size, timeout)->publish_failure(why); },
       py::call_guard<py::gil_scoped_release>(), "Tells the group's other ranks why this rank cannot create it.");
-  m.def("_quiesce_all", [] {
-        Engine::quiesce_all();
-        quiesce_all_cuda_engines();
-      },
+  m.def("_quiesce_all", [] { Pipeline::quiesce_all(); },
       py::call_guard<py::gil_scoped_release>(),
         "Waits for in-flight all_reduces and lets the engines' threads drop their "
         "tensors; registered with atexit by fairring_py.");

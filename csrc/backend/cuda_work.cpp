@@ -6,20 +6,19 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "common/cuda_check.h"
 
 namespace fairring {
 
-CudaFairringWork::CudaFairringWork(int rank, std::vector<at::Tensor> outputs, c10::Device device,
-                                   std::thread::id completer)
+CudaFairringWork::CudaFairringWork(int rank, std::vector<at::Tensor> outputs, c10::Device device)
     : c10d::Work(rank, c10d::OpType::ALLREDUCE),
       outputs_(std::move(outputs)),
       device_(device),
       done_(std::make_shared<CudaEvent>(device)),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                        std::vector<c10::Device>{device})),
-      completer_(completer) {}
+                                                        std::vector<c10::Device>{device})) {}
 
 void CudaFairringWork::mark_done(std::exception_ptr error) { finish(error); }
 
@@ -43,11 +42,11 @@ bool CudaFairringWork::wait(std::chrono::milliseconds timeout) {
   // Host: enqueued (throws on error or timeout); then synchronize(), which
   // makes the current stream wait for the op.
   const bool ok = c10d::Work::wait(timeout);
-  // The future is completed right after, on the completion thread; wait for
-  // it (except from that thread) so get_future().value() works after wait(),
-  // but not past the caller's timeout.  The future has no timed wait: poll,
-  // backing off (it is usually a few microseconds away).
-  if (std::this_thread::get_id() == completer_) return ok;
+  // The future is completed right after, by a completion worker (the pool
+  // starts another if this is a callback that blocks one); wait for it so
+  // get_future().value() works after wait(), but not past the caller's
+  // timeout.  The future has no timed wait: poll, backing off (it is
+  // usually a few microseconds away).
   if (timeout != std::chrono::milliseconds::zero()) {  // zero: c10d's kNoTimeout
     auto nap = std::chrono::microseconds(10);
     while (!future_->completed()) {

@@ -16,15 +16,13 @@
 #include "common/cuda_resources.h"
 
 #include <memory>
-#include <thread>
 #include <vector>
 
 namespace fairring {
 
 class CudaFairringWork : public c10d::Work {
  public:
-  // `completer` is the thread that completes the future (CudaEngine's).
-  CudaFairringWork(int rank, std::vector<at::Tensor> outputs, c10::Device device, std::thread::id completer);
+  CudaFairringWork(int rank, std::vector<at::Tensor> outputs, c10::Device device);
 
   // The event recorded after the op's last device work (shared with the op).
   const std::shared_ptr<CudaEvent>& done_event() const { return done_; }
@@ -49,7 +47,6 @@ class CudaFairringWork : public c10d::Work {
   c10::Device device_;
   std::shared_ptr<CudaEvent> done_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
-  std::thread::id completer_;
 };
 
 }  // namespace fairring

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/op_key.h"
 #include "transport/socket.h"
 
 namespace fairring {
@@ -21,10 +22,7 @@ struct WireHeader {
   uint32_t magic = kWireMagic;
   uint32_t kind = 0;
   uint64_t slice_seq = 0;  // global slice number on this process group
-  uint64_t op_seq = 0;     // all-reduce number on this process group
-  int64_t numel = 0;       // elements of the whole tensor
-  int32_t dtype = 0;
-  int32_t op = 0;
+  OpKey key;               // the collective, compared by the receiver
   uint64_t bytes = 0;      // payload that follows the header
 };
 

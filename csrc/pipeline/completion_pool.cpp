@@ -1,4 +1,4 @@
-#include "allreduce/completion_pool.h"
+#include "pipeline/completion_pool.h"
 
 #include <condition_variable>
 #include <deque>

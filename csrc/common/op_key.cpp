@@ -1,0 +1,46 @@
+#include "common/op_key.h"
+
+#include <c10/core/ScalarType.h>
+
+#include <stdexcept>
+
+#include "common/dtype_name.h"
+#include "common/reduce_op.h"
+
+namespace fairring {
+
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce: return "all_reduce";
+  }
+  return "collective";
+}
+
+std::string describe(const OpKey& k) {
+  return std::string(collective_name(static_cast<Collective>(k.collective))) + " of " + std::to_string(k.numel) +
+      " elements of " + dtype_name(static_cast<c10::ScalarType>(k.dtype)) + " with " +
+      redop_name(static_cast<RedOp>(k.op));
+}
+
+namespace {
+std::string mismatch_prefix(const OpKey& mine, const char* device) {
+  return std::string(device) + collective_name(static_cast<Collective>(mine.collective)) +
+      " mismatch between ranks: ";
+}
+}  // namespace
+
+void check_same_op(const OpKey& mine, int self, const OpKey& theirs, int peer, const char* device) {
+  if (mine == theirs) return;
+  throw std::runtime_error(mismatch_prefix(mine, device) + "for collective #" + std::to_string(mine.op_seq) +
+                           " rank " + std::to_string(self) + " has " + describe(mine) + " but rank " +
+                           std::to_string(peer) + " has collective #" + std::to_string(theirs.op_seq) + ": " +
+                           describe(theirs) + ". Every rank must issue the same collectives in the same order.");
+}
+
+void throw_out_of_step(const OpKey& mine, int self, int peer, const char* device) {
+  throw std::runtime_error(mismatch_prefix(mine, device) + "rank " + std::to_string(peer) +
+                           " is out of step with rank " + std::to_string(self) + " at collective #" +
+                           std::to_string(mine.op_seq) + " (an earlier collective differed between ranks)");
+}
+
+}  // namespace fairring

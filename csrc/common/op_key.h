@@ -1,0 +1,47 @@
+// What ranks compare to know they run the same collective: the collective's
+// kind, its number in the group's issue order, size, dtype and reduction.
+// Carried in the node's slot headers and in every rail message; compared and
+// explained in one place (check_same_op), so every path reports a mismatch
+// with the same words.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace fairring {
+
+// Only all_reduce runs natively today; reduce_scatter, all_gather and
+// broadcast are next (DESIGN.md): new phase lists with their own kind, so a
+// rank that issued one against a peer's all_reduce gets a clear mismatch.
+enum class Collective : int32_t { kAllReduce = 1 };
+
+const char* collective_name(Collective c);
+
+struct OpKey {
+  uint64_t op_seq = 0;  // issue order on the group (per engine)
+  int64_t numel = 0;    // elements of the whole tensor
+  int32_t collective = 0;
+  int32_t dtype = 0;    // c10::ScalarType
+  int32_t op = 0;       // RedOp
+  int32_t reserved = 0; // explicit padding: the struct crosses processes and the wire
+};
+
+inline bool operator==(const OpKey& a, const OpKey& b) {
+  return a.op_seq == b.op_seq && a.numel == b.numel && a.collective == b.collective && a.dtype == b.dtype &&
+      a.op == b.op;
+}
+inline bool operator!=(const OpKey& a, const OpKey& b) { return !(a == b); }
+
+// "all_reduce of 1000 elements of float32 with SUM".  Complex tensors travel
+// as their real view (twice the elements).
+std::string describe(const OpKey& k);
+
+// Throws the error users see when ranks issued different collectives: rank
+// `self` has `mine`, rank `peer` has `theirs`.  `device`: "" or "CUDA ".
+void check_same_op(const OpKey& mine, int self, const OpKey& theirs, int peer, const char* device = "");
+
+// Throws the error for a peer that runs the same collective but is at another
+// step of it (an earlier collective differed between the ranks).
+[[noreturn]] void throw_out_of_step(const OpKey& mine, int self, int peer, const char* device = "");
+
+}  // namespace fairring

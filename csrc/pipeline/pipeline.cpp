@@ -1,0 +1,322 @@
+#include "pipeline/pipeline.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <set>
+#include <stdexcept>
+
+#include "allreduce/wait_check.h"
+#include "common/errors.h"
+#include "common/log.h"
+
+namespace fairring {
+
+namespace {
+
+// How long an inline op spins for a peer before the loop thread takes over.
+constexpr auto kInlineSpin = std::chrono::microseconds(200);
+// quiesce_all() waits at most this long per engine: an op stuck on a stalled
+// peer must not hold the exit for the group's whole timeout.
+constexpr std::chrono::milliseconds kExitQuiesceLimit(10000);
+
+// Live engines, for quiesce_all().
+std::mutex g_live_mu;
+std::set<Pipeline*> g_live;
+
+}  // namespace
+
+Pipeline::Pipeline(const Topology& topo, const Config& config, const char* device)
+    : topo_(topo), config_(config), device_(device), creator_pid_(getpid()), completions_(topo.rank) {
+  params_.slice_bytes = config_.slice_size;
+}
+
+Pipeline::~Pipeline() { stop(); }
+
+void Pipeline::require_memory(int64_t need) const {
+  if (need <= config_.total_memory) return;
+  throw std::invalid_argument(
+      "FAIRRING_TOTAL_MEMORY=" + std::to_string(config_.total_memory) + " bytes is too small for the " + device_ +
+      "all-reduce with FAIRRING_PARALLELISM=" + std::to_string(config_.parallelism) +
+      " slices of FAIRRING_SLICE_SIZE=" + std::to_string(config_.slice_size) + " bytes, " +
+      std::to_string(topo_.ranks_per_node) + " ranks per node and " + std::to_string(topo_.num_nodes) +
+      " nodes: it needs " + std::to_string(need) +
+      " bytes. Raise FAIRRING_TOTAL_MEMORY or lower FAIRRING_SLICE_SIZE / FAIRRING_PARALLELISM.");
+}
+
+void Pipeline::set_arena(std::unique_ptr<NodeArena> arena) {
+  arena_ = std::move(arena);
+  const std::string op_name = std::string(device_) + collective_name(Collective::kAllReduce);
+  slots_ = std::make_unique<NodeSlots>(
+      *arena_, topo_, num_slots(),
+      [this, op_name](int local_peer, const char* what, uint64_t op_seq, bool via_network) {
+        return make_wait_check(topo_, *arena_, config_.timeout, [this] { failure_.throw_if_failed(); },
+                               op_name.c_str(), local_peer, what, op_seq, via_network);
+      },
+      device_);
+}
+
+void Pipeline::start() {
+  loop_ = std::thread([this] { loop(); });
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  g_live.insert(this);
+  registered_ = true;
+}
+
+void Pipeline::stop() {
+  if (registered_) {
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    g_live.erase(this);
+    registered_ = false;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  work_cv_.notify_all();
+  if (loop_.joinable()) loop_.join();
+}
+
+std::exception_ptr Pipeline::op_failed(const PipelineOp& op, const std::string& why) const {
+  return std::make_exception_ptr(std::runtime_error(std::string("fairring: ") + collective_name(op.collective) +
+                                                    " #" + std::to_string(op.seq) + " failed: " + why));
+}
+
+void Pipeline::submit(std::shared_ptr<PipelineOp> op) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Numbered here, under the lock, so that ops issued from several threads
+  // are queued in the order of their numbers.
+  op->seq = submitted_++;
+  slots_->announce(op->seq);
+  if (failure_.failed()) {
+    const std::string why = failure_.why();
+    lock.unlock();
+    complete(op, std::make_exception_ptr(std::runtime_error(
+                     std::string("fairring: ") + collective_name(op->collective) + " #" + std::to_string(op->seq) +
+                     " not started: this process group failed earlier: " + why)));
+    return;
+  }
+  // Inline only when every earlier op has completed: then the loop thread
+  // holds no slice and the pipeline is ours.
+  const bool idle = completed_ + 1 == submitted_ && queue_.empty() && !inline_busy_ && !handoff_;
+  if (idle && runs_inline(*op)) {
+    inline_busy_ = true;
+    lock.unlock();
+    run_inline(make_slice(op, 0));
+    return;
+  }
+  queue_.push_back(std::move(op));
+  lock.unlock();
+  work_cv_.notify_all();
+}
+
+Pipeline::Slice Pipeline::make_slice(const std::shared_ptr<PipelineOp>& op, int64_t index) {
+  Slice s;
+  s.op = op;
+  s.index = index;
+  s.seq = next_slice_seq_++;
+  s.plan = plan_slice(op->numel, c10::elementSize(op->dtype), index, topo_.ranks_per_node, topo_.num_nodes, params_);
+  return s;
+}
+
+void Pipeline::run_inline(Slice s) {
+  const TimePoint until = std::chrono::steady_clock::now() + kInlineSpin;
+  std::exception_ptr error;
+  bool finished = false;
+  try {
+    finished = reduce_scatter(s, &until) && all_gather(s, &until);
+    if (finished) op_done(*s.op);
+  } catch (const std::exception& e) {
+    fail(attribute_to_rank(topo_.rank, e.what()));
+    error = op_failed(*s.op, failure_.why());
+  }
+  if (!finished && !error) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!failure_.failed()) {
+      handoff_ = std::move(s);
+      inline_busy_ = false;
+      lock.unlock();
+      work_cv_.notify_all();
+      idle_cv_.notify_all();
+      return;
+    }
+    // The group failed meanwhile (another thread's op): the loop thread is
+    // gone or going, so this op fails here.
+    error = op_failed(*s.op, failure_.why());
+  }
+  complete(s.op, error, /*on_caller=*/true);
+  bool queued_behind;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inline_busy_ = false;
+    queued_behind = !queue_.empty();
+  }
+  // Wake the loop thread only if it has work now: a wake-up costs a context
+  // switch, as much as the whole small op.
+  if (queued_behind) work_cv_.notify_all();
+  idle_cv_.notify_all();
+}
+
+void Pipeline::wait_idle() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_cv_.wait(lock, [&] { return completed_ == submitted_; });
+  }
+  wait_device_idle();
+}
+
+bool Pipeline::quiesce(std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    // A failed group's loop thread has ended and dropped what it held.
+    if (!idle_cv_.wait_until(lock, until, [&] {
+          return completed_ == submitted_ && !inline_busy_ && !handoff_ && (loop_parked_ || failure_.failed());
+        })) {
+      return false;
+    }
+  }
+  return completions_.wait_idle(until) && quiesce_device(until);
+}
+
+void Pipeline::quiesce_all() {
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  for (Pipeline* p : g_live) {
+    // In a fork()ed child the engine's threads do not exist: nothing to wait for.
+    if (p->creator_pid_ != getpid()) continue;
+    if (!p->quiesce(std::min(kExitQuiesceLimit, p->config_.timeout))) {
+      FAIRRING_LOG(p->topo_.rank, "%sall_reduces still in flight at exit (a peer is stalled?); not waiting for them",
+                   p->device_);
+    }
+  }
+}
+
+void Pipeline::complete(const std::shared_ptr<PipelineOp>& op, std::exception_ptr error, bool on_caller) {
+  if (!error && arena_->aborts_op(op->seq)) {
+    // Our part ended well, but a node peer gave up on this op (we came
+    // late, or it failed for another reason): it ends the same way here.
+    const std::string why = arena_->abort_message();
+    fail(why);
+    error = op_failed(*op, why);
+  }
+  settle(*op, error);
+  auto done = std::move(op->on_complete);
+  op->on_complete = nullptr;
+  std::function<void()> call = completion_call(op, error);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++completed_;
+  }
+  idle_cv_.notify_all();
+  if (done) done(error);
+  if (!call) return;
+  // The caller's own op, with no earlier callback pending: nothing can be
+  // chained on its future yet, so completing it here runs no user code and
+  // saves waking a completion worker.
+  if (on_caller && completions_.idle()) {
+    call();
+  } else {
+    completions_.post(std::move(call));
+  }
+}
+
+void Pipeline::fail(const std::string& why) {
+  uint64_t first_failed_op;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failure_.record(why)) return;
+    first_failed_op = completed_;  // ops complete in issue order
+  }
+  FAIRRING_DEBUG_LOG(topo_.rank, "%sfailing: %s", device_, why.c_str());
+  arena_->abort(topo_.rank, why, first_failed_op);
+  on_failed(why);
+  work_cv_.notify_all();
+  idle_cv_.notify_all();
+}
+
+void Pipeline::loop() {
+  std::deque<Slice> in_flight;
+  std::shared_ptr<PipelineOp> cur;
+  int64_t next_index = 0;
+  int64_t cur_slices = 0;
+  const size_t lag = static_cast<size_t>(num_slots() - 1);
+  auto slices_of = [&](const PipelineOp& op) { return num_slices(op.numel, c10::elementSize(op.dtype), params_); };
+  try {
+    on_loop_start();
+    for (;;) {
+      if (!cur) {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (in_flight.empty()) {
+          loop_parked_ = true;
+          idle_cv_.notify_all();  // quiesce() may be waiting for this
+          work_cv_.wait(lock, [&] {
+            return failure_.failed() || handoff_ || (!inline_busy_ && (!queue_.empty() || stopping_));
+          });
+          loop_parked_ = false;
+        }
+        if (failure_.failed()) break;
+        if (handoff_) {
+          // An inline op whose peer was late: it is the oldest, finish it first.
+          in_flight.push_back(std::move(*handoff_));
+          handoff_.reset();
+          lock.unlock();
+          if (in_flight.back().stage < Stage::kGather) reduce_scatter(in_flight.back(), nullptr);
+          continue;
+        }
+        if (!queue_.empty() && !inline_busy_) {
+          cur = std::move(queue_.front());
+          queue_.pop_front();
+          next_index = 0;
+          cur_slices = slices_of(*cur);
+        } else if (in_flight.empty()) {
+          return;  // stopping, nothing left
+        }
+      }
+      if (cur) {
+        Slice s = make_slice(cur, next_index);
+        reduce_scatter(s, nullptr);
+        in_flight.push_back(std::move(s));
+        if (++next_index == cur_slices) cur.reset();
+        if (in_flight.size() <= lag) continue;
+      }
+      Slice& oldest = in_flight.front();
+      all_gather(oldest, nullptr);
+      if (oldest.index + 1 == slices_of(*oldest.op)) {
+        op_done(*oldest.op);
+        complete(oldest.op, nullptr);
+      }
+      in_flight.pop_front();
+    }
+  } catch (const std::exception& e) {
+    fail(attribute_to_rank(topo_.rank, e.what()));
+  }
+  drain(in_flight, cur);
+}
+
+void Pipeline::drain(std::deque<Slice>& in_flight, std::shared_ptr<PipelineOp>& cur) {
+  const std::string why = failure_.why();
+  auto fail_op = [&](const std::shared_ptr<PipelineOp>& op) {
+    if (!op || !op->on_complete) return;  // several slices of one op, or completed
+    complete(op, op_failed(*op, why));
+  };
+  for (auto& s : in_flight) fail_op(s.op);
+  fail_op(cur);
+  std::optional<Slice> handed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    handed.swap(handoff_);
+  }
+  if (handed) fail_op(handed->op);
+  for (;;) {
+    std::shared_ptr<PipelineOp> op;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (queue_.empty()) return;  // later submits fail inside submit()
+      op = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    fail_op(op);
+  }
+}
+
+}  // namespace fairring

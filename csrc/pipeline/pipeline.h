@@ -1,0 +1,169 @@
+// The pipeline core shared by every device's engine.  It owns, once:
+//
+//   - the op queue and op/slice numbering (submit; issue order is match order),
+//   - the loop thread that keeps `parallelism` slices in flight: the
+//     reduce-scatter of slice i+lag, then the all-gather of the oldest,
+//   - the inline small-op path: a small op issued while the pipeline is idle
+//     runs on the caller's thread; if a peer is late the loop thread takes
+//     it over where it stopped (see runs_inline),
+//   - failure: first error wins (GroupFailure), the node and the rails are
+//     told, and what is in flight or queued fails with the group's error,
+//   - completion: on_complete in issue order, then future completion on a
+//     CompletionPool (callbacks may block on another collective),
+//   - the exit quiesce of every live engine (quiesce_all).
+//
+// A device's engine derives from it and writes only its hooks: the node
+// steps of a slice (reduce_scatter, all_gather, through NodeSlots) and what
+// happens around an op's completion.  Like TensorPipe's channel boilerplate:
+// the base numbers and fails; the channel moves bytes.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "allreduce/node_arena.h"
+#include "allreduce/plan.h"
+#include "common/config.h"
+#include "pipeline/completion_pool.h"
+#include "pipeline/group_failure.h"
+#include "pipeline/node_slots.h"
+#include "pipeline/pipeline_op.h"
+#include "topology/topology.h"
+
+namespace fairring {
+
+class Pipeline {
+ public:
+  virtual ~Pipeline();
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  // Numbers the op (issue order) and queues it, or runs it inline.
+  void submit(std::shared_ptr<PipelineOp> op);
+  // Blocks until every submitted op has completed (and, on a device, until
+  // its device work is over unless the group failed).
+  void wait_idle();
+  // Blocks (up to `limit`) until every op has completed and no engine thread
+  // holds a tensor or Work any more: after this, nothing of the caller's is
+  // released from the engine's threads.  True if it got there.
+  bool quiesce(std::chrono::milliseconds limit);
+  // quiesce() on every live engine of the process, bounded.  Run at
+  // interpreter exit, so that no engine thread drops the last reference to a
+  // tensor (which needs the GIL) while the interpreter finalizes.
+  static void quiesce_all();
+
+  int rank() const { return topo_.rank; }
+
+ protected:
+  using TimePoint = std::chrono::steady_clock::time_point;
+  // Where a slice is in its node steps; a step that had to stop (spin budget
+  // spent, inline path only) resumes from here on the loop thread.
+  enum class Stage { kSlotFree, kInputs, kGather, kDone };
+  struct Slice {
+    std::shared_ptr<PipelineOp> op;
+    int64_t index = 0;  // slice of the op
+    uint64_t seq = 0;   // global slice number
+    SlicePlan plan;
+    Stage stage = Stage::kSlotFree;
+    SliceId id() const { return SliceId{op->seq, seq}; }
+  };
+
+  // `device`: "" or "CUDA ", for messages.
+  Pipeline(const Topology& topo, const Config& config, const char* device);
+  // Throws the error users see when FAIRRING_TOTAL_MEMORY cannot hold the
+  // engine's staging memory (`need` bytes per rank).
+  void require_memory(int64_t need) const;
+  // The node's shared control block; before start().  Builds slots().
+  void set_arena(std::unique_ptr<NodeArena> arena);
+  // Last in the derived constructor: starts the loop thread and registers
+  // the engine for quiesce_all().
+  void start();
+  // First in the derived destructor (the loop thread calls the hooks):
+  // unregisters, lets queued ops finish and joins the loop thread.
+  void stop();
+  // Records the first failure, tells the node and the rails (on_failed),
+  // wakes every wait.
+  void fail(const std::string& why);
+  bool failed() const { return failure_.failed(); }
+
+  const Topology& topo() const { return topo_; }
+  const Config& config() const { return config_; }
+  const PlanParams& params() const { return params_; }
+  int num_slots() const { return config_.parallelism; }
+  NodeArena& arena() { return *arena_; }
+  NodeSlots& slots() { return *slots_; }
+
+  // ---- Hooks ----
+  // Runs first on the loop thread (a device makes itself current).
+  virtual void on_loop_start() {}
+  // Whether `op`, issued while the pipeline is idle, runs on the caller's
+  // thread.  Its steps then get a spin deadline.
+  virtual bool runs_inline(const PipelineOp& op) const { (void)op; return false; }
+  // The node steps of a slice, in slice order.  With `until` null they block
+  // (or enqueue device work); otherwise they spin until then at most and
+  // return false, leaving s.stage to resume from.
+  virtual bool reduce_scatter(Slice& s, const TimePoint* until) = 0;
+  virtual bool all_gather(Slice& s, const TimePoint* until) = 0;
+  // After the last slice's all_gather of a successful op (loop thread).
+  virtual void op_done(PipelineOp& op) { (void)op; }
+  // Just before on_complete, also for a failed op: may turn success into an
+  // error (e.g. copying the result back to the caller's tensors failed).
+  virtual void settle(PipelineOp& op, std::exception_ptr& error) { (void)op; (void)error; }
+  // What completes the op's future, posted to the completion pool (null:
+  // nothing to run).  Called once per op, in issue order.
+  virtual std::function<void()> completion_call(const std::shared_ptr<PipelineOp>& op,
+                                                std::exception_ptr error) = 0;
+  // The group failed: stop the device's own threads and rails.
+  virtual void on_failed(const std::string& why) { (void)why; }
+  // After wait_idle's host part: the device work of every op is over.
+  virtual void wait_device_idle() {}
+  // After quiesce's host part: the device holds nothing of the caller's.
+  virtual bool quiesce_device(TimePoint until) { (void)until; return true; }
+
+ private:
+  Slice make_slice(const std::shared_ptr<PipelineOp>& op, int64_t index);
+  void loop();
+  // Fails, with the group's error, every op in flight, handed over or queued.
+  void drain(std::deque<Slice>& in_flight, std::shared_ptr<PipelineOp>& cur);
+  void run_inline(Slice s);
+  // `on_caller`: the op ran inline, so its future may complete right here.
+  void complete(const std::shared_ptr<PipelineOp>& op, std::exception_ptr error, bool on_caller = false);
+  std::exception_ptr op_failed(const PipelineOp& op, const std::string& why) const;
+
+  Topology topo_;
+  Config config_;
+  PlanParams params_;
+  const char* device_;
+  const int creator_pid_;  // quiesce_all() skips engines a fork()ed child inherited
+  std::unique_ptr<NodeArena> arena_;
+  std::unique_ptr<NodeSlots> slots_;
+  GroupFailure failure_;
+
+  std::mutex mu_;
+  std::condition_variable work_cv_;  // the loop thread waits for work here
+  std::condition_variable idle_cv_;  // wait_idle() and quiesce() wait here
+  std::deque<std::shared_ptr<PipelineOp>> queue_;
+  uint64_t submitted_ = 0;  // also the next op's number
+  uint64_t completed_ = 0;
+  bool stopping_ = false;
+  bool registered_ = false;
+
+  bool inline_busy_ = false;        // an op runs on its caller's thread
+  bool loop_parked_ = false;        // the loop thread waits for work and holds no op
+  std::optional<Slice> handoff_;    // an inline op the loop thread must finish
+  // Owned by whichever thread runs the node steps: the loop thread, or the
+  // caller while inline_busy_.
+  uint64_t next_slice_seq_ = 0;
+  std::thread loop_;
+
+  // Runs completion_call()s, off the pipeline.
+  CompletionPool completions_;
+};
+
+}  // namespace fairring
