@@ -160,13 +160,11 @@ def test_option_validation():
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("nodes,bad", [(["a", "a"], 1), (["a", "a", "b", "b"], 0), (["a", "b"], 1)],
-                         ids=["1x2-rank1", "2x2-rank0", "2x1-rank1"])
-def test_init_failure_reaches_every_rank(nodes, bad):
-    """One rank's FAIRRING_TOTAL_MEMORY is too small: every rank fails group
-    creation at once, and names the failing rank and the variable."""
+def _init_fails_everywhere(nodes, bad, var, value, bad_type=None):
+    """Group creation with `var`=`value` on rank `bad` only: every rank must
+    fail within half the timeout, naming `var`, the others naming rank `bad`."""
     timeout_s = 30
-    rank_env = [{"FAIRRING_TOTAL_MEMORY": "64K"} if r == bad else {} for r in range(len(nodes))]
+    rank_env = [{var: value} if r == bad else {} for r in range(len(nodes))]
     with tempfile.TemporaryDirectory(prefix="fairring-test-store-") as d:
         res = launch.run_ranks(rank_errors.init_failure, nodes, backend=None, args=(d, timeout_s),
                                rank_env=rank_env, timeout_s=120)
@@ -176,13 +174,23 @@ def test_init_failure_reaches_every_rank(nodes, bad):
         if not v["raised"]:
             problems.append(f"rank {r.rank}: group creation succeeded")
             continue
-        if "FAIRRING_TOTAL_MEMORY" not in v["msg"]:
-            problems.append(f"rank {r.rank}: error does not name FAIRRING_TOTAL_MEMORY: {v['msg'][:400]!r}")
+        if var not in v["msg"]:
+            problems.append(f"rank {r.rank}: error does not name {var}: {v['msg'][:400]!r}")
+        if r.rank == bad and bad_type and v["type"] != bad_type:
+            problems.append(f"rank {r.rank}: raised {v['type']}, expected {bad_type}")
         if r.rank != bad and not re.search(rf"\brank {bad}\b", v["msg"]):
             problems.append(f"rank {r.rank}: error does not name rank {bad}: {v['msg'][:400]!r}")
         if v["elapsed"] > timeout_s / 2:
             problems.append(f"rank {r.rank}: failed after {v['elapsed']:.1f}s (group timeout {timeout_s}s)")
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("nodes,bad", [(["a", "a"], 1), (["a", "a", "b", "b"], 0), (["a", "b"], 1)],
+                         ids=["1x2-rank1", "2x2-rank0", "2x1-rank1"])
+def test_init_failure_reaches_every_rank(nodes, bad):
+    """One rank's FAIRRING_TOTAL_MEMORY is too small: every rank fails group
+    creation at once, and names the failing rank and the variable."""
+    _init_fails_everywhere(nodes, bad, "FAIRRING_TOTAL_MEMORY", "64K")
 
 
 def test_late_but_live_peer_is_waited_for():
@@ -307,23 +315,4 @@ def test_bad_option_on_one_rank_fails_every_rank(nodes, bad):
     """A value only one rank's environment has wrong: that rank raises
     ValueError naming it, the others fail at once with the same cause
     (they used to wait the whole timeout in the gloo rendezvous)."""
-    timeout_s = 30
-    rank_env = [{"FAIRRING_PARALLELISM": "0"} if r == bad else {} for r in range(len(nodes))]
-    with tempfile.TemporaryDirectory(prefix="fairring-test-store-") as d:
-        res = launch.run_ranks(rank_errors.init_failure, nodes, backend=None, args=(d, timeout_s),
-                               rank_env=rank_env, timeout_s=120)
-    problems = []
-    for r in res:
-        v = r.value
-        if not v["raised"]:
-            problems.append(f"rank {r.rank}: group creation succeeded")
-            continue
-        if "FAIRRING_PARALLELISM" not in v["msg"]:
-            problems.append(f"rank {r.rank}: error does not name FAIRRING_PARALLELISM: {v['msg'][:300]!r}")
-        if r.rank == bad and v["type"] != "ValueError":
-            problems.append(f"rank {r.rank}: raised {v['type']}, expected ValueError")
-        if r.rank != bad and not re.search(rf"\brank {bad}\b", v["msg"]):
-            problems.append(f"rank {r.rank}: error does not name rank {bad}: {v['msg'][:300]!r}")
-        if v["elapsed"] > timeout_s / 2:
-            problems.append(f"rank {r.rank}: failed after {v['elapsed']:.1f}s (timeout {timeout_s}s)")
-    assert not problems, "\n".join(problems)
+    _init_fails_everywhere(nodes, bad, "FAIRRING_PARALLELISM", "0", bad_type="ValueError")

@@ -75,8 +75,21 @@ FairringBackend::FairringBackend(
     build(init, node_key);
     init->checkpoint("built");
   } catch (const std::exception& e) {
-    init->publish_failure(e.what());
-    throw;
+    const bool ours_first = init->publish_failure(e.what());
+    // A bad setting of our own stays our error (a ValueError in Python).
+    const bool own_setting = dynamic_cast<const c10::ValueError*>(&e) != nullptr ||
+        dynamic_cast<const std::invalid_argument*>(&e) != nullptr;
+    if (ours_first || own_setting) throw;
+    // Another rank failed first; ours may only follow from it (a segment
+    // its node-mate removed while failing): report the cause.
+    const std::exception_ptr original = std::current_exception();
+    std::string first;
+    try {
+      first = init->first_failure();
+    } catch (...) {
+      std::rethrow_exception(original);
+    }
+    throw std::runtime_error(first + " (then on this rank: " + e.what() + ")");
   }
   store_ = store;  // for the CUDA engine, created at the first CUDA all-reduce
 }

@@ -44,15 +44,24 @@ void InitStore::wait(const std::vector<std::string>& keys, const std::chrono::mi
   }
 }
 
-void InitStore::publish_failure(const std::string& why) {
+bool InitStore::publish_failure(const std::string& why) {
   try {
     if (PrefixStore::add(kFailureCountKey, 1) == 1) {
       const std::string msg = "rank " + std::to_string(rank_) + " failed: " + why;
       PrefixStore::set(kFailureKey, std::vector<uint8_t>(msg.begin(), msg.end()));
+      return true;
     }
+    return false;
   } catch (...) {
     // The store itself is gone: the peers' waits time out on their own.
+    return true;
   }
+}
+
+std::string InitStore::first_failure() {
+  // The first publisher counts, then writes its message: wait for it briefly.
+  PrefixStore::wait({kFailureKey}, std::chrono::seconds(10));
+  return "fairring: could not create the process group: " + string_of(PrefixStore::get(kFailureKey));
 }
 
 void InitStore::checkpoint(const std::string& stage) {

@@ -24,8 +24,13 @@ class InitStore : public c10d::PrefixStore {
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
 
-  // Publishes this rank's failure (only the first failure of the group is kept).
-  void publish_failure(const std::string& why);
+  // Publishes this rank's failure (only the first failure of the group is
+  // kept).  False if another rank's came first: this one may be only its
+  // consequence (a peer removed what we were opening), and the caller should
+  // report the first one, from first_failure().
+  bool publish_failure(const std::string& why);
+  // The group's first failure, as the other ranks report it.
+  std::string first_failure();
   // Every rank reached `stage` ("built"): returns once all have, throws the
   // first failure if one rank published it instead.
   void checkpoint(const std::string& stage);
