@@ -21,6 +21,22 @@ def _device(rank):
     return d
 
 
+def _reduce_case(dev, rank, inputs, dtype, op, name, failures):
+    """All-reduces this rank's input on `dev` and compares the result with the
+    float64 reference; returns it on the CPU, or None if the op raised."""
+    t = inputs[rank].to(dev)
+    try:
+        dist.all_reduce(t, op=op_of(op))
+        got = t.cpu()  # syncs with the current stream, which the op ordered itself before
+    except Exception as e:  # noqa: BLE001
+        failures.add(f"{name}: raised {type(e).__name__}: {str(e)[:300]}")
+        return None
+    err = compare(got, inputs, reference(inputs, dtype, op), dtype, op)
+    if err:
+        failures.add(f"{name}: {err}")
+    return got
+
+
 def sec_correctness(rank, world, cfg):
     """Every dtype/op and several odd sizes: the CUDA result must match the
     reference, and be the same bits as Fairring's CPU all-reduce of the same
@@ -32,16 +48,9 @@ def sec_correctness(rank, world, cfg):
             seed = 50_000 + ci * 100 + n % 97
             inputs = [make_input(seed, r, n, dtype, op) for r in range(world)]
             name = f"{refs.dtype_name(dtype)}/{op}/n={n}"
-            t = inputs[rank].to(dev)
-            try:
-                dist.all_reduce(t, op=op_of(op))
-                got = t.cpu()  # syncs with the current stream, which the op ordered itself before
-            except Exception as e:  # noqa: BLE001
-                failures.add(f"{name}: raised {type(e).__name__}: {str(e)[:300]}")
+            got = _reduce_case(dev, rank, inputs, dtype, op, name, failures)
+            if got is None:
                 continue
-            err = compare(got, inputs, reference(inputs, dtype, op), dtype, op)
-            if err:
-                failures.add(f"{name}: {err}")
             c = inputs[rank].clone()
             dist.all_reduce(c, op=op_of(op))
             if digest(c) != digest(got):
@@ -207,17 +216,9 @@ def sec_big_slices(rank, world, cfg):
         for n in cfg["sizes"]:
             inputs = [make_input(70_000 + n % 1009, r, n, dtype, op) for r in range(world)]
             name = f"{refs.dtype_name(dtype)}/{op}/n={n}"
-            t = inputs[rank].to(dev)
-            try:
-                dist.all_reduce(t, op=op_of(op))
-                got = t.cpu()
-            except Exception as e:  # noqa: BLE001
-                failures.add(f"{name}: raised {type(e).__name__}: {str(e)[:300]}")
-                continue
-            err = compare(got, inputs, reference(inputs, dtype, op), dtype, op)
-            if err:
-                failures.add(f"{name}: {err}")
-            digests[name] = digest(got)
+            got = _reduce_case(dev, rank, inputs, dtype, op, name, failures)
+            if got is not None:
+                digests[name] = digest(got)
     return {"failures": failures, "digests": digests}
 
 
