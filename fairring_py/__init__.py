@@ -81,12 +81,6 @@ def dump_recent(group=None, file=None):
     backend = pg._get_backend(torch.device("cpu"))
     if not isinstance(backend, _C.FairringBackend):
         raise ValueError(f"fairring: dump_recent needs a Fairring process group, got {type(backend).__name__}")
-    records = backend.recent_ops()
     if file is not None:
-        for r in records:
-            took = f", took {r['duration_ms']:.1f} ms" if r["duration_ms"] is not None else ""
-            what = f" of {r['what']}" if r["what"] else ""
-            err = f": {r['error']}" if r["error"] else ""
-            print(f"#{r['seq']} {r['kind']}{what}, {r['bytes']} bytes: {r['state']}, "
-                  f"started {r['started_ms_ago']:.1f} ms ago{took}{err}", file=file)
-    return records
+        print(backend.format_recent_ops(), end="", file=file)
+    return backend.recent_ops()

@@ -109,13 +109,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
               d["state"] = r.state;
               d["error"] = r.error;
               d["started_ms_ago"] = ms(now - r.start);
-              const bool ended = r.state == "done" || r.state == "failed";
-              d["duration_ms"] = ended ? py::cast(ms(r.end - r.start)) : py::none();
+              d["duration_ms"] = r.ended() ? py::cast(ms(r.end - r.start)) : py::none();
               out.append(d);
             }
             return out;
           },
-          "The group's last collectives, oldest first (fairring_py.dump_recent)");
+          "The group's last collectives, oldest first (fairring_py.dump_recent)")
+      .def("format_recent_ops", [](const FairringBackend& b) { return b.recent_ops().format(); },
+           "recent_ops() as text, one line per collective, as logged at the group's first failure");
 
   // Group creation steps run from Python (fairring_py._create_backend),
   // through the same failure-aware store as the C++ ones.

@@ -26,6 +26,7 @@ class RecentOps {
     std::string error;
     std::chrono::steady_clock::time_point start;
     std::chrono::steady_clock::time_point end;  // when done or failed
+    bool ended() const { return state == "done" || state == "failed"; }
   };
   using Handle = std::shared_ptr<Record>;
 
