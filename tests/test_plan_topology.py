@@ -135,3 +135,17 @@ def test_shard_bound_holds_for_every_plan(k, n, elem):
         for s in _C._plan_for_test(numel, elem, k, n, **kw):
             for shards in s["shards"]:
                 assert max(c for _, c in shards) * elem <= bound, (numel, elem, k, n)
+
+
+def test_allreduce_phase_list():
+    """The all-reduce is reduce-scatter phases then all-gather phases of the one
+    slice schedule (csrc/pipeline/slice_schedule.h); the pipeline splits them
+    after the exchange, so several slices overlap their rail traffic."""
+    phases, front = _C._phases_for_test("all_reduce", 4)
+    assert phases == ["acquire", "publish-input", "reduce-chunk", "exchange", "gather", "release"]
+    assert phases[front - 1] == "exchange" and phases[front] == "gather"
+    # A node of one rank has no node protocol: its slice goes to the rails as it is.
+    phases, front = _C._phases_for_test("all_reduce", 1)
+    assert phases == ["exchange", "gather"] and front == 1
+    with pytest.raises(ValueError, match="no phase list"):
+        _C._phases_for_test("reduce_scatter", 2)

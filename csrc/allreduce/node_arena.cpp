@@ -23,21 +23,26 @@ NodeArena::NodeArena(
     const std::string& job_uid,
     int slots,
     int64_t slot_area_bytes,
-    std::chrono::milliseconds timeout) {
+    std::chrono::milliseconds timeout,
+    int counters_per_slot) {
   ranks_ = topo.ranks_per_node;
+  counters_per_slot_ = counters_per_slot;
   if (ranks_ > kMaxLocalRanks) {
     throw std::runtime_error(
         "fairring: " + std::to_string(ranks_) + " ranks on one node; at most " +
         std::to_string(kMaxLocalRanks) + " are supported");
   }
   const int64_t control_bytes = round_up(sizeof(NodeControl), 4096);
-  const int64_t header_bytes = round_up(sizeof(SlotHeader) * slots * ranks_, 4096);
+  const int64_t header_bytes = round_up(sizeof(SlotHeader) * slots * ranks_, 4096) +
+                               round_up(sizeof(SharedCounter) * slots * ranks_ * counters_per_slot, 4096);
 
   if (ranks_ == 1) {
     // Nothing to share: the counters live in private memory.
     private_.reset(new char[control_bytes + header_bytes]());
     control_ = new (private_.get()) NodeControl();
     headers_ = reinterpret_cast<SlotHeader*>(private_.get() + control_bytes);
+    counters_ = reinterpret_cast<SharedCounter*>(private_.get() + control_bytes +
+                                                 round_up(sizeof(SlotHeader) * slots * ranks_, 4096));
     control_->pids[0] = getpid();
     return;
   }
@@ -65,6 +70,7 @@ NodeArena::NodeArena(
   char* base = static_cast<char*>(shm_.data());
   control_ = reinterpret_cast<NodeControl*>(base);
   headers_ = reinterpret_cast<SlotHeader*>(base + control_bytes);
+  counters_ = reinterpret_cast<SharedCounter*>(base + control_bytes + round_up(sizeof(SlotHeader) * slots * ranks_, 4096));
   data_ = base + control_bytes + header_bytes;
   control_->pids[topo.local_rank] = getpid();
 

@@ -59,7 +59,8 @@ class NodeArena {
       const std::string& job_uid,
       int slots,
       int64_t slot_area_bytes,
-      std::chrono::milliseconds timeout);
+      std::chrono::milliseconds timeout,
+      int counters_per_slot = 0);
 
   NodeControl& control() { return *control_; }
   SlotHeader& header(int slot, int local) { return headers_[slot * ranks_ + local]; }
@@ -68,6 +69,11 @@ class NodeArena {
   // The slot's output area (reduced chunks, gathered by everyone).
   char* output_area(int slot) { return data_ + (slot * (ranks_ + 1) + ranks_) * area_; }
   int64_t area_bytes() const { return area_; }
+  // Extra shared counters, `counters_per_slot` per slot and local rank (the
+  // deferred mover's events).
+  SharedCounter& counter(int slot, int local, int index) {
+    return counters_[(static_cast<int64_t>(slot) * ranks_ + local) * counters_per_slot_ + index];
+  }
 
   // Records an abort for every rank of the node and wakes all waiters.
   // Only the first caller's message is kept.  `first_failed_op`: the oldest
@@ -87,6 +93,8 @@ class NodeArena {
   std::unique_ptr<char[]> private_;  // for a node of one rank
   NodeControl* control_ = nullptr;
   SlotHeader* headers_ = nullptr;
+  SharedCounter* counters_ = nullptr;
+  int counters_per_slot_ = 0;
   char* data_ = nullptr;
   int ranks_ = 1;
   int64_t area_ = 0;

@@ -20,6 +20,7 @@
 
 #include "allreduce/plan.h"
 #include "common/op_key.h"
+#include "pipeline/rail_exchange.h"
 #include "common/reduce_op.h"
 #include "topology/topology.h"
 #include "transport/channel.h"
@@ -38,31 +39,20 @@ struct Config;
 using ReduceFn = std::function<void(
     c10::ScalarType, RedOp, void* out, const void* const* inputs, int n, int64_t count, int64_t divisor)>;
 
-struct RailTask {
-  uint64_t slice_seq = 0;
-  OpKey key;  // the collective, for matching
-  c10::ScalarType dtype() const { return static_cast<c10::ScalarType>(key.dtype); }
-  RedOp op() const { return static_cast<RedOp>(key.op); }
-  char* chunk = nullptr;       // this rank's node-reduced chunk; results land here too
-  std::vector<Range> shards;   // in chunk (elements); shard j is served by node j
-  int64_t divisor = 0;         // applied by the server (AVG)
-};
-
-class RailStage {
+class RailStage : public RailExchange {
  public:
   struct Callbacks {
-    std::function<void(uint64_t slice_seq)> slice_done;  // in slice order
-    std::function<void(const std::string& why)> failed;  // once, from the stage's thread
+    SliceDone slice_done;  // in slice order, from the stage's thread
+    Failed failed;         // once, from the stage's thread
   };
 
   // `slots` slices can be in flight; no shard is larger than `max_shard_bytes`.
   RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callbacks callbacks,
             std::chrono::milliseconds timeout, int slots, int64_t max_shard_bytes);
-  ~RailStage();
+  ~RailStage() override;
 
-  void post(RailTask task);
-  // Tell every rail peer why we stop, then stop (from any thread).
-  void abort(const std::string& why);
+  void post(RailTask task) override;
+  void abort(const std::string& why) override;
 
  private:
   struct SliceState;

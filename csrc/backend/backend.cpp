@@ -14,6 +14,7 @@
 #include "backend/work.h"
 #include "common/dtype_name.h"
 #include "common/gil.h"
+#include "common/same_settings.h"
 #include "kernels/reduce_cpu.h"
 
 namespace fairring {
@@ -102,15 +103,9 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
   const std::string settings = "FAIRRING_SLICE_SIZE=" + std::to_string(config_.slice_size) +
       ", FAIRRING_PARALLELISM=" + std::to_string(config_.parallelism);
   store->set("node/" + std::to_string(rank), bytes_of(node_key));
-  store->set("settings/" + std::to_string(rank), bytes_of(settings));
+  check_same_settings(store, "settings", rank, size, settings);
   std::vector<std::string> keys(size);
-  for (int r = 0; r < size; ++r) {
-    keys[r] = string_of(store->get("node/" + std::to_string(r)));
-    const std::string theirs = string_of(store->get("settings/" + std::to_string(r)));
-    TORCH_CHECK_VALUE(theirs == settings, "fairring: ranks of one process group must use the same options, but rank ",
-                rank, " has ", settings, " and rank ", r, " has ", theirs,
-                ". Set them the same way on every rank (environment or pg_options).");
-  }
+  for (int r = 0; r < size; ++r) keys[r] = string_of(store->get("node/" + std::to_string(r)));
   topo_ = build_topology(keys, rank);
   // The group's secret (TCP peers must present it) and a unique name for its
   // shared memory, chosen by rank 0.

@@ -6,6 +6,7 @@
 
 #include "allreduce/plan.h"
 #include "allreduce/rail_plan.h"
+#include "pipeline/slice_schedule.h"
 #include "backend/backend.h"
 #include "backend/init_store.h"
 #include "common/config.h"
@@ -181,6 +182,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     d["served"] = py::make_tuple(p.served.offset, p.served.count);
     d["contributors"] = p.contributors;
     return d;
+  });
+
+  // The phase list of a collective (by name) on a node of `ranks_per_node`.
+  m.def("_phases_for_test", [](const std::string& collective, int ranks_per_node) {
+    if (collective != "all_reduce") throw std::invalid_argument("fairring: no phase list for " + collective);
+    const PhaseList l = phases_of(Collective::kAllReduce, ranks_per_node);
+    std::vector<std::string> names;
+    for (Phase p : l.phases) names.push_back(phase_name(p));
+    return py::make_tuple(names, l.front);
   });
 
   m.def(

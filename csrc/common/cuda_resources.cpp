@@ -8,9 +8,15 @@
 
 namespace fairring {
 
+cudaEvent_t new_event() {
+  cudaEvent_t ev = nullptr;
+  cuda_check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cannot create a CUDA event");
+  return ev;
+}
+
 CudaEvent::CudaEvent(c10::Device device) : device_(device) {
   c10::cuda::CUDAGuard guard(device_);
-  cuda_check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cannot create a CUDA event");
+  event_ = new_event();
 }
 
 CudaEvent::~CudaEvent() {

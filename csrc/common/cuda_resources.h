@@ -10,6 +10,9 @@
 
 namespace fairring {
 
+// A new event of the current device, timing disabled (the owner destroys it).
+cudaEvent_t new_event();
+
 // An event (timing disabled), destroyed with its device current: the last
 // owner may be a thread with no current device, which would otherwise get a
 // context on cuda:0.  Shared by a CUDA Work and its op (the engine releases

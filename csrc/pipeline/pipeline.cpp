@@ -56,7 +56,12 @@ void Pipeline::set_arena(std::unique_ptr<NodeArena> arena) {
       device_);
 }
 
+void Pipeline::set_movers(Mover& mover, RailExchange* rail) {
+  schedule_ = std::make_unique<SliceSchedule>(topo_, num_slots(), *slots_, mover, rail);
+}
+
 void Pipeline::start() {
+  if (!schedule_) throw std::logic_error("fairring: Pipeline::start before set_movers");
   loop_ = std::thread([this] { loop(); });
   std::lock_guard<std::mutex> lock(g_live_mu);
   g_live.insert(this);
@@ -110,7 +115,7 @@ void Pipeline::submit(std::shared_ptr<PipelineOp> op) {
   work_cv_.notify_all();
 }
 
-Pipeline::Slice Pipeline::make_slice(const std::shared_ptr<PipelineOp>& op, int64_t index) {
+Slice Pipeline::make_slice(const std::shared_ptr<PipelineOp>& op, int64_t index) {
   Slice s;
   s.op = op;
   s.index = index;
@@ -124,7 +129,7 @@ void Pipeline::run_inline(Slice s) {
   std::exception_ptr error;
   bool finished = false;
   try {
-    finished = reduce_scatter(s, &until) && all_gather(s, &until);
+    finished = schedule_->front(s, &until) && schedule_->back(s, &until);
     if (finished) op_done(*s.op);
   } catch (const std::exception& e) {
     fail(attribute_to_rank(topo_.rank, e.what()));
@@ -260,7 +265,7 @@ void Pipeline::loop() {
           in_flight.push_back(std::move(*handoff_));
           handoff_.reset();
           lock.unlock();
-          if (in_flight.back().stage < Stage::kGather) reduce_scatter(in_flight.back(), nullptr);
+          if (!schedule_->front_done(in_flight.back())) schedule_->front(in_flight.back(), nullptr);
           continue;
         }
         if (!queue_.empty() && !inline_busy_) {
@@ -274,13 +279,13 @@ void Pipeline::loop() {
       }
       if (cur) {
         Slice s = make_slice(cur, next_index);
-        reduce_scatter(s, nullptr);
+        schedule_->front(s, nullptr);
         in_flight.push_back(std::move(s));
         if (++next_index == cur_slices) cur.reset();
         if (in_flight.size() <= lag) continue;
       }
       Slice& oldest = in_flight.front();
-      all_gather(oldest, nullptr);
+      schedule_->back(oldest, nullptr);
       if (oldest.index + 1 == slices_of(*oldest.op)) {
         op_done(*oldest.op);
         complete(oldest.op, nullptr);

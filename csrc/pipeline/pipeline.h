@@ -12,10 +12,11 @@
 //     CompletionPool (callbacks may block on another collective),
 //   - the exit quiesce of every live engine (quiesce_all).
 //
-// A device's engine derives from it and writes only its hooks: the node
-// steps of a slice (reduce_scatter, all_gather, through NodeSlots) and what
-// happens around an op's completion.  Like TensorPipe's channel boilerplate:
-// the base numbers and fails; the channel moves bytes.
+// The steps of each slice are the SliceSchedule's (slice_schedule.h), also
+// written once.  A device's engine derives from the core and supplies only a
+// Mover (how its memory moves), a RailExchange (how its chunks cross the
+// rails) and hooks around an op's completion.  Like TensorPipe's channel
+// boilerplate: the base numbers and fails; the channel moves bytes.
 #pragma once
 
 #include <chrono>
@@ -34,6 +35,8 @@
 #include "pipeline/group_failure.h"
 #include "pipeline/node_slots.h"
 #include "pipeline/pipeline_op.h"
+#include "pipeline/slice.h"
+#include "pipeline/slice_schedule.h"
 #include "topology/topology.h"
 
 namespace fairring {
@@ -62,17 +65,6 @@ class Pipeline {
 
  protected:
   using TimePoint = std::chrono::steady_clock::time_point;
-  // Where a slice is in its node steps; a step that had to stop (spin budget
-  // spent, inline path only) resumes from here on the loop thread.
-  enum class Stage { kSlotFree, kInputs, kGather, kDone };
-  struct Slice {
-    std::shared_ptr<PipelineOp> op;
-    int64_t index = 0;  // slice of the op
-    uint64_t seq = 0;   // global slice number
-    SlicePlan plan;
-    Stage stage = Stage::kSlotFree;
-    SliceId id() const { return SliceId{op->seq, seq}; }
-  };
 
   // `device`: "" or "CUDA ", for messages.
   Pipeline(const Topology& topo, const Config& config, const char* device);
@@ -81,6 +73,11 @@ class Pipeline {
   void require_memory(int64_t need) const;
   // The node's shared control block; before start().  Builds slots().
   void set_arena(std::unique_ptr<NodeArena> arena);
+  // How the device moves memory and (null on one node) exchanges on the
+  // rails; after set_arena, before start().  Both outlive the loop thread.
+  void set_movers(Mover& mover, RailExchange* rail);
+  // The rail's callback: the slice's chunk is final (in slice order).
+  void chunk_back(uint64_t slice_seq) { schedule_->publish_chunk(slice_seq); }
   // Last in the derived constructor: starts the loop thread and registers
   // the engine for quiesce_all().
   void start();
@@ -105,12 +102,7 @@ class Pipeline {
   // Whether `op`, issued while the pipeline is idle, runs on the caller's
   // thread.  Its steps then get a spin deadline.
   virtual bool runs_inline(const PipelineOp& op) const { (void)op; return false; }
-  // The node steps of a slice, in slice order.  With `until` null they block
-  // (or enqueue device work); otherwise they spin until then at most and
-  // return false, leaving s.stage to resume from.
-  virtual bool reduce_scatter(Slice& s, const TimePoint* until) = 0;
-  virtual bool all_gather(Slice& s, const TimePoint* until) = 0;
-  // After the last slice's all_gather of a successful op (loop thread).
+  // After the last slice's back half of a successful op (loop thread).
   virtual void op_done(PipelineOp& op) { (void)op; }
   // Just before on_complete, also for a failed op: may turn success into an
   // error (e.g. copying the result back to the caller's tensors failed).
@@ -143,6 +135,7 @@ class Pipeline {
   const int creator_pid_;  // quiesce_all() skips engines a fork()ed child inherited
   std::unique_ptr<NodeArena> arena_;
   std::unique_ptr<NodeSlots> slots_;
+  std::unique_ptr<SliceSchedule> schedule_;
   GroupFailure failure_;
 
   std::mutex mu_;

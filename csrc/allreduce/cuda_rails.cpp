@@ -1,0 +1,265 @@
+#ifdef FAIRRING_WITH_CUDA
+
+#include "allreduce/cuda_rails.h"
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+#include <cuda_runtime.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <stdexcept>
+
+#include "allreduce/rail_plan.h"
+#include "common/cuda_check.h"
+#include "common/errors.h"
+#include "kernels/reduce_cuda.h"
+
+namespace fairring {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Polls of a D2H copy's event before the feeder starts sleeping between
+// them: a copy of one slice takes tens of microseconds.
+constexpr int kFeederSpins = 64;
+constexpr auto kFeederNap = std::chrono::microseconds(20);
+
+}  // namespace
+
+// ---- CudaStagedRail ----
+
+CudaStagedRail::CudaStagedRail(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo,
+                               const Config& config, const PlanParams& params, const Secret& secret,
+                               c10::Device device, int64_t area, SlotStream slot_stream, SliceDone done,
+                               Failed failed)
+    : topo_(topo),
+      device_(device),
+      timeout_(config.timeout),
+      slots_(config.parallelism),
+      area_(area),
+      slot_stream_(std::move(slot_stream)),
+      done_(std::move(done)),
+      failed_(std::move(failed)) {
+  c10::cuda::CUDAGuard guard(device_);
+  void* host = nullptr;
+  cuda_check(cudaHostAlloc(&host, static_cast<size_t>(area_ * slots_), cudaHostAllocPortable),
+             "cannot allocate pinned host staging memory");
+  pinned_ = static_cast<char*>(host);
+  returns_.resize(slots_);
+  for (int s = 0; s < slots_; ++s) d2h_done_.push_back(new_event());
+  RailStage::Callbacks cb;
+  cb.slice_done = [this](uint64_t seq) { back(seq); };
+  cb.failed = failed_;
+  stage_ = connect_rail(store, topo, config, params, secret, std::move(cb), mesh_);
+  feeder_ = std::thread([this] { feeder_loop(); });
+}
+
+CudaStagedRail::~CudaStagedRail() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (feeder_.joinable()) feeder_.join();
+  stage_.reset();
+  mesh_.reset();
+  c10::cuda::CUDAGuard guard(device_);
+  for (cudaEvent_t ev : d2h_done_) cuda_ok_or_log(cudaEventDestroy(ev), topo_.rank, "cudaEventDestroy");
+  if (pinned_ && !leak_) cuda_ok_or_log(cudaFreeHost(pinned_), topo_.rank, "cudaFreeHost");
+}
+
+void CudaStagedRail::post(RailTask task) {
+  const int slot = task.slot;
+  cudaStream_t stream = slot_stream_(slot);
+  int64_t count = 0;
+  for (const Range& r : task.shards) count += r.count;
+  const size_t bytes = static_cast<size_t>(count * c10::elementSize(task.dtype()));
+  char* host = pinned_ + static_cast<int64_t>(slot) * area_;
+  returns_[slot] = Return{task.chunk, bytes};  // read by back(), ordered by the feed
+  cuda_check(cudaMemcpyAsync(host, task.chunk, bytes, cudaMemcpyDeviceToHost, stream), "device-to-host copy");
+  cuda_check(cudaEventRecord(d2h_done_[slot], stream), "cudaEventRecord");
+  task.chunk = host;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    feed_.push_back(ToRail{d2h_done_[slot], std::move(task)});
+  }
+  cv_.notify_one();
+}
+
+void CudaStagedRail::abort(const std::string& why) {
+  leak_on_destroy();
+  stage_->abort(why);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+}
+
+// Posts reduced chunks to the rail once their device-to-host copy is done
+// (polled: the rail's thread never waits on the device).
+void CudaStagedRail::feeder_loop() {
+  c10::cuda::CUDAGuard guard(device_);
+  try {
+    for (;;) {
+      ToRail next;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return !feed_.empty() || stopping_; });
+        if (stopping_) return;
+        next = std::move(feed_.front());
+        feed_.pop_front();
+      }
+      const auto start = Clock::now();
+      for (int spins = 0;; ++spins) {
+        if (cuda_done(cudaEventQuery(next.copied), "device-to-host copy of a reduced chunk")) break;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (stopping_) return;
+        }
+        if (Clock::now() - start > timeout_) {
+          throw std::runtime_error("timed out waiting for the GPU to finish reducing slice " +
+                                   std::to_string(next.task.slice_seq));
+        }
+        if (spins > kFeederSpins) std::this_thread::sleep_for(kFeederNap);
+      }
+      stage_->post(std::move(next.task));
+    }
+  } catch (const std::exception& e) {
+    failed_(attribute_to_rank(topo_.rank, e.what()));
+  }
+}
+
+// From the stage's thread, in slice order: the chunk's result is in pinned
+// memory; copy it back on the slot's stream, then the schedule's turn.
+void CudaStagedRail::back(uint64_t slice_seq) {
+  try {
+    c10::cuda::CUDAGuard guard(device_);
+    const int slot = static_cast<int>(slice_seq % slots_);
+    const Return& r = returns_[slot];
+    cuda_check(cudaMemcpyAsync(r.device_chunk, pinned_ + static_cast<int64_t>(slot) * area_, r.bytes,
+                               cudaMemcpyHostToDevice, slot_stream_(slot)),
+               "host-to-device copy");
+    done_(slice_seq);
+  } catch (const std::exception& e) {
+    failed_(attribute_to_rank(topo_.rank, e.what()));
+  }
+}
+
+// ---- CudaNcclRail ----
+
+CudaNcclRail::CudaNcclRail(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const Config& config,
+                           const PlanParams& params, c10::Device device, SlotStream slot_stream, SliceDone done)
+    : topo_(topo), device_(device), slot_stream_(std::move(slot_stream)), done_(std::move(done)) {
+  const int n = topo.num_nodes;
+  if (n > kMaxCudaReduceInputs) {
+    throw std::invalid_argument("fairring: FAIRRING_GPU_TRANSPORT=nccl supports at most " +
+                                std::to_string(kMaxCudaReduceInputs) + " nodes, this group has " +
+                                std::to_string(n));
+  }
+  c10::cuda::CUDAGuard guard(device_);
+  check_own_gpus(store);
+  nccl_ = std::make_unique<NcclRail>(store, "nccl/rail" + std::to_string(topo.local_rank), n, topo.node,
+                                     config.timeout, topo.rank);
+  stream_ = std::make_unique<DedicatedStream>(device_, true);
+  shard_bytes_ = round_up(max_shard_bytes(params, topo.ranks_per_node, n), 256);
+  void* staging = nullptr;
+  cuda_check(cudaMalloc(&staging, static_cast<size_t>(shard_bytes_ * (n - 1))),
+             "cannot allocate the NCCL receive buffers");
+  staging_ = static_cast<char*>(staging);
+  ready_ = new_event();
+  finished_ = new_event();
+}
+
+CudaNcclRail::~CudaNcclRail() {
+  c10::cuda::CUDAGuard guard(device_);
+  const int rank = topo_.rank;
+  if (leak_) {
+    nccl_->abort_on_destroy();
+  } else {
+    cuda_ok_or_log(cudaStreamSynchronize(stream_->stream()), rank, "cudaStreamSynchronize (NCCL)");
+  }
+  nccl_.reset();
+  if (ready_) cuda_ok_or_log(cudaEventDestroy(ready_), rank, "cudaEventDestroy");
+  if (finished_) cuda_ok_or_log(cudaEventDestroy(finished_), rank, "cudaEventDestroy");
+  if (staging_ && !leak_) cuda_ok_or_log(cudaFree(staging_), rank, "cudaFree (NCCL staging)");
+}
+
+void CudaNcclRail::abort(const std::string&) { leak_on_destroy(); }
+
+// The reduction-server exchange of one chunk, the same walk as RailStage's
+// (plan_rail): our piece of each remote shard goes to the node that serves
+// it; if we serve a shard, we sum it with the peers' pieces in node order
+// (divided for AVG) and send the sum back; the other shards' sums come in.
+// All on the NCCL stream, which runs the exchanges one at a time in slice
+// order (one communicator, the same order on every rank of the rail).  Every
+// rank of the rail has the same shard list, so an empty transfer is skipped
+// on both of its ends.
+void CudaNcclRail::post(RailTask task) {
+  const int64_t esize = c10::elementSize(task.dtype());
+  const int n = topo_.num_nodes;
+  const int self = topo_.node;
+  const RailPlan plan = plan_rail(task.shards, self, n);
+  cudaStream_t slot = slot_stream_(task.slot);
+  cudaStream_t ns = stream_->stream();
+  auto staging = [&](int j) { return staging_ + static_cast<int64_t>(j < self ? j : j - 1) * shard_bytes_; };
+  auto at = [&](const Range& r) { return task.chunk + r.offset * esize; };
+  auto bytes = [&](const Range& r) { return static_cast<size_t>(r.count * esize); };
+  const bool serving = plan.serves && plan.served.count > 0;
+  if (serving && static_cast<int64_t>(bytes(plan.served)) > shard_bytes_) {
+    throw std::logic_error("fairring: shard larger than its NCCL staging buffer (plan bound violated)");
+  }
+  cuda_check(cudaEventRecord(ready_, slot), "cudaEventRecord");
+  cuda_check(cudaStreamWaitEvent(ns, ready_, 0), "cudaStreamWaitEvent (to NCCL)");
+  nccl_->group_start();
+  for (const RemoteShard& r : plan.remote) {
+    if (r.shard.count > 0) nccl_->send(at(r.shard), bytes(r.shard), r.node, ns);
+  }
+  if (serving) {
+    for (int j : plan.contributors) nccl_->recv(staging(j), bytes(plan.served), j, ns);
+  }
+  nccl_->group_end();
+  if (serving) {
+    const void* inputs[kMaxCudaReduceInputs];
+    for (int j = 0; j < n; ++j) inputs[j] = j == self ? at(plan.served) : staging(j);
+    reduce_cuda(task.dtype(), task.op(), at(plan.served), inputs, n, plan.served.count, task.divisor, ns);
+  }
+  nccl_->group_start();
+  if (serving) {
+    for (int j : plan.contributors) nccl_->send(at(plan.served), bytes(plan.served), j, ns);
+  }
+  for (const RemoteShard& r : plan.remote) {
+    if (r.shard.count > 0) nccl_->recv(at(r.shard), bytes(r.shard), r.node, ns);
+  }
+  nccl_->group_end();
+  cuda_check(cudaEventRecord(finished_, ns), "cudaEventRecord");
+  cuda_check(cudaStreamWaitEvent(slot, finished_, 0), "cudaStreamWaitEvent (from NCCL)");
+  // The result is in place once the slot's stream passes the exchange.
+  done_(task.slice_seq);
+}
+
+// NCCL cannot put two ranks of a communicator on one GPU; require every rank
+// of the group on its own (compared by device UUID, which is unique across
+// machines).
+void CudaNcclRail::check_own_gpus(const c10::intrusive_ptr<c10d::Store>& store) {
+  cudaDeviceProp prop;
+  cuda_check(cudaGetDeviceProperties(&prop, device_.index()), "cudaGetDeviceProperties");
+  std::vector<uint8_t> mine(reinterpret_cast<const uint8_t*>(&prop.uuid),
+                            reinterpret_cast<const uint8_t*>(&prop.uuid) + sizeof(prop.uuid));
+  store->set("gpu_uuid/" + std::to_string(topo_.rank), mine);
+  for (int r = 0; r < topo_.size; ++r) {
+    if (r == topo_.rank) continue;
+    if (store->get("gpu_uuid/" + std::to_string(r)) == mine) {
+      throw std::invalid_argument(
+          "fairring: FAIRRING_GPU_TRANSPORT=nccl needs every rank on its own GPU, but ranks " +
+          std::to_string(std::min(r, topo_.rank)) + " and " + std::to_string(std::max(r, topo_.rank)) +
+          " share " + device_.str() + " of rank " + std::to_string(topo_.rank) +
+          "'s machine. Use FAIRRING_GPU_TRANSPORT=tcp, or one GPU per rank.");
+    }
+  }
+}
+
+}  // namespace fairring
+
+#endif  // FAIRRING_WITH_CUDA

@@ -1,0 +1,108 @@
+// A host mover that behaves like a device, for testing the schedule's
+// ordering on CPU: with FAIRRING_TEST_DEFERRED_MOVER=1 (on every rank) the
+// host engine uses it instead of the plain host mover.
+//
+// Every step is queued on the slot's "stream" (one worker thread per slot)
+// and runs later, in order, after a random delay.  done() and after() are
+// interprocess events with the semantics the CUDA engine relies on: a wait
+// is for the last record the peer had enqueued when the wait was enqueued
+// (cudaStreamWaitEvent on an IPC event).  A read of a peer's data that the
+// schedule does not order after the peer's event then sees stale data, and
+// the tests' results are wrong: what would happen on a GPU, caught here.
+// Rails get a fence: the chunk is posted when the slot's stream reaches the
+// post (as the CUDA path posts once its device-to-host copy is done).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "allreduce/node_arena.h"
+#include "pipeline/mover.h"
+#include "pipeline/rail_exchange.h"
+
+namespace fairring {
+
+class DeferredMover : public Mover {
+ public:
+  // The arena carries 2 * kPeerSteps counters per slot and rank (made with
+  // counters_per_slot = kCounters).  `timeout` bounds a wait on a peer.
+  static constexpr int kCounters = 2 * kPeerSteps;
+  DeferredMover(NodeArena& arena, int local_rank, int slots, int rank, std::chrono::milliseconds timeout);
+  ~DeferredMover() override;
+
+  char* input_area(int slot, int x) override { return arena_.input_area(slot, x); }
+  char* output_area(int slot, int) override { return arena_.output_area(slot); }
+  void done(int slot, PeerStep step) override;
+  void after(int slot, int x, PeerStep step) override;
+  void copy(int slot, char* to, const char* from, int64_t bytes, bool large) override;
+  void reduce(int slot, c10::ScalarType dtype, RedOp op, void* out, const void* const* inputs, int n, int64_t count,
+              int64_t divisor) override;
+
+  // Queues `fn` on the slot's stream.
+  void enqueue(int slot, std::function<void()> fn);
+  // Waits until every stream has run all it was given; rethrows a stream's
+  // failure (a wait on a peer that timed out, or the node aborted).
+  void synchronize();
+  // The group failed: what is queued is dropped (its ops' tensors may go).
+  void cancel() { cancelled_ = true; }
+
+ private:
+  struct Stream {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> tasks;
+    bool busy = false;
+    std::thread worker;
+  };
+  void run(Stream& s, unsigned seed);
+  SharedCounter& enqueued(int slot, int x, PeerStep step) { return arena_.counter(slot, x, static_cast<int>(step)); }
+  SharedCounter& completed(int slot, int x, PeerStep step) {
+    return arena_.counter(slot, x, kPeerSteps + static_cast<int>(step));
+  }
+
+  NodeArena& arena_;
+  const int me_;
+  std::chrono::milliseconds timeout_;
+  std::vector<std::unique_ptr<Stream>> streams_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> cancelled_{false};
+  std::mutex error_mu_;
+  std::exception_ptr error_;
+};
+
+// The rail's fence: a chunk is posted to `inner`, in slice order, once the
+// slot's stream of `mover` has reached the post (as the CUDA path's feeder
+// posts a chunk once its device-to-host copy is done).
+class FencedRail : public RailExchange {
+ public:
+  FencedRail(DeferredMover& mover, RailExchange& inner);
+  ~FencedRail() override;
+  void post(RailTask task) override;
+  void abort(const std::string& why) override;
+
+ private:
+  struct Pending {
+    std::shared_ptr<std::atomic<bool>> reached;
+    RailTask task;
+  };
+  void feed();
+
+  DeferredMover& mover_;
+  RailExchange& inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> pending_;
+  bool stopping_ = false;
+  std::thread feeder_;
+};
+
+}  // namespace fairring

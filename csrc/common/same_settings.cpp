@@ -1,0 +1,25 @@
+#include "common/same_settings.h"
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <stdexcept>
+#include <vector>
+
+namespace fairring {
+
+void check_same_settings(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, int rank, int size,
+                         const std::string& mine) {
+  store->set(key + "/" + std::to_string(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  for (int r = 0; r < size; ++r) {
+    const std::vector<uint8_t> raw = store->get(key + "/" + std::to_string(r));
+    const std::string theirs(raw.begin(), raw.end());
+    if (theirs != mine) {
+      throw std::invalid_argument("fairring: ranks of one process group must use the same options, but rank " +
+                                  std::to_string(rank) + " has " + mine + " and rank " + std::to_string(r) +
+                                  " has " + theirs + ". Set them the same way on every rank (environment or "
+                                  "pg_options).");
+    }
+  }
+}
+
+}  // namespace fairring

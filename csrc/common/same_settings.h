@@ -1,0 +1,22 @@
+// The check that the ranks of a group were started with the settings that
+// must agree between them (slice size, parallelism, GPU transport): each
+// rank publishes its own under `key`/<rank> and compares everyone's.  One
+// place, so the mismatch reads the same whichever setting it is.
+#pragma once
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <string>
+
+namespace c10d {
+class Store;
+}
+
+namespace fairring {
+
+// Throws std::invalid_argument (ValueError in Python) naming both ranks'
+// values if any rank's `mine` differs from this one's.
+void check_same_settings(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, int rank, int size,
+                         const std::string& mine);
+
+}  // namespace fairring

@@ -1,0 +1,46 @@
+// The inter-node step of a slice, as the schedule sees it: post a chunk's
+// shards to the rail and hear back, in slice order, once every shard's
+// reduced result is in the chunk.  Implementations: RailStage (TCP, from host
+// memory), and on the CUDA path the same stage fed through pinned memory, or
+// NCCL on a stream.  All of them walk the same plan (rail_plan.h).
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "allreduce/plan.h"
+#include "common/op_key.h"
+#include "common/reduce_op.h"
+
+namespace fairring {
+
+struct RailTask {
+  uint64_t slice_seq = 0;
+  int slot = 0;  // the pipeline slot the slice runs in
+  OpKey key;     // the collective, for matching
+  c10::ScalarType dtype() const { return static_cast<c10::ScalarType>(key.dtype); }
+  RedOp op() const { return static_cast<RedOp>(key.op); }
+  char* chunk = nullptr;       // this rank's node-reduced chunk; results land here too
+  std::vector<Range> shards;   // in chunk (elements); shard j is served by node j
+  int64_t divisor = 0;         // applied by the server (AVG)
+};
+
+class RailExchange {
+ public:
+  // Called once per posted task, in slice order, when the chunk holds the
+  // result (for a device: when the work that puts it there is enqueued).
+  using SliceDone = std::function<void(uint64_t slice_seq)>;
+  // Called at most once, when the exchange fails on its own.
+  using Failed = std::function<void(const std::string& why)>;
+
+  virtual ~RailExchange() = default;
+  virtual void post(RailTask task) = 0;
+  // Tells every rail peer why we stop, then stops (from any thread).
+  virtual void abort(const std::string& why) = 0;
+};
+
+}  // namespace fairring
