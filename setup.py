@@ -72,6 +72,10 @@ setup(
     version="0.1.0",
     description="Hierarchical, reduction-server all-reduce as a PyTorch distributed backend",
     packages=find_packages(include=["fairring_py", "fairring_py.*"]),
+    # torch imports this module's register() at `import torch` (its device-backend
+    # autoload), so init_process_group("fairring") works without `import fairring_py`.
+    py_modules=["_fairring_autoload"],
+    entry_points={"torch.backends": ["fairring = _fairring_autoload:register"]},
     ext_modules=[_extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
     python_requires=">=3.9",

@@ -4,6 +4,9 @@ all-reduce.  Importing this package registers the backend ``"fairring"``::
     import torch.distributed as dist
     import fairring_py
     dist.init_process_group("fairring")
+
+When the package is installed, torch registers the backend by itself at
+``import torch`` (see ``_fairring_autoload``), and the import is optional.
 """
 
 import atexit
@@ -65,6 +68,8 @@ def _warn_uneven(store, size):
     )
 
 
+# Registered already when torch's autoload ran _fairring_autoload.register(),
+# whose creator comes here once this package is imported.
 if not hasattr(dist.Backend, BACKEND_NAME.upper()):
     dist.Backend.register_backend(
         BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"]

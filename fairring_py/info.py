@@ -4,7 +4,8 @@
     python -m fairring_py.info --json   # the same as JSON
 
 The build (CPU or CUDA, the architectures, the torch it was built against and
-the one running), this machine as Fairring sees it (its node identity, shared
+the one running), whether `import torch` registers the backend by itself
+(torch's autoload entry point), this machine as Fairring sees it (its node identity, shared
 memory, CPU features, GPUs), and the options in force for a process group
 created from this environment.  Exits 1 if those options are invalid (the
 error says which variable).
@@ -36,6 +37,24 @@ def _cpu_flags():
     return {}
 
 
+def _autoload(env) -> dict:
+    """Whether `import torch` registers the backend by itself (the installed
+    entry point), and who registered it in this process."""
+    try:
+        from importlib.metadata import entry_points
+
+        eps = [f"{ep.name} = {ep.value}" for ep in entry_points(group="torch.backends") if ep.name == "fairring"]
+    except Exception as e:  # noqa: BLE001  (a report, not a check)
+        eps = [f"(could not read: {type(e).__name__}: {e})"]
+    plugin = getattr(torch.distributed.Backend, "_plugins", {}).get("FAIRRING")
+    return {
+        "entry_point": eps[0] if eps else None,
+        "TORCH_DEVICE_BACKEND_AUTOLOAD": env.get("TORCH_DEVICE_BACKEND_AUTOLOAD"),
+        # "_fairring_autoload": by torch's autoload; "fairring_py": by the import.
+        "registered_by": getattr(getattr(plugin, "creator_fn", None), "__module__", None),
+    }
+
+
 def collect(environ=None) -> dict:
     env = os.environ if environ is None else environ
     info = {
@@ -49,6 +68,7 @@ def collect(environ=None) -> dict:
         "cpu_flags": _cpu_flags(),
         "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
     }
+    info["autoload"] = _autoload(env)
     try:
         shm = shutil.disk_usage("/dev/shm")
         info["dev_shm_free_bytes"] = shm.free

@@ -38,3 +38,18 @@ def test_info_text_and_bad_option():
     bad = _run(env={"FAIRRING_PARALLELISM": "0"})
     assert bad.returncode == 1
     assert "FAIRRING_PARALLELISM" in bad.stdout
+
+
+def test_info_reports_the_autoload():
+    r = _run("--json", env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"})
+    assert r.returncode == 0, r.stderr
+    auto = json.loads(r.stdout)["autoload"]
+    # The entry point exists only where the package's metadata is installed.
+    if auto["entry_point"] is None:
+        assert auto["registered_by"] == "fairring_py", auto
+    else:
+        assert auto["entry_point"] == "fairring = _fairring_autoload:register", auto
+        assert auto["registered_by"] == "_fairring_autoload", auto
+    r = _run("--json", env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    auto = json.loads(r.stdout)["autoload"]
+    assert auto["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "0" and auto["registered_by"] == "fairring_py", auto
