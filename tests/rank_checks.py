@@ -526,7 +526,20 @@ def sec_collectives(rank, world, cfg):
                 return f"recv got {out2}"
 
     def barrier():
+        # Native on a CPU group: it waits for the last rank to arrive ...
+        if rank == world - 1:
+            time.sleep(0.3)
+        t0 = time.monotonic()
         dist.barrier()
+        waited = time.monotonic() - t0
+        if rank != world - 1 and waited < 0.2:
+            return f"barrier returned after {waited:.3f} s, before the last rank arrived (0.3 s late)"
+        # ... and after every collective issued before it.
+        w = dist.all_reduce(torch.ones(1 << 20), async_op=True)
+        dist.barrier()
+        if not w.is_completed():
+            return "barrier returned before an all_reduce issued before it had completed"
+        dist.barrier(async_op=True).wait()
 
     def objects():
         out = [None] * world

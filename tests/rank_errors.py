@@ -24,7 +24,7 @@ def _attempt(fn):
     return {"raised": False, "elapsed": time.monotonic() - t0}
 
 
-MISMATCH_KINDS = ["numel", "numel-small-vs-large", "dtype", "op"]
+MISMATCH_KINDS = ["numel", "numel-small-vs-large", "dtype", "op", "barrier"]
 
 
 def mismatch(rank, world, timeout_s):
@@ -52,7 +52,15 @@ def mismatch(rank, world, timeout_s):
         if k == "op" and rank == world - 1:
             op = R.MAX
         t = torch.ones(n, dtype=dt)
-        first = _attempt(lambda: dist.all_reduce(t, op=op, group=g))
+        if k == "barrier":
+            # The same bytes as a barrier's (one uint8, MAX): only the kind differs.
+            t = torch.ones(1, dtype=torch.uint8)
+            if rank == world - 1:
+                first = _attempt(lambda: dist.barrier(group=g))
+            else:
+                first = _attempt(lambda: dist.all_reduce(t, op=R.MAX, group=g))
+        else:
+            first = _attempt(lambda: dist.all_reduce(t, op=op, group=g))
         later = _attempt(lambda: dist.all_reduce(torch.ones(10), group=g))
         out[k] = {"first": first, "later": later}
     return out

@@ -194,3 +194,22 @@ def test_ddp_bench(tmp_path):
     assert [r["backend"] for r in res["rows"]] == ["fairring", "gloo"]
     assert all(r["samples_per_s"] > 0 for r in res["rows"])
     assert "check: OK" in p.stdout
+
+
+def test_barrier_latency(tmp_path):
+    """`--collective barrier`: one row per backend with its latency, the ratio to
+    Fairring's, and the run's metadata; sizes are refused."""
+    out = tmp_path / "out"
+    p = _run(["--collective", "barrier", "--nodes", "1", "--ranks-per-node", "2", "--min-samples", "2",
+              "--max-samples", "2", "--sample-ms", "2", "--out", str(out)])
+    assert p.returncode == 0, p.stdout + p.stderr
+    with open(out / "barrier.json") as f:
+        res = json.load(f)
+    assert [r["backend"] for r in res["rows"]] == ["fairring", "gloo"]
+    for r in res["rows"]:
+        assert 0 < r["p10_us"] <= r["median_us"] <= r["p90_us"] and r["samples"] == 2, r
+    assert res["rows"][0]["fairring_speedup"] == 1.0
+    assert res["meta"]["collective"] == "barrier" and res["meta"]["world_size"] == 2
+    assert "| gloo |" in p.stdout
+    bad = _run(["--collective", "barrier", "--sizes", "4K"])
+    assert bad.returncode != 0 and "takes no --sizes" in bad.stderr

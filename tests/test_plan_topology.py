@@ -147,5 +147,7 @@ def test_allreduce_phase_list():
     # A node of one rank has no node protocol: its slice goes to the rails as it is.
     phases, front = _C._phases_for_test("all_reduce", 1)
     assert phases == ["exchange", "gather"] and front == 1
+    # A barrier is an all-reduce of one byte, under its own kind.
+    assert _C._phases_for_test("barrier", 2) == _C._phases_for_test("all_reduce", 2)
     with pytest.raises(ValueError, match="no phase list"):
         _C._phases_for_test("reduce_scatter", 2)

@@ -345,7 +345,24 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::recvAnysource(std::vector<at::Te
   return delegate("recvAnysource").recvAnysource(tensors, tag);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::barrier(const c10d::BarrierOptions& opts) {
-  return delegate("barrier").barrier(opts);
+  // CUDA all-reduces run on their own engine, which the CPU pipeline does
+  // not order against: then the old way, after both engines went idle.
+  if (cuda_engine_) return delegate("barrier").barrier(opts);
+  check_same_process("barrier");
+  // Native: one byte all-reduced (MAX) through the pipeline, after every
+  // collective issued before it; a small op, so it runs inline when idle.
+  std::vector<at::Tensor> token{at::zeros({1}, at::kByte)};
+  auto work = c10::make_intrusive<FairringWork>(getRank(), c10d::OpType::BARRIER, token, "fairring:barrier");
+  auto op = std::make_shared<AllreduceOp>();
+  op->collective = Collective::kBarrier;
+  op->buffer = token[0];
+  op->dtype = at::kByte;
+  op->op = RedOp::kMax;
+  op->numel = 1;
+  op->on_complete = track("barrier", "", 0, [work](std::exception_ptr error) { work->mark_done(error); });
+  op->after_complete = [work](std::exception_ptr error) { work->complete_future(error); };
+  engine_->submit(std::move(op));
+  return work;
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                                  const c10d::AllreduceOptions& opts) {

@@ -186,8 +186,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   // The phase list of a collective (by name) on a node of `ranks_per_node`.
   m.def("_phases_for_test", [](const std::string& collective, int ranks_per_node) {
-    if (collective != "all_reduce") throw std::invalid_argument("fairring: no phase list for " + collective);
-    const PhaseList l = phases_of(Collective::kAllReduce, ranks_per_node);
+    Collective c;
+    if (collective == "all_reduce") {
+      c = Collective::kAllReduce;
+    } else if (collective == "barrier") {
+      c = Collective::kBarrier;
+    } else {
+      throw std::invalid_argument("fairring: no phase list for " + collective);
+    }
+    const PhaseList l = phases_of(c, ranks_per_node);
     std::vector<std::string> names;
     for (Phase p : l.phases) names.push_back(phase_name(p));
     return py::make_tuple(names, l.front);

@@ -12,6 +12,7 @@ namespace fairring {
 const char* collective_name(Collective c) {
   switch (c) {
     case Collective::kAllReduce: return "all_reduce";
+    case Collective::kBarrier: return "barrier";
   }
   return "collective";
 }

@@ -13,7 +13,10 @@ namespace fairring {
 // Only all_reduce runs natively today; reduce_scatter, all_gather and
 // broadcast are next (DESIGN.md): new phase lists with their own kind, so a
 // rank that issued one against a peer's all_reduce gets a clear mismatch.
-enum class Collective : int32_t { kAllReduce = 1 };
+// The collective an op is, compared between ranks (slot and wire headers).
+// kBarrier travels as an all-reduce of one byte, but is its own kind so that
+// a barrier against an all-reduce is reported as the mismatch it is.
+enum class Collective : int32_t { kAllReduce = 1, kBarrier = 2 };
 
 const char* collective_name(Collective c);
 

@@ -28,7 +28,9 @@ const char* phase_name(Phase p) {
 }
 
 PhaseList phases_of(Collective collective, int ranks_per_node) {
-  if (collective != Collective::kAllReduce) {
+  // A barrier is an all-reduce of one byte: every rank's input must be in
+  // before anyone's result is out.
+  if (collective != Collective::kAllReduce && collective != Collective::kBarrier) {
     throw std::invalid_argument(std::string("fairring: no phase list for ") + collective_name(collective));
   }
   if (ranks_per_node == 1) return PhaseList{{Phase::kExchange, Phase::kGather}, 1};
@@ -48,7 +50,7 @@ SliceSchedule::SliceSchedule(const Topology& topo, int slots, NodeSlots& node, M
       mirrors_(slots) {}
 
 const PhaseList& SliceSchedule::list_of(const Slice& s) const {
-  if (s.op->collective != Collective::kAllReduce) {
+  if (s.op->collective != Collective::kAllReduce && s.op->collective != Collective::kBarrier) {
     throw std::logic_error(std::string("fairring: no phase list for ") + collective_name(s.op->collective));
   }
   return allreduce_;

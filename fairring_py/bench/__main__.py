@@ -31,6 +31,8 @@ def parser() -> argparse.ArgumentParser:
     w = p.add_argument_group("workload")
     w.add_argument("--sizes", help="bytes per rank: list '4K,25M', range '4K:256M' (x2 steps) or '4K:256M:4' "
                                    "(x4 steps; default 4K:256M:4; scaling mode: 25M)")
+    w.add_argument("--collective", choices=["all_reduce", "barrier"], default="all_reduce",
+                   help="what to time (default all_reduce; barrier: latency per barrier, no sizes)")
     w.add_argument("--inflight", type=int, default=1,
                    help="all-reduces issued async before waiting on them (DDP-like buckets; default 1)")
     w.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
@@ -73,6 +75,8 @@ def build_config(args, p) -> dict:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.inflight < 1 or args.min_samples < 1 or args.max_samples < args.min_samples or args.max_reps < 1:
         p.error("--inflight, --min-samples, --max-reps must be >= 1 and --max-samples >= --min-samples")
+    if args.collective == "barrier" and (args.sizes or args.scaling or args.inflight != 1):
+        p.error("--collective barrier takes no --sizes, --scaling or --inflight")
     try:
         default_sizes = "25M" if args.scaling else "4K:256M:4"
         sizes = metrics.parse_sizes(args.sizes or default_sizes)
@@ -81,7 +85,7 @@ def build_config(args, p) -> dict:
     except ValueError as e:
         p.error(str(e))
     return {
-        "job": "allreduce",
+        "job": "barrier" if args.collective == "barrier" else "allreduce",
         "sizes": sizes,
         "inflight": args.inflight,
         "device": args.device,
@@ -158,7 +162,7 @@ def main(argv=None) -> int:
             p.error("--mpi under torchrun: start the ranks with mpirun instead (or let --mpi start them)")
         # This process is a rank started by torchrun or mpirun.
         launch.adopt_external(cfg, kind, args.ranks_per_node)
-        return launch.run_rank(cfg, worker.run_allreduce)
+        return launch.run_rank(cfg, worker.job_of(cfg))
     launch.exit_on_signals()
     return run_local(cfg)
 

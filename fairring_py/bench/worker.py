@@ -237,6 +237,68 @@ def run_allreduce(ranks: Ranks, cfg: dict) -> int:
     return 1 if failed else 0
 
 
+def run_barrier(ranks: Ranks, cfg: dict) -> int:
+    """``--collective barrier``: the latency of a barrier on each backend, in one
+    run, backends alternating sample by sample."""
+    names = ["fairring", ranks.baseline_name] + (["mpi"] if ranks.mpi_comm is not None else [])
+    groups = {"fairring": ranks.fairring, ranks.baseline_name: ranks.baseline}
+
+    def run(name, reps):
+        if name == "mpi":
+            for _ in range(reps):
+                ranks.mpi_comm.Barrier()
+        else:
+            for _ in range(reps):
+                dist.barrier(group=groups[name])
+        ranks.sync()
+
+    def timed(name, reps):
+        ranks.barrier()
+        t0 = time.perf_counter()
+        run(name, reps)
+        return (time.perf_counter() - t0) / reps
+
+    for name in names:  # warm-up: connections, first-touch memory
+        timed(name, 10)
+    first = ranks.max_over_ranks([timed(name, 10) for name in names])
+    reps = [max(1, min(cfg["max_reps"], int(cfg["sample_target_s"] / max(t, 1e-7)))) for t in first]
+    samples = max(cfg["min_samples"], min(cfg["max_samples"], 20))
+    times = [[] for _ in names]
+    for s in range(samples):
+        for j in range(len(names)):
+            i = (j + s) % len(names)
+            times[i].append(timed(names[i], reps[i]))
+    flat = ranks.max_over_ranks([t for ts in times for t in ts])
+    times = [flat[i * samples:(i + 1) * samples] for i in range(len(names))]
+    if ranks.rank != 0:
+        return 0
+    med = {n: metrics.percentile(ts, 50) for n, ts in zip(names, times)}
+    rows = [{"backend": n, "median_us": med[n] * 1e6, "p10_us": metrics.percentile(ts, 10) * 1e6,
+             "p90_us": metrics.percentile(ts, 90) * 1e6, "reps": r, "samples": samples,
+             "fairring_speedup": med[n] / med["fairring"]}
+            for n, ts, r in zip(names, times, reps)]
+    meta = run_meta(ranks, cfg, collective="barrier",
+                    timing="per sample: control barrier, reps barriers back to back, max over ranks of time / reps")
+    lines = [f"barrier, {ranks.world} ranks ({cfg.get('nodes')} node(s) x {cfg.get('ranks_per_node')}), "
+             f"commit {meta['commit'] or '?'}",
+             "| backend | median us (p10-p90) | fairring faster by |", "|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['backend']} | {r['median_us']:.1f} ({r['p10_us']:.1f}-{r['p90_us']:.1f}) | "
+                     f"{r['fairring_speedup']:.2f}x |")
+    print("\n".join(lines), flush=True)
+    out = cfg.get("out")
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "barrier.json"), "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    return 0
+
+
+def job_of(cfg: dict):
+    """The function a rank runs for the config's job."""
+    return {"ddp": ddp.rank_main, "barrier": run_barrier}.get(cfg.get("job", "allreduce"), run_allreduce)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -249,8 +311,8 @@ def main(argv=None) -> int:
 
 
 def run_config(cfg: dict) -> int:
-    """Run the job the config names: "ddp" (ddp.py) or the all-reduce sweep."""
-    return run_rank(cfg, ddp.rank_main if cfg.get("job", "allreduce") == "ddp" else run_allreduce)
+    """Run the job the config names: "ddp" (ddp.py), "barrier" or the all-reduce sweep."""
+    return run_rank(cfg, job_of(cfg))
 
 
 if __name__ == "__main__":
