@@ -1,6 +1,7 @@
 #include "allreduce/rail_stage.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <unistd.h>
@@ -202,6 +203,8 @@ void RailStage::maybe_finish() {
 }
 
 void RailStage::loop() {
+  // Named, so that a stuck rail shows in `top -H`, gdb and /proc/<pid>/task.
+  pthread_setname_np(pthread_self(), "fairring-rail");
   std::vector<struct pollfd> fds;
   std::vector<Channel*> chans;
   for (auto* list : {&clients_, &servers_}) {
@@ -266,12 +269,24 @@ void RailStage::loop() {
 
       const auto now = Clock::now();
       for (Channel* ch : chans) {
+        const std::string peer = std::to_string(ch->peer_rank());
         if (ch->has_pending_recv() && now - ch->last_recv_progress > remote_timeout) {
           throw std::runtime_error(
-              "timed out: rank " + std::to_string(ch->peer_rank()) + " sent nothing for " +
+              "timed out: rank " + peer + " sent nothing for " +
               seconds(std::chrono::duration<double>(now - ch->last_recv_progress).count()) +
-              " while this rank waited for its part of an all_reduce (is rank " +
-              std::to_string(ch->peer_rank()) + " stalled, or did it skip the collective?)");
+              " while this rank waited for its part of an all_reduce (is rank " + peer +
+              " stalled, did it skip the collective, or is the network between us down?)");
+        }
+        // A peer that stops reading (a stuck receive path, or a network that
+        // drops what we send) leaves our send stuck in a full socket buffer;
+        // the kernel reports nothing for many minutes.  This matters when
+        // nothing is expected back from that peer any more (the results of
+        // the last slice), which the receive check above does not cover.
+        if (ch->wants_write() && now - ch->last_send_progress > remote_timeout) {
+          throw std::runtime_error(
+              "timed out: rank " + peer + " took none of the data this rank sent it for " +
+              seconds(std::chrono::duration<double>(now - ch->last_send_progress).count()) +
+              " during an all_reduce (is rank " + peer + " stalled, or is the network between us down?)");
         }
       }
     }

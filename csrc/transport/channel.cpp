@@ -21,6 +21,7 @@ Channel::Channel(Socket socket, int peer_rank) : socket_(std::move(socket)), pee
   socket_.set_nonblocking();
   socket_.set_nodelay();
   last_recv_progress = Clock::now();
+  last_send_progress = last_recv_progress;
 }
 
 bool Channel::progress_send() {
@@ -46,7 +47,10 @@ bool Channel::progress_send() {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return moved;
       lost(peer_rank_, (std::string("failed: ") + std::strerror(errno)).c_str());
     }
-    moved = moved || r > 0;
+    if (r > 0) {
+      moved = true;
+      last_send_progress = Clock::now();
+    }
     s.sent += static_cast<size_t>(r);
     if (s.sent < total) return moved;
     auto done = std::move(s.on_done);

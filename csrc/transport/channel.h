@@ -53,7 +53,10 @@ class Channel {
   int fd() const { return socket_.fd(); }
   int peer_rank() const { return peer_rank_; }
 
-  void post_send(Send s) { sendq_.push_back(std::move(s)); }
+  void post_send(Send s) {
+    if (sendq_.empty()) last_send_progress = Clock::now();
+    sendq_.push_back(std::move(s));
+  }
   // Throws if the peer has closed the connection.
   void post_recv(Recv r);
   bool has_pending_recv() const { return !recvq_.empty(); }
@@ -75,6 +78,10 @@ class Channel {
   void send_abort_now(const std::string& why, Clock::time_point deadline);
 
   Clock::time_point last_recv_progress;
+  // When the socket last took bytes of a queued send (or the queue was
+  // empty): a peer that stops reading leaves our sends stuck in a full
+  // socket buffer, with no error from the kernel.
+  Clock::time_point last_send_progress;
 
  private:
   bool start_parked_header();

@@ -1,6 +1,7 @@
 #include "transport/tcp_mesh.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -61,6 +62,7 @@ TcpMesh::~TcpMesh() {
 }
 
 void TcpMesh::accept_loop() {
+  pthread_setname_np(pthread_self(), "fairring-accept");
   // Greetings are read from many connections at once, each with its own
   // deadline, so a client that connects and stays silent cannot hold up the
   // real peers.
