@@ -79,11 +79,14 @@ def _check_culprit_named(res, culprit, timeout_s, how):
 
 
 STALL_CASES = [(["a", "a", "b", "b"], 3, "stall"), (["a", "a", "b", "b"], 0, "stall"), (["a", "a"], 1, "stall"),
-               (["a", "a", "b", "b"], 1, "destroy"), (["a", "a"], 0, "destroy")]
+               (["a", "b"], 1, "stall"), (["a", "a", "b", "b"], 1, "destroy"), (["a", "a"], 0, "destroy")]
 
 
+# 2x1-rank1: no node-mate can name the stalled rank; its rail peer does, though
+# the stalled rank's rail thread still runs (and says so).
 @pytest.mark.parametrize("nodes,culprit,how", STALL_CASES,
-                         ids=["2x2-rank3", "2x2-rank0", "1x2-rank1", "2x2-rank1-destroys", "1x2-rank0-destroys"])
+                         ids=["2x2-rank3", "2x2-rank0", "1x2-rank1", "2x1-rank1", "2x2-rank1-destroys",
+                              "1x2-rank0-destroys"])
 def test_stalled_rank_named_within_timeout(nodes, culprit, how):
     """A rank that stops issuing collectives (stalled, or its group destroyed
     while the others go on) is named by every other rank within the timeout."""
