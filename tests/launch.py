@@ -128,6 +128,11 @@ def _rank_main(
     os.close(fd)
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    # A simulated node of the namespace cluster: enter its network namespace
+    # before anything opens a socket (no thread exists yet, so every thread
+    # the rank starts later lives there too).
+    if init.get("netns"):
+        enter_netns(init["netns"][rank])
     # On a hang the harness sends SIGUSR1 before killing: dump Python stacks.
     import faulthandler
 
@@ -203,6 +208,20 @@ def _rank_main(
     sys.stderr.flush()
 
 
+def enter_netns(name: str) -> None:
+    """Move the calling thread into network namespace ``name`` (of ``ip netns``)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into network namespace {name}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
 def _port_clash(results) -> bool:
     """The TCPStore port picked by free_port() was taken by someone else in
     between (a rare race with other jobs on the machine)."""
@@ -244,6 +263,8 @@ def _run_ranks_once(
     exit_grace_s: float = 20.0,
     destroy: bool = True,
     check: bool = True,
+    netns: Optional[Sequence[str]] = None,
+    store_addr: str = "127.0.0.1",
 ) -> list:
     """Run ``fn(rank, world_size, *args)`` on ``len(node_ids)`` ranks.
 
@@ -257,6 +278,8 @@ def _run_ranks_once(
     on expiry every rank is killed and RunFailed raised.
     check: raise RunFailed unless every rank returned normally and exited 0
     within exit_grace_s of reporting (else see RankResult.hung_at_exit).
+    netns: network namespace of each rank (list, one name per rank; None: the
+    harness's own); then store_addr must be rank 0's address in its namespace.
     """
     world_size = len(node_ids)
     ctx = mp.get_context("spawn")
@@ -270,10 +293,11 @@ def _run_ranks_once(
                               dir=keep or None)
     init = {
         "backend": backend,
-        "init_method": f"tcp://127.0.0.1:{port}",
+        "init_method": f"tcp://{store_addr}:{port}",
         "pg_timeout_s": pg_timeout_s,
         "pg_options_fn": (pg_options_fn.__module__, pg_options_fn.__qualname__) if pg_options_fn else None,
         "destroy": destroy,
+        "netns": list(netns) if netns else None,
     }
     base_env = {"FAIRRING_SOCKET_IFNAME": None, "OMP_NUM_THREADS": "1"}
     base_env.update(env or {})

@@ -466,3 +466,96 @@ def all_killed(rank, world, sync_dir):
     works = [dist.all_reduce(torch.ones(1_000_003), async_op=True) for _ in range(3)]
     del works
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def hostile_flood(rank, world, flood, hold_s):
+    """Rank 0 opens `flood` connections to rank 1's rail port at once
+    (non-blocking connects, all in flight together): a third stay silent, a
+    third send garbage, a third a greeting with the right magic and a wrong
+    secret.  It holds them `hold_s` seconds (past the 5 s greeting deadline)
+    while every rank runs checked all-reduces, then closes them.  Rank 1
+    samples its RSS and open fds before, during and after."""
+    import select
+    import socket
+    import struct
+
+    addr = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu")).listen_address()
+    addrs = [None] * world
+    dist.all_gather_object(addrs, addr)
+    want = float(sum(range(1, world + 1)))
+    out = {"right": True, "connected": 0}
+
+    def checked_all_reduce(n):
+        x = torch.full((n,), float(rank + 1))
+        dist.all_reduce(x)
+        out["right"] &= bool(torch.all(x == want))
+
+    for _ in range(3):
+        checked_all_reduce(1_000_003)
+    dist.barrier()
+    if rank == 1:
+        out["rss_before"] = _rss_bytes()
+        out["fds_before"] = _open_fds()
+    dist.barrier()
+
+    socks = []
+    if rank == 0:
+        host, _, port = addrs[1].rpartition(":")
+        target = (host.strip("[]"), int(port))
+        for _ in range(flood):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setblocking(False)
+            s.connect_ex(target)
+            socks.append(s)
+        # Wait for the connects to complete, all together.
+        waiting = list(socks)
+        deadline = time.monotonic() + 20
+        connected = []
+        while waiting and time.monotonic() < deadline:
+            _, writable, _ = select.select([], waiting, [], 0.5)
+            for s in writable:
+                waiting.remove(s)
+                if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                    connected.append(s)
+        out["connected"] = len(connected)
+        for i, s in enumerate(connected):
+            try:
+                if i % 3 == 1:
+                    s.send(os.urandom(48))
+                elif i % 3 == 2:
+                    s.send(b"FAIRRNG1" + struct.pack("<iI", 1 - rank, 0) + os.urandom(32))
+            except OSError:
+                pass
+    rss_peak = 0
+    t_end = time.monotonic() + hold_s
+    ops = 0
+    while True:
+        checked_all_reduce(1_000_003)
+        ops += 1
+        if rank == 1:
+            rss_peak = max(rss_peak, _rss_bytes())
+        # Every rank runs the same number of ops: rank 0 decides when to stop.
+        go_on = torch.tensor([1 if time.monotonic() < t_end else 0])
+        dist.broadcast(go_on, src=0)
+        if not go_on.item():
+            break
+    for s in socks:
+        s.close()
+    time.sleep(1.0)
+    checked_all_reduce(4099)
+    dist.barrier()
+    if rank == 1:
+        out["rss_peak"] = rss_peak
+        out["rss_after"] = _rss_bytes()
+        out["fds_after"] = _open_fds()
+    out["ops"] = ops
+    return out

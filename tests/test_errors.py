@@ -79,11 +79,14 @@ def _check_culprit_named(res, culprit, timeout_s, how):
 
 
 STALL_CASES = [(["a", "a", "b", "b"], 3, "stall"), (["a", "a", "b", "b"], 0, "stall"), (["a", "a"], 1, "stall"),
-               (["a", "a", "b", "b"], 1, "destroy"), (["a", "a"], 0, "destroy")]
+               (["a", "b"], 1, "stall"), (["a", "a", "b", "b"], 1, "destroy"), (["a", "a"], 0, "destroy")]
 
 
+# 2x1-rank1: no node-mate can name the stalled rank; its rail peer does, though
+# the stalled rank's rail thread still runs (and says so).
 @pytest.mark.parametrize("nodes,culprit,how", STALL_CASES,
-                         ids=["2x2-rank3", "2x2-rank0", "1x2-rank1", "2x2-rank1-destroys", "1x2-rank0-destroys"])
+                         ids=["2x2-rank3", "2x2-rank0", "1x2-rank1", "2x1-rank1", "2x2-rank1-destroys",
+                              "1x2-rank0-destroys"])
 def test_stalled_rank_named_within_timeout(nodes, culprit, how):
     """A rank that stops issuing collectives (stalled, or its group destroyed
     while the others go on) is named by every other rank within the timeout."""
@@ -248,6 +251,37 @@ def test_hostile_connections_on_rail_port():
         if len(lines) > 1:
             problems.append(f"rank {r.rank}: {len(lines)} rejection lines logged: {lines[:3]}")
     assert not problems, "\n".join(problems)
+
+
+def test_flood_of_500_connections_at_once():
+    """500 connections reach rank 1's rail port together (silent, garbage,
+    wrong secret) and stay open past the greeting deadline while the job
+    runs: results stay right, rank 1's memory and open fds stay bounded,
+    and with FAIRRING_DEBUG=1 each rejection is logged once, at a bounded
+    rate, the rest counted in summary lines."""
+    flood, hold_s = 500, 7
+    res = launch.run_ranks(rank_errors.hostile_flood, ["a", "b"], args=(flood, hold_s), timeout_s=120,
+                           rank_env=[{}, {"FAIRRING_DEBUG": "1"}])
+    v0, v1 = res[0].value, res[1].value
+    problems = [f"rank {r.rank}: wrong all_reduce result under the flood" for r in res if not r.value["right"]]
+    if v0["connected"] < flood * 0.9:
+        problems.append(f"only {v0['connected']} of {flood} connections were established (nothing much was tested)")
+    grew = v1["rss_peak"] - v1["rss_before"]
+    if grew > 64 << 20:
+        problems.append(f"rank 1's RSS grew by {grew / 2**20:.0f} MiB under the flood")
+    if v1["fds_after"] > v1["fds_before"] + 2:
+        problems.append(f"rank 1 holds {v1['fds_after'] - v1['fds_before']} more fds after the flood")
+    out = res[1].output
+    logged = re.findall(r"rejected a connection from (\S+):", out)
+    summed = sum(int(n) for n in re.findall(r"rejected (\d+) more connection", out))
+    dupes = sorted({a for a in logged if logged.count(a) > 1})
+    if dupes:
+        problems.append(f"connections logged more than once: {dupes[:5]}")
+    if len(logged) + summed != v0["connected"]:
+        problems.append(f"{len(logged)} rejections logged and {summed} summed up, for {v0['connected']} connections")
+    if len(logged) > 10 * (hold_s + 6) + 1:
+        problems.append(f"{len(logged)} rejection lines: the debug log is not rate-limited")
+    assert not problems, "\n".join(problems) + f"\nrank 1: {v1}\nrank 1 log tail:\n{out[-3000:]}"
 
 
 def test_stale_segment_of_a_crashed_creator_is_swept():

@@ -1,10 +1,12 @@
 #include "allreduce/rail_stage.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "allreduce/deadlines.h"
@@ -202,6 +204,8 @@ void RailStage::maybe_finish() {
 }
 
 void RailStage::loop() {
+  // Named, so that a stuck rail shows in `top -H`, gdb and /proc/<pid>/task.
+  pthread_setname_np(pthread_self(), "fairring-rail");
   std::vector<struct pollfd> fds;
   std::vector<Channel*> chans;
   for (auto* list : {&clients_, &servers_}) {
@@ -211,6 +215,18 @@ void RailStage::loop() {
   }
   // Later than a local peer's deadline: see deadlines.h.
   const auto remote_timeout = rail_peer_deadline(timeout_);
+  // A silent peer whose rail thread still runs (its heartbeats arrive) is
+  // not stuck on the network: it has not issued the collective, or it waits
+  // for another rank (a node-mate, or a rail peer of its own) that is the
+  // real culprit.  Its deadline is deferred a little, so that the rank that
+  // sees the culprit itself names it first and its abort reaches us, still
+  // before the network-wide deadline (half of the gap to it).
+  const auto alive_grace = (network_deadline(timeout_) - remote_timeout) / 2;
+  const auto heartbeat_every = std::clamp<std::chrono::milliseconds>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(alive_grace / 4), std::chrono::milliseconds(10),
+      std::chrono::milliseconds(250));
+  const auto alive_window = 2 * heartbeat_every + std::chrono::milliseconds(100);
+  auto next_heartbeat = Clock::now();
   try {
     for (;;) {
       std::deque<RailTask> fresh;
@@ -232,6 +248,11 @@ void RailStage::loop() {
       }
       for (Channel* ch : chans) {
         if (ch->parked() && ch->has_pending_recv()) ch->progress_recv();
+      }
+
+      if (Clock::now() >= next_heartbeat) {
+        next_heartbeat = Clock::now() + heartbeat_every;
+        for (Channel* ch : chans) ch->post_heartbeat();
       }
 
       fds.clear();
@@ -266,12 +287,31 @@ void RailStage::loop() {
 
       const auto now = Clock::now();
       for (Channel* ch : chans) {
-        if (ch->has_pending_recv() && now - ch->last_recv_progress > remote_timeout) {
+        const std::string peer = std::to_string(ch->peer_rank());
+        const bool alive = now - ch->last_peer_alive < alive_window;
+        const auto deadline = remote_timeout + (alive ? alive_grace : std::chrono::milliseconds(0));
+        // Alive but silent: what it is waiting for is elsewhere.
+        const std::string why_alive =
+            alive ? " (its rail is alive: has it issued the collective, or is it waiting for another rank?)" : "";
+        if (ch->has_pending_recv() && now - ch->last_recv_progress > deadline) {
           throw std::runtime_error(
-              "timed out: rank " + std::to_string(ch->peer_rank()) + " sent nothing for " +
+              "timed out: rank " + peer + " sent nothing for " +
               seconds(std::chrono::duration<double>(now - ch->last_recv_progress).count()) +
-              " while this rank waited for its part of an all_reduce (is rank " +
-              std::to_string(ch->peer_rank()) + " stalled, or did it skip the collective?)");
+              " while this rank waited for its part of an all_reduce" +
+              (alive ? why_alive
+                     : " (is rank " + peer + " stalled, did it skip the collective, or is the network between us down?)"));
+        }
+        // A peer that stops reading (a stuck receive path, or a network that
+        // drops what we send) leaves our send stuck in a full socket buffer;
+        // the kernel reports nothing for many minutes.  This matters when
+        // nothing is expected back from that peer any more (the results of
+        // the last slice), which the receive check above does not cover.
+        if (ch->data_pending() && now - ch->last_send_progress > deadline) {
+          throw std::runtime_error(
+              "timed out: rank " + peer + " took none of the data this rank sent it for " +
+              seconds(std::chrono::duration<double>(now - ch->last_send_progress).count()) +
+              " during an all_reduce" +
+              (alive ? why_alive : " (is rank " + peer + " stalled, or is the network between us down?)"));
         }
       }
     }

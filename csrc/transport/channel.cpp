@@ -21,6 +21,7 @@ Channel::Channel(Socket socket, int peer_rank) : socket_(std::move(socket)), pee
   socket_.set_nonblocking();
   socket_.set_nodelay();
   last_recv_progress = Clock::now();
+  last_send_progress = last_recv_progress;
 }
 
 bool Channel::progress_send() {
@@ -44,16 +45,35 @@ bool Channel::progress_send() {
     ssize_t r = sendmsg(socket_.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (r < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return moved;
+      if (data_sends_ == 0) {
+        // Only heartbeats were queued: a peer that has finished and closed
+        // is no error while nothing is expected from or owed to it.
+        sendq_.clear();
+        peer_gone_ = true;
+        return moved;
+      }
       lost(peer_rank_, (std::string("failed: ") + std::strerror(errno)).c_str());
     }
-    moved = moved || r > 0;
+    if (r > 0) {
+      moved = true;
+      last_send_progress = Clock::now();
+    }
     s.sent += static_cast<size_t>(r);
     if (s.sent < total) return moved;
     auto done = std::move(s.on_done);
+    if (!s.heartbeat) --data_sends_;
     sendq_.pop_front();
     if (done) done();
   }
   return moved;
+}
+
+void Channel::post_heartbeat() {
+  if (!sendq_.empty() || peer_closed_ || peer_gone_) return;
+  Send s;
+  s.header.kind = static_cast<uint32_t>(WireKind::kAlive);
+  s.heartbeat = true;
+  sendq_.push_back(std::move(s));
 }
 
 bool Channel::start_parked_header() {
@@ -104,11 +124,23 @@ bool Channel::progress_recv() {
   bool moved = false;
   for (;;) {
     if (header_got_ < sizeof(WireHeader)) {
+      if (header_got_ == 0) progress_before_header_ = last_recv_progress;
       const size_t r = recv_some(reinterpret_cast<char*>(&header_) + header_got_, sizeof(WireHeader) - header_got_);
       if (r == 0) return moved;
       moved = true;
       header_got_ += r;
       if (header_got_ < sizeof(WireHeader)) continue;
+      if (header_.magic == kWireMagic && static_cast<WireKind>(header_.kind) == WireKind::kAlive) {
+        if (header_.bytes != 0) {
+          throw std::runtime_error(
+              "fairring: corrupt message from rank " + std::to_string(peer_rank_) + " (heartbeat with a payload)");
+        }
+        // A sign of life, not progress of the collective.
+        last_peer_alive = last_recv_progress;
+        last_recv_progress = progress_before_header_;
+        header_got_ = 0;
+        continue;
+      }
       payload_got_ = 0;
       payload_dst_ = nullptr;
       if (!start_parked_header()) return moved;
@@ -136,12 +168,14 @@ bool Channel::progress_recv() {
 void Channel::send_abort_now(const std::string& why, Clock::time_point deadline) {
   // Keep only a message already partly on the wire; the rest is moot.
   while (sendq_.size() > 1 || (sendq_.size() == 1 && sendq_.front().sent == 0)) {
+    if (!sendq_.back().heartbeat) --data_sends_;
     sendq_.pop_back();
   }
   Send s;
   s.header.kind = static_cast<uint32_t>(WireKind::kAbort);
   s.owned = why.substr(0, 4096);
   s.header.bytes = s.owned.size();
+  ++data_sends_;
   sendq_.push_back(std::move(s));
   try {
     while (!sendq_.empty() && Clock::now() < deadline) {

@@ -14,7 +14,9 @@
 
 namespace fairring {
 
-enum class WireKind : uint32_t { kContribution = 1, kResult = 2, kAbort = 3 };
+// kAlive: a header alone, sent now and then while nothing else is queued,
+// saying that the sender's rail thread runs (see Channel::post_heartbeat).
+enum class WireKind : uint32_t { kContribution = 1, kResult = 2, kAbort = 3, kAlive = 4 };
 
 constexpr uint32_t kWireMagic = 0x46524e47;  // "FRNG"
 
@@ -40,6 +42,7 @@ class Channel {
     std::string owned;  // payload owned by the message (abort text)
     std::function<void()> on_done;
     size_t sent = 0;
+    bool heartbeat = false;
   };
   struct Recv {
     // Validates the header and returns where the payload goes (throws on a
@@ -53,7 +56,15 @@ class Channel {
   int fd() const { return socket_.fd(); }
   int peer_rank() const { return peer_rank_; }
 
-  void post_send(Send s) { sendq_.push_back(std::move(s)); }
+  void post_send(Send s) {
+    if (data_sends_ == 0) last_send_progress = Clock::now();
+    ++data_sends_;
+    sendq_.push_back(std::move(s));
+  }
+  // Queues a kAlive header if nothing else is queued and the peer is still
+  // there.  A peer that stops reading does not make it an error: only data
+  // counts for the send deadline, and a failed heartbeat is dropped.
+  void post_heartbeat();
   // Throws if the peer has closed the connection.
   void post_recv(Recv r);
   bool has_pending_recv() const { return !recvq_.empty(); }
@@ -64,6 +75,8 @@ class Channel {
   // progress_recv() (the payload may be empty: poll would not say so).
   bool parked() const { return parked_; }
   bool wants_write() const { return !sendq_.empty(); }
+  // Data (not heartbeats) waiting to be taken by the socket.
+  bool data_pending() const { return data_sends_ > 0; }
 
   // Move as many bytes as the socket takes; true if anything moved.  Throw on
   // errors, end of stream (naming the peer) and abort messages.
@@ -75,6 +88,13 @@ class Channel {
   void send_abort_now(const std::string& why, Clock::time_point deadline);
 
   Clock::time_point last_recv_progress;
+  // When the socket last took bytes of a queued send (or the queue was
+  // empty): a peer that stops reading leaves our sends stuck in a full
+  // socket buffer, with no error from the kernel.
+  Clock::time_point last_send_progress;
+  // When the peer's last kAlive arrived (never: the epoch).  Heartbeats are
+  // not progress: last_recv_progress counts data only.
+  Clock::time_point last_peer_alive;
 
  private:
   bool start_parked_header();
@@ -92,6 +112,10 @@ class Channel {
   // End of stream between messages with nothing expected: a peer that has
   // finished and shut down, not yet an error (it is one if we expect more).
   bool peer_closed_ = false;
+  // Our heartbeat failed to go out (the peer closed): send no more.
+  bool peer_gone_ = false;
+  size_t data_sends_ = 0;  // queued sends that are not heartbeats
+  Clock::time_point progress_before_header_;
   void* payload_dst_ = nullptr;
   size_t payload_got_ = 0;
   std::string abort_text_;

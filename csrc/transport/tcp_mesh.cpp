@@ -1,6 +1,7 @@
 #include "transport/tcp_mesh.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -16,6 +17,8 @@ namespace fairring {
 namespace {
 
 constexpr char kHelloMagic[8] = {'F', 'A', 'I', 'R', 'R', 'N', 'G', '1'};
+// Rejected connections logged one by one per second (FAIRRING_DEBUG=1).
+constexpr int kRejectionLines = 10;
 
 
 // Constant-time comparison: a wrong guess takes as long as a near miss.
@@ -61,6 +64,7 @@ TcpMesh::~TcpMesh() {
 }
 
 void TcpMesh::accept_loop() {
+  pthread_setname_np(pthread_self(), "fairring-accept");
   // Greetings are read from many connections at once, each with its own
   // deadline, so a client that connects and stays silent cannot hold up the
   // real peers.
@@ -80,6 +84,7 @@ void TcpMesh::accept_loop() {
     for (auto& p : pending) fds.push_back({p.socket.fd(), POLLIN, 0});
     if (poll(fds.data(), fds.size(), 100) < 0 && errno != EINTR) break;
     const auto now = Clock::now();
+    log_suppressed(false);
 
     std::vector<Pending> keep;
     for (size_t i = 0; i < pending.size(); ++i) {
@@ -117,17 +122,39 @@ void TcpMesh::accept_loop() {
       pending.push_back(Pending{std::move(s), std::move(from), now + kGreetingTimeout});
     }
   }
+  log_suppressed(true);
 }
 
 void TcpMesh::log_rejection(const std::string& from, const std::string& why) {
   // A scan or a flood of rogue connections must not flood the job's logs:
-  // the first one is reported, the rest at debug level only.
+  // the first one is reported, the rest at debug level only, and there at a
+  // bounded rate (a flood is summed up in one line a second).
   if (rejections_++ == 0) {
     FAIRRING_LOG(rank_, "rejected a connection from %s: %s (later rejections are logged with FAIRRING_DEBUG=1)",
                  from.c_str(), why.c_str());
-  } else {
-    FAIRRING_DEBUG_LOG(rank_, "rejected a connection from %s: %s", from.c_str(), why.c_str());
+    return;
   }
+  if (!debug_enabled()) return;
+  const auto now = Clock::now();
+  if (now - log_window_ >= std::chrono::seconds(1)) {
+    log_suppressed(true);
+    log_window_ = now;
+    logged_in_window_ = 0;
+  }
+  if (logged_in_window_ < kRejectionLines) {
+    ++logged_in_window_;
+    FAIRRING_DEBUG_LOG(rank_, "rejected a connection from %s: %s", from.c_str(), why.c_str());
+  } else {
+    ++suppressed_;
+  }
+}
+
+void TcpMesh::log_suppressed(bool force) {
+  if (suppressed_ == 0) return;
+  if (!force && Clock::now() - log_window_ < std::chrono::seconds(1)) return;
+  FAIRRING_DEBUG_LOG(rank_, "rejected %llu more connection(s) in the last second (not logged one by one)",
+                     static_cast<unsigned long long>(suppressed_));
+  suppressed_ = 0;
 }
 
 void TcpMesh::admit(Socket s, const Hello& hello, const std::string& from) {

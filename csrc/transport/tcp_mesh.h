@@ -62,6 +62,8 @@ class TcpMesh {
   // Keeps the connection if the greeting is right and from an expected peer.
   void admit(Socket socket, const Hello& hello, const std::string& from);
   void log_rejection(const std::string& from, const std::string& why);
+  // Reports how many rejections the debug log's rate limit left out.
+  void log_suppressed(bool force);
 
   c10::intrusive_ptr<c10d::Store> store_;
   int rank_;
@@ -72,7 +74,13 @@ class TcpMesh {
   Socket listener_;
   std::thread acceptor_;
   std::atomic<bool> stop_{false};
-  uint64_t rejections_ = 0;  // acceptor thread only
+  // Acceptor thread only.  Each rejected connection is logged once: the
+  // first always, the others with FAIRRING_DEBUG=1 at most kRejectionLines a
+  // second; those beyond are counted and reported in one line.
+  uint64_t rejections_ = 0;
+  std::chrono::steady_clock::time_point log_window_{};
+  int logged_in_window_ = 0;
+  uint64_t suppressed_ = 0;
 
   std::mutex mu_;
   std::condition_variable cv_;
