@@ -559,3 +559,18 @@ def hostile_flood(rank, world, flood, hold_s):
         out["fds_after"] = _open_fds()
     out["ops"] = ops
     return out
+
+
+def shm_modes(rank, world):
+    """The permission bits and owner of every fairring segment this rank maps
+    (stat through /proc/self/map_files: the names are gone once mapped)."""
+    t = torch.ones(1000)
+    dist.all_reduce(t)
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.rstrip("\n").split(None, 5)
+            if len(parts) == 6 and parts[5].startswith("/dev/shm/fairring-"):
+                st = os.stat(f"/proc/self/map_files/{parts[0]}")
+                out.append((parts[5], st.st_mode & 0o777, st.st_uid))
+    return {"ok": bool(torch.all(t == world)), "maps": out, "uid": os.getuid()}

@@ -1,6 +1,7 @@
 """Failures must surface as errors on every rank, in time, never as hangs."""
 from __future__ import annotations
 
+import os
 import re
 import tempfile
 import time
@@ -350,3 +351,15 @@ def test_bad_option_on_one_rank_fails_every_rank(nodes, bad):
     ValueError naming it, the others fail at once with the same cause
     (they used to wait the whole timeout in the gloo rendezvous)."""
     _init_fails_everywhere(nodes, bad, "FAIRRING_PARALLELISM", "0", bad_type="ValueError")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/map_files") or os.geteuid() != 0,
+                    reason="reads /proc/self/map_files (root)")
+def test_shared_memory_is_private_to_the_user():
+    """Segments are created 0600, so another user cannot map the node's data."""
+    res = launch.run_ranks(rank_errors.shm_modes, ["a", "a"], timeout_s=90)
+    for r in res:
+        v = r.value
+        assert v["ok"] and v["maps"], f"rank {r.rank}: {v}"
+        for name, mode, uid in v["maps"]:
+            assert mode == 0o600 and uid == v["uid"], f"rank {r.rank}: {name} has mode {oct(mode)}, owner {uid}"
