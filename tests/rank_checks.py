@@ -8,6 +8,7 @@ still runs, so one launch reports on many features.
 from __future__ import annotations
 
 import copy
+import datetime
 import os
 import socket
 import time
@@ -621,7 +622,63 @@ def sec_intruder(rank, world, cfg):
     return {"failures": failures, "results": results}
 
 
+def sec_broadcast(rank, world, cfg):
+    """broadcast from every root: the root's exact bits on every rank (every dtype,
+    odd sizes, NaN payloads and -0.0), the root's tensor unchanged, non-contiguous
+    tensors, and a mismatched root reported on every rank."""
+    failures = Failures()
+    sizes = cfg.get("sizes", [1, 13, 1031, 65537, 262147])
+
+    def data(r, n, dtype, seed):
+        g = torch.Generator().manual_seed(seed * 1000 + r)
+        raw = torch.randint(0, 256, (n * torch.empty(0, dtype=dtype).element_size(),), dtype=torch.uint8, generator=g)
+        return raw.view(dtype) if dtype != torch.bool else raw % 2 == 1
+
+    for i, dtype in enumerate(refs.ALL_DTYPES):
+        for j, n in enumerate(sizes):
+            root = (i + j) % world
+            seed = 17 * i + j
+            t = data(rank, n, dtype, seed)
+            want = data(root, n, dtype, seed)
+            dist.broadcast(t, src=root)
+            if not torch.equal(t.view(torch.uint8), want.view(torch.uint8)):
+                failures.add(f"{refs.dtype_name(dtype)}/n={n}/root={root}: bytes differ from the root's")
+    # Special floats keep their bits (an OR with zeros changes none).
+    special = torch.tensor([-0.0, float("nan"), float("-inf"), 1e-45, -3.5], dtype=torch.float32)
+    t = special.clone() if rank == 0 else torch.full((5,), 7.0)
+    dist.broadcast(t, src=0)
+    if not torch.equal(t.view(torch.int32), special.view(torch.int32)):
+        failures.add(f"special floats: got {t.view(torch.int32).tolist()}, want {special.view(torch.int32).tolist()}")
+    # Non-contiguous on every rank; async.
+    base = torch.arange(40, dtype=torch.float64).reshape(5, 8) * (rank + 1)
+    view = base[:, ::3]
+    want = (torch.arange(40, dtype=torch.float64).reshape(5, 8) * world)[:, ::3]
+    dist.broadcast(view, src=world - 1, async_op=True).wait()
+    if not torch.equal(view, want):
+        failures.add(f"non-contiguous: got {view.tolist()}")
+    if rank != world - 1 and not torch.equal(base[:, 1], torch.arange(40, dtype=torch.float64).reshape(5, 8)[:, 1] * (rank + 1)):
+        failures.add("non-contiguous: elements outside the view changed")
+    # They ran on Fairring, not on its gloo group.
+    recent = _cpu_backend().format_recent_ops()
+    if "broadcast" not in recent or "broadcast (gloo)" in recent:
+        failures.add(f"broadcasts did not run natively:\n{recent[-1500:]}")
+    # A mismatched root, on a group of its own: an error that says so, everywhere.
+    g = dist.new_group(list(range(world)), backend="fairring", timeout=datetime.timedelta(seconds=20))
+    sync = dist.new_group(list(range(world)), backend="gloo")
+    dist.all_reduce(torch.ones(1), group=g)
+    # An error aborts what is still in flight everywhere: let the warm-up end first.
+    dist.barrier(group=sync)
+    try:
+        dist.broadcast(torch.ones(100), src=0 if rank == 0 else world - 1, group=g)
+        failures.add("mismatched roots: no error")
+    except RuntimeError as e:
+        if "broadcast" not in str(e) or "mismatch" not in str(e):
+            failures.add(f"mismatched roots: error does not say it is a broadcast mismatch: {str(e)[:300]}")
+    return {"failures": failures}
+
+
 SECTIONS = {
+    "broadcast": sec_broadcast,
     "correctness": sec_correctness,
     "noncontig": sec_noncontig,
     "shm": sec_shm,

@@ -237,23 +237,26 @@ def recent_ops(rank, world):
     start = len(fairring_py.dump_recent())
     dist.all_reduce(torch.ones(1000))
     dist.broadcast(torch.ones(3), src=0)
+    dist.all_gather([torch.empty(2) for _ in range(world)], torch.ones(2))
     w = dist.all_reduce(torch.ones(5, dtype=torch.float64), op=dist.ReduceOp.MAX, async_op=True)
     w.wait()
     buf = io.StringIO()
     recs = fairring_py.dump_recent(file=buf)[start:]
     failures = []
     kinds = [r["kind"] for r in recs]
-    if kinds != ["all_reduce", "broadcast (gloo)", "all_reduce"]:
+    if kinds != ["all_reduce", "broadcast", "allgather (gloo)", "all_reduce"]:
         failures.append(f"recorded kinds {kinds}")
     else:
         if recs[0]["bytes"] != 4000 or recs[0]["state"] != "done" or recs[0]["duration_ms"] is None:
             failures.append(f"first record {recs[0]}")
-        if "float64 with MAX" not in recs[2]["what"]:
-            failures.append(f"third record {recs[2]}")
+        if "12 bytes from rank 0" not in recs[1]["what"]:
+            failures.append(f"second record {recs[1]}")
+        if "float64 with MAX" not in recs[3]["what"]:
+            failures.append(f"fourth record {recs[3]}")
         seqs = [r["seq"] for r in recs]
-        if seqs != sorted(seqs) or len(set(seqs)) != 3:
+        if seqs != sorted(seqs) or len(set(seqs)) != 4:
             failures.append(f"sequence numbers {seqs}")
-    if "broadcast (gloo)" not in buf.getvalue():
+    if "allgather (gloo)" not in buf.getvalue():
         failures.append(f"printed dump: {buf.getvalue()[:300]!r}")
     return failures
 

@@ -18,13 +18,14 @@ import launch
 import rank_checks
 
 BASE = ["correctness", "noncontig", "shm", "listen"]
-FEATURES = ["async", "ddp", "subgroups", "collectives", "unsupported", "intruder", "empty", "late_peer"]
+FEATURES = ["async", "ddp", "subgroups", "collectives", "unsupported", "intruder", "empty", "late_peer",
+            "broadcast"]
 FEW_SIZES = [1, 13, 1031, 4099, 65537]
 
 TOPOLOGIES = {
     # name: (node ids, extra env, sections, cfg, use Options for config)
-    "1x2": (["a", "a"], {}, BASE + ["unsupported", "empty", "late_peer"], {}, False),
-    "2x1": (["a", "b"], {}, BASE, {}, False),
+    "1x2": (["a", "a"], {}, BASE + ["unsupported", "empty", "late_peer", "broadcast"], {}, False),
+    "2x1": (["a", "b"], {}, BASE + ["broadcast"], {}, False),
     "3x1-options": ([None, None, None], {}, BASE, {"sizes": FEW_SIZES}, True),
     "2x2": (["a", "a", "b", "b"], {}, BASE + FEATURES,
             {"big": [(torch.float32, "SUM"), (torch.bfloat16, "AVG"), (torch.int32, "MAX")]}, False),
@@ -236,6 +237,11 @@ def test_ddp_matches_gloo():
 
 def test_subgroups():
     assert_no_failures("2x2", "subgroups")
+
+
+@pytest.mark.parametrize("topo", ["1x2", "2x1", "2x2"])
+def test_broadcast(topo):
+    assert_no_failures(topo, "broadcast")
 
 
 def test_delegated_collectives():

@@ -81,6 +81,19 @@ def test_bench_local(tmp_path, nodes, k, inflight):
     assert ("3 all-reduces in flight" in p.stdout) == (inflight == 3)
 
 
+def test_bench_broadcast(tmp_path):
+    """`--collective broadcast`: every rank's buffer checked against rank 0's data;
+    busbw is algbw (nccl-tests' convention for broadcast)."""
+    out = str(tmp_path / "out")
+    p = _run(["--collective", "broadcast", "--nodes", "2", "--ranks-per-node", "1", "--out", out] + QUICK)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = _check_outputs(out, ["fairring", "gloo"], 2, [4096, 96 * 1024])
+    assert res["meta"]["collective"] == "broadcast"
+    for r in res["rows"]:
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"])
+    assert p.stdout.startswith("broadcast float32 from rank 0") and "check: OK" in p.stdout
+
+
 def test_bench_under_torchrun(tmp_path):
     out = str(tmp_path / "out")
     port = test_launch.free_port()

@@ -249,20 +249,29 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_cpu(std::vector<at::Te
                 t.layout(), " tensor on ", t.device().str());
   }
   ReduceInput in = prepare_reduce_input(tensors, op);
-  auto work = c10::make_intrusive<FairringWork>(
-      getRank(), type, tensors,
-      type == c10d::OpType::ALLREDUCE_COALESCED ? "fairring:all_reduce_coalesced" : "fairring:all_reduce");
   auto aop = std::make_shared<AllreduceOp>();
   aop->buffer = std::move(in.buffer);
   aop->users = std::move(in.users);
   aop->dtype = in.dtype;
   aop->op = op;
   aop->numel = in.numel;
-  aop->on_complete = track(type == c10d::OpType::ALLREDUCE_COALESCED ? "all_reduce_coalesced" : "all_reduce",
-                           op_size(*aop),
-                           aop->buffer.nbytes(), [work](std::exception_ptr error) { work->mark_done(error); });
-  aop->after_complete = [work](std::exception_ptr error) { work->complete_future(error); };
-  engine_->submit(std::move(aop));
+  const bool coalesced = type == c10d::OpType::ALLREDUCE_COALESCED;
+  return submit_cpu(std::move(aop), type, tensors, coalesced ? "all_reduce_coalesced" : "all_reduce",
+                    coalesced ? "fairring:all_reduce_coalesced" : "fairring:all_reduce");
+}
+
+c10::intrusive_ptr<c10d::Work> FairringBackend::submit_cpu(std::shared_ptr<AllreduceOp> op, c10d::OpType type,
+                                                           std::vector<at::Tensor> outputs, const char* kind,
+                                                           const char* title) {
+  auto work = c10::make_intrusive<FairringWork>(getRank(), type, std::move(outputs), title);
+  const std::string what = op->collective == Collective::kAllReduce ? op_size(*op)
+                           : op->collective == Collective::kBroadcast
+                               ? std::to_string(op->numel) + " bytes from rank " + std::to_string(op->root)
+                               : std::string();
+  op->on_complete = track(kind, what, op->numel * c10::elementSize(op->dtype),
+                          [work](std::exception_ptr error) { work->mark_done(error); });
+  op->after_complete = [work](std::exception_ptr error) { work->complete_future(error); };
+  engine_->submit(std::move(op));
   return work;
 }
 
@@ -276,7 +285,36 @@ c10d::Backend& FairringBackend::delegate(const char* kind) {
 
 c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                           const c10d::BroadcastOptions& opts) {
-  return delegate("broadcast").broadcast(tensors, opts);
+  // One dense CPU tensor is native; the rest (several tensors, CUDA, sparse,
+  // conjugate or negative views) goes to gloo.
+  const bool native = tensors.size() == 1 && opts.rootTensor == 0 && tensors[0].layout() == c10::kStrided &&
+                      tensors[0].device().is_cpu() && !tensors[0].is_conj() && !tensors[0].is_neg();
+  if (!native) return delegate("broadcast").broadcast(tensors, opts);
+  check_same_process("broadcast");
+  TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < getSize(), "fairring: broadcast from rank ",
+                    opts.rootRank, ", which is not a rank of this group of ", getSize());
+  // The root's bytes OR everyone else's zeros, through the all-reduce's
+  // pipeline: the result is the root's bytes exactly, whatever the dtype.
+  const at::Tensor& t = tensors[0];
+  auto op = std::make_shared<AllreduceOp>();
+  op->collective = Collective::kBroadcast;
+  op->root = static_cast<int32_t>(opts.rootRank);
+  if (getRank() == opts.rootRank) {
+    op->buffer = t.contiguous();  // the result is its own bytes: no copy back
+  } else if (t.is_contiguous()) {
+    // Its contents are undefined until the broadcast completes: zeroed in
+    // place, it is the op's buffer (no second allocation, no copy back).
+    at::NoGradGuard no_grad;  // it may be a leaf that requires grad
+    op->buffer = t;
+    op->buffer.zero_();
+  } else {
+    op->buffer = at::zeros({t.numel()}, t.options());
+    op->users = {t};  // receives the result
+  }
+  op->dtype = at::kByte;
+  op->op = RedOp::kBor;
+  op->numel = t.numel() * static_cast<int64_t>(t.element_size());
+  return submit_cpu(std::move(op), c10d::OpType::BROADCAST, tensors, "broadcast", "fairring:broadcast");
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::reduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::ReduceOptions& opts) {
@@ -352,17 +390,13 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::barrier(const c10d::BarrierOptio
   // Native: one byte all-reduced (MAX) through the pipeline, after every
   // collective issued before it; a small op, so it runs inline when idle.
   std::vector<at::Tensor> token{at::zeros({1}, at::kByte)};
-  auto work = c10::make_intrusive<FairringWork>(getRank(), c10d::OpType::BARRIER, token, "fairring:barrier");
   auto op = std::make_shared<AllreduceOp>();
   op->collective = Collective::kBarrier;
   op->buffer = token[0];
   op->dtype = at::kByte;
   op->op = RedOp::kMax;
   op->numel = 1;
-  op->on_complete = track("barrier", "", 0, [work](std::exception_ptr error) { work->mark_done(error); });
-  op->after_complete = [work](std::exception_ptr error) { work->complete_future(error); };
-  engine_->submit(std::move(op));
-  return work;
+  return submit_cpu(std::move(op), c10d::OpType::BARRIER, token, "barrier", "fairring:barrier");
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                                  const c10d::AllreduceOptions& opts) {

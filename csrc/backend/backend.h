@@ -25,6 +25,7 @@ namespace fairring {
 
 class HostEngine;
 struct PipelineOp;
+struct AllreduceOp;
 class CudaEngine;
 class InitStore;
 
@@ -50,9 +51,10 @@ class FairringBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceCoalescedOptions& opts) override;
 
-  // Delegated to gloo.
+  // Native for one dense CPU tensor; otherwise delegated to gloo.
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
+  // Delegated to gloo.
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -126,6 +128,10 @@ class FairringBackend : public c10d::Backend {
   // FAIRRING_DEBUG=2: the options, topology and rails this rank ended up with.
   void log_setup() const;
   c10::intrusive_ptr<c10d::Work> allreduce_cpu(std::vector<at::Tensor>& tensors, RedOp op, c10d::OpType type);
+  // Every native CPU collective, once: its Work (`outputs`, profiler title
+  // "fairring:<kind>"), its record in recent_ops, and the op on the pipeline.
+  c10::intrusive_ptr<c10d::Work> submit_cpu(std::shared_ptr<AllreduceOp> op, c10d::OpType type,
+                                            std::vector<at::Tensor> outputs, const char* kind, const char* title);
 
   Topology topo_;
   Config config_;

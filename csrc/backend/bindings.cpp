@@ -191,6 +191,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       c = Collective::kAllReduce;
     } else if (collective == "barrier") {
       c = Collective::kBarrier;
+    } else if (collective == "broadcast") {
+      c = Collective::kBroadcast;
     } else {
       throw std::invalid_argument("fairring: no phase list for " + collective);
     }

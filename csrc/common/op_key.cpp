@@ -13,11 +13,15 @@ const char* collective_name(Collective c) {
   switch (c) {
     case Collective::kAllReduce: return "all_reduce";
     case Collective::kBarrier: return "barrier";
+    case Collective::kBroadcast: return "broadcast";
   }
   return "collective";
 }
 
 std::string describe(const OpKey& k) {
+  if (static_cast<Collective>(k.collective) == Collective::kBroadcast) {
+    return "broadcast of " + std::to_string(k.numel) + " bytes from rank " + std::to_string(k.root);
+  }
   return std::string(collective_name(static_cast<Collective>(k.collective))) + " of " + std::to_string(k.numel) +
       " elements of " + dtype_name(static_cast<c10::ScalarType>(k.dtype)) + " with " +
       redop_name(static_cast<RedOp>(k.op));

@@ -14,9 +14,10 @@ namespace fairring {
 // broadcast are next (DESIGN.md): new phase lists with their own kind, so a
 // rank that issued one against a peer's all_reduce gets a clear mismatch.
 // The collective an op is, compared between ranks (slot and wire headers).
-// kBarrier travels as an all-reduce of one byte, but is its own kind so that
-// a barrier against an all-reduce is reported as the mismatch it is.
-enum class Collective : int32_t { kAllReduce = 1, kBarrier = 2 };
+// kBarrier travels as an all-reduce of one byte and kBroadcast as a bitwise
+// OR of the root's bytes with everyone else's zeros, but each is its own kind
+// so that it is reported as the mismatch it is against an all-reduce.
+enum class Collective : int32_t { kAllReduce = 1, kBarrier = 2, kBroadcast = 3 };
 
 const char* collective_name(Collective c);
 
@@ -26,12 +27,12 @@ struct OpKey {
   int32_t collective = 0;
   int32_t dtype = 0;    // c10::ScalarType
   int32_t op = 0;       // RedOp
-  int32_t reserved = 0; // explicit padding: the struct crosses processes and the wire
+  int32_t root = 0;     // a broadcast's root rank; 0 otherwise (also the struct's padding)
 };
 
 inline bool operator==(const OpKey& a, const OpKey& b) {
   return a.op_seq == b.op_seq && a.numel == b.numel && a.collective == b.collective && a.dtype == b.dtype &&
-      a.op == b.op;
+      a.op == b.op && a.root == b.root;
 }
 inline bool operator!=(const OpKey& a, const OpKey& b) { return !(a == b); }
 

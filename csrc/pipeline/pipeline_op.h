@@ -22,6 +22,7 @@ struct PipelineOp {
   c10::ScalarType dtype = c10::ScalarType::Float;
   RedOp op = RedOp::kSum;
   int64_t numel = 0;
+  int32_t root = 0;  // a broadcast's root
   // Called once when the op is done (host side): from the pipeline's
   // thread, or from the issuing thread when it ran inline or the group had
   // already failed.  Must be quick and must not block (it marks the Work done).
@@ -34,6 +35,7 @@ struct PipelineOp {
     k.collective = static_cast<int32_t>(collective);
     k.dtype = static_cast<int32_t>(dtype);
     k.op = static_cast<int32_t>(op);
+    k.root = root;
     return k;
   }
 };

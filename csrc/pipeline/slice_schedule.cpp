@@ -29,8 +29,11 @@ const char* phase_name(Phase p) {
 
 PhaseList phases_of(Collective collective, int ranks_per_node) {
   // A barrier is an all-reduce of one byte: every rank's input must be in
-  // before anyone's result is out.
-  if (collective != Collective::kAllReduce && collective != Collective::kBarrier) {
+  // before anyone's result is out.  A broadcast is, for now, a bitwise OR
+  // of the root's bytes with zeros (exact for every dtype; twice the bytes a
+  // dedicated broadcast phase list would move between nodes).
+  if (collective != Collective::kAllReduce && collective != Collective::kBarrier &&
+      collective != Collective::kBroadcast) {
     throw std::invalid_argument(std::string("fairring: no phase list for ") + collective_name(collective));
   }
   if (ranks_per_node == 1) return PhaseList{{Phase::kExchange, Phase::kGather}, 1};
@@ -50,7 +53,8 @@ SliceSchedule::SliceSchedule(const Topology& topo, int slots, NodeSlots& node, M
       mirrors_(slots) {}
 
 const PhaseList& SliceSchedule::list_of(const Slice& s) const {
-  if (s.op->collective != Collective::kAllReduce && s.op->collective != Collective::kBarrier) {
+  if (s.op->collective != Collective::kAllReduce && s.op->collective != Collective::kBarrier &&
+      s.op->collective != Collective::kBroadcast) {
     throw std::logic_error(std::string("fairring: no phase list for ") + collective_name(s.op->collective));
   }
   return allreduce_;

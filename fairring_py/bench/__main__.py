@@ -31,8 +31,9 @@ def parser() -> argparse.ArgumentParser:
     w = p.add_argument_group("workload")
     w.add_argument("--sizes", help="bytes per rank: list '4K,25M', range '4K:256M' (x2 steps) or '4K:256M:4' "
                                    "(x4 steps; default 4K:256M:4; scaling mode: 25M)")
-    w.add_argument("--collective", choices=["all_reduce", "barrier"], default="all_reduce",
-                   help="what to time (default all_reduce; barrier: latency per barrier, no sizes)")
+    w.add_argument("--collective", choices=["all_reduce", "broadcast", "barrier"], default="all_reduce",
+                   help="what to time (default all_reduce; broadcast: from rank 0; barrier: latency per "
+                        "barrier, no sizes)")
     w.add_argument("--inflight", type=int, default=1,
                    help="all-reduces issued async before waiting on them (DDP-like buckets; default 1)")
     w.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
@@ -86,6 +87,7 @@ def build_config(args, p) -> dict:
         p.error(str(e))
     return {
         "job": "barrier" if args.collective == "barrier" else "allreduce",
+        "collective": args.collective,
         "sizes": sizes,
         "inflight": args.inflight,
         "device": args.device,

@@ -24,14 +24,17 @@ def summarize_run(meta: dict, memcpy: dict, backends: List[str], results: List[d
     baseline = backends[1]
     nodes = meta.get("nodes") or 1
     rate = meta.get("link_rate_Bps")
+    # nccl-tests' conventions: a broadcast's bus bandwidth is its algbw; its link
+    # bound (the root node sends every byte once) is not computed here.
+    broadcast = meta.get("collective") == "broadcast"
     rows = []
     for res in results:
-        nbytes = res["size"] * meta["inflight"]  # one timed unit: `inflight` all-reduces
+        nbytes = res["size"] * meta["inflight"]  # one timed unit: `inflight` operations
         stats = [metrics.summarize(ts) for ts in res["times"]]
         base_median = stats[backends.index(baseline)]["median"]
-        bound = metrics.link_bound_s(nbytes, nodes, rate) if rate else None
+        bound = metrics.link_bound_s(nbytes, nodes, rate) if rate and not broadcast else None
         for name, st, reps in zip(backends, stats, res["reps"]):
-            bus = metrics.busbw(nbytes, st["median"], world)
+            bus = metrics.algbw(nbytes, st["median"]) if broadcast else metrics.busbw(nbytes, st["median"], world)
             rows.append({
                 "size_bytes": res["size"], "backend": name, "inflight": meta["inflight"],
                 "reps": reps, "samples": res["samples"],
@@ -59,16 +62,20 @@ def table(summary: dict) -> str:
     m, mc = summary["meta"], summary["memcpy"]
     base = summary["baseline"]
     bounded = any(r["link_bound_s"] for r in summary["rows"])
+    broadcast = m.get("collective") == "broadcast"
     out = [
-        f"all_reduce {m['dtype']} {m['op']} on {m['device']}: {m['world_size']} ranks"
+        (f"broadcast {m['dtype']} from rank 0" if broadcast else f"all_reduce {m['dtype']} {m['op']}")
+        + f" on {m['device']}: {m['world_size']} ranks"
         + (f" = {m['nodes']} node(s) x {m['ranks_per_node']}" if m.get("nodes") else "")
         + f"; fairring topology {m['fairring_topology']}"
         + (f"; netns links {m['link_rate_Bps'] * 8 / 1e9:g} Gbit/s" if m.get("link_rate_Bps") else
            ("; netns, uncapped links" if m.get("netns") else ""))
-        + (f"; {m['inflight']} all-reduces in flight per timed unit" if m["inflight"] > 1 else ""),
+        + (f"; {m['inflight']} {'broadcasts' if broadcast else 'all-reduces'} in flight per timed unit"
+           if m["inflight"] > 1 else ""),
         f"memory copy ({metrics.fmt_size(mc['bytes'])} torch copy_): {mc['alone_Bps'] / GB:.2f} GB/s on one rank "
         f"alone, {mc['concurrent_per_rank_Bps'] / GB:.2f} GB/s per rank with all ranks copying (busbw% uses this)",
-        "time: median (p10-p90) over samples of the slowest rank's time per op; busbw = algbw x 2(P-1)/P",
+        "time: median (p10-p90) over samples of the slowest rank's time per op; busbw = algbw"
+        + ("" if broadcast else " x 2(P-1)/P"),
     ]
     if m.get("link_rate_Bps"):
         out.append(f"link bound = 2(N-1)/N x bytes / link rate; TCP over 1500-byte frames carries at most "

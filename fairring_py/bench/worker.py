@@ -61,8 +61,10 @@ def make_expected(world: int, numel: int, device) -> torch.Tensor:
 # ---------------------------------------------------------------- backends
 
 class TorchBackend:
-    def __init__(self, name, group):
+    def __init__(self, name, group, collective="all_reduce"):
         self.name, self.group = name, group
+        # all_reduce, or broadcast from rank 0
+        self.op = (lambda b, **kw: dist.broadcast(b, src=0, **kw)) if collective == "broadcast" else dist.all_reduce
 
     def prepare(self, bufs):
         return bufs
@@ -70,10 +72,10 @@ class TorchBackend:
     def run(self, bufs, inflight):
         if inflight == 1:
             for b in bufs:
-                dist.all_reduce(b, group=self.group)
+                self.op(b, group=self.group)
             return
         for i in range(0, len(bufs), inflight):
-            works = [dist.all_reduce(b, group=self.group, async_op=True) for b in bufs[i:i + inflight]]
+            works = [self.op(b, group=self.group, async_op=True) for b in bufs[i:i + inflight]]
             for w in works:
                 w.wait()
 
@@ -81,16 +83,20 @@ class TorchBackend:
 class MpiBackend:
     name = "mpi"
 
-    def __init__(self, comm):
+    def __init__(self, comm, collective="all_reduce"):
         from mpi4py import MPI
 
-        self.MPI, self.comm = MPI, comm
+        self.MPI, self.comm, self.collective = MPI, comm, collective
 
     def prepare(self, bufs):
         return [b.numpy() for b in bufs]  # views: MPI reduces the tensors in place
 
     def run(self, arrays, inflight):
         MPI = self.MPI
+        if self.collective == "broadcast":
+            for i in range(0, len(arrays), inflight):
+                MPI.Request.Waitall([self.comm.Ibcast(a, root=0) for a in arrays[i:i + inflight]])
+            return
         if inflight == 1:
             for a in arrays:
                 self.comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
@@ -159,7 +165,10 @@ def sweep_size(ranks, backends, size, cfg) -> dict:
     numel = size // 4
     inflight = cfg["inflight"]
     inp = make_input(ranks.rank, numel, ranks.device)
-    expected = make_expected(ranks.world, numel, ranks.device)
+    if cfg.get("collective") == "broadcast":
+        expected = make_input(0, numel, ranks.device)  # rank 0's data everywhere
+    else:
+        expected = make_expected(ranks.world, numel, ranks.device)
 
     # Warm-up, then calibration on the second group per backend (the first
     # may pay for first-touch memory and connections); both checked.
@@ -198,11 +207,13 @@ def sweep_size(ranks, backends, size, cfg) -> dict:
 
 
 def run_allreduce(ranks: Ranks, cfg: dict) -> int:
-    backends = [TorchBackend("fairring", ranks.fairring), TorchBackend(ranks.baseline_name, ranks.baseline)]
+    collective = cfg.get("collective", "all_reduce")
+    backends = [TorchBackend("fairring", ranks.fairring, collective),
+                TorchBackend(ranks.baseline_name, ranks.baseline, collective)]
     if ranks.mpi_comm is not None:
         if ranks.device.type != "cpu":
             raise SystemExit("fairring bench: --mpi measures CPU tensors only")
-        backends.append(MpiBackend(ranks.mpi_comm))
+        backends.append(MpiBackend(ranks.mpi_comm, collective))
     is0 = ranks.rank == 0
     memcpy = memcpy_bandwidth(ranks)
     sizes = cfg["sizes"]
@@ -225,8 +236,9 @@ def run_allreduce(ranks: Ranks, cfg: dict) -> int:
         meta = run_meta(
             ranks, cfg,
             inflight=cfg["inflight"],
+            collective=collective,
             dtype="float32",
-            op="SUM",
+            op="SUM" if collective == "all_reduce" else None,
             fairring_env={k: v for k, v in os.environ.items() if k.startswith("FAIRRING_")
                           and k != "FAIRRING_NODE_ID"},
             timing="per sample: barrier, reps groups back to back, max over ranks of the per-rank time / reps",
