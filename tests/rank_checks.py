@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import io
 import os
 import socket
 import time
@@ -658,10 +659,16 @@ def sec_broadcast(rank, world, cfg):
         failures.add(f"non-contiguous: got {view.tolist()}")
     if rank != world - 1 and not torch.equal(base[:, 1], torch.arange(40, dtype=torch.float64).reshape(5, 8)[:, 1] * (rank + 1)):
         failures.add("non-contiguous: elements outside the view changed")
-    # They ran on Fairring, not on its gloo group.
-    recent = _cpu_backend().format_recent_ops()
-    if "broadcast" not in recent or "broadcast (gloo)" in recent:
-        failures.add(f"broadcasts did not run natively:\n{recent[-1500:]}")
+    # Small ones run on Fairring, not on its gloo group; between nodes, one over
+    # 1 MiB goes to gloo (the OR all-reduce would be slower there).
+    import fairring_py
+
+    dist.broadcast(torch.zeros(2 << 20), src=0)  # 8 MiB
+    kinds = [r["kind"] for r in fairring_py.dump_recent(file=io.StringIO())[-3:]]
+    nodes = world // cfg["local_ranks"]
+    want = ["broadcast", "broadcast", "broadcast (gloo)" if nodes > 1 else "broadcast"]
+    if kinds != want:
+        failures.add(f"last broadcasts ran as {kinds}, expected {want}")
     # A mismatched root, on a group of its own: an error that says so, everywhere.
     g = dist.new_group(list(range(world)), backend="fairring", timeout=datetime.timedelta(seconds=20))
     sync = dist.new_group(list(range(world)), backend="gloo")

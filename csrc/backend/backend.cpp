@@ -21,6 +21,9 @@ namespace fairring {
 
 namespace {
 
+// Largest broadcast between nodes that runs natively (see broadcast()).
+constexpr int64_t kNativeBroadcastMaxBytes = 1 << 20;
+
 std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 std::string string_of(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 
@@ -289,7 +292,13 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor
   // conjugate or negative views) goes to gloo.
   const bool native = tensors.size() == 1 && opts.rootTensor == 0 && tensors[0].layout() == c10::kStrided &&
                       tensors[0].device().is_cpu() && !tensors[0].is_conj() && !tensors[0].is_neg();
-  if (!native) return delegate("broadcast").broadcast(tensors, opts);
+  // Between nodes the OR all-reduce moves twice a broadcast's bytes: measured
+  // on 2x2 against gloo's broadcast, 0.87x at 4 MiB and 0.88x at 25 MiB,
+  // 1.1x at 1 MiB.  Every rank decides alike (same size).
+  const int64_t bytes = tensors.empty() ? 0 : tensors[0].numel() * static_cast<int64_t>(tensors[0].element_size());
+  if (!native || (topo_.num_nodes > 1 && bytes > kNativeBroadcastMaxBytes)) {
+    return delegate("broadcast").broadcast(tensors, opts);
+  }
   check_same_process("broadcast");
   TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < getSize(), "fairring: broadcast from rank ",
                     opts.rootRank, ", which is not a rank of this group of ", getSize());
