@@ -659,14 +659,16 @@ def sec_broadcast(rank, world, cfg):
         failures.add(f"non-contiguous: got {view.tolist()}")
     if rank != world - 1 and not torch.equal(base[:, 1], torch.arange(40, dtype=torch.float64).reshape(5, 8)[:, 1] * (rank + 1)):
         failures.add("non-contiguous: elements outside the view changed")
-    # Small ones run on Fairring, not on its gloo group; between nodes, one over
-    # 1 MiB goes to gloo (the OR all-reduce would be slower there).
+    # They run on Fairring, not on its gloo group, large ones too (several
+    # slices: rank 0's 8 MiB, distinct per slice, must arrive in place).
     import fairring_py
 
-    dist.broadcast(torch.zeros(2 << 20), src=0)  # 8 MiB
+    big = torch.arange(2 << 20, dtype=torch.float32) * (1 if rank == 0 else -1)
+    dist.broadcast(big, src=0)  # 8 MiB
+    if not torch.equal(big, torch.arange(2 << 20, dtype=torch.float32)):
+        failures.add("8 MiB broadcast: wrong result")
     kinds = [r["kind"] for r in fairring_py.dump_recent(file=io.StringIO())[-3:]]
-    nodes = world // cfg["local_ranks"]
-    want = ["broadcast", "broadcast", "broadcast (gloo)" if nodes > 1 else "broadcast"]
+    want = ["broadcast", "broadcast", "broadcast"]
     if kinds != want:
         failures.add(f"last broadcasts ran as {kinds}, expected {want}")
     # A mismatched root, on a group of its own: an error that says so, everywhere.

@@ -149,5 +149,48 @@ def test_allreduce_phase_list():
     assert phases == ["exchange", "gather"] and front == 1
     # A barrier is an all-reduce of one byte, under its own kind.
     assert _C._phases_for_test("barrier", 2) == _C._phases_for_test("all_reduce", 2)
-    with pytest.raises(ValueError, match="no phase list"):
-        _C._phases_for_test("reduce_scatter", 2)
+    with pytest.raises(ValueError, match="no collective named"):
+        _C._phases_for_test("alltoall", 2)
+
+
+def test_blockwise_phase_lists():
+    """Reduce-scatter stops at the rails (no all-gather half: the result stays
+    with the rank it belongs to); all-gather has no reduction."""
+    phases, front = _C._phases_for_test("reduce_scatter", 2)
+    assert phases == ["acquire", "stage-blocks", "reduce-blocks", "exchange-blocks", "await-own", "release"]
+    assert phases[front - 1] == "exchange-blocks"
+    phases, front = _C._phases_for_test("all_gather", 3)
+    assert phases == ["acquire", "publish-block", "exchange-blocks", "gather-blocks", "release"]
+    assert phases[front - 1] == "exchange-blocks"
+    for name in ("reduce_scatter", "all_gather"):
+        assert _C._phases_for_test(name, 1) == (["exchange-blocks", "await-own"], 1)
+
+
+@pytest.mark.parametrize("numel,elem,k,n,slice_bytes", [
+    (0, 4, 2, 2, 1 << 20), (1, 4, 2, 2, 1 << 20), (1031, 2, 3, 1, 4096), (262147, 4, 2, 2, 65536),
+    (65537, 8, 1, 3, 4096), (100003, 1, 4, 2, 1 << 20),
+])
+def test_blockwise_plan(numel, elem, k, n, slice_bytes):
+    """Slice i is the same piece of every rank's block: the pieces cover a
+    block exactly once, in order; chunk x holds every node's piece of local
+    rank x; the W pieces fit in a slot area (a slice)."""
+    plans = _C._plan_for_test(numel, elem, k, n, slice_bytes=slice_bytes, collective="reduce_scatter")
+    assert plans == _C._plan_for_test(numel, elem, k, n, slice_bytes=slice_bytes, collective="all_gather")
+    at = 0
+    for p in plans:
+        off, c = p["slice"]
+        assert off == at
+        at += c
+        assert k * n * c * elem <= slice_bytes
+        assert p["chunks"] == [(x * n * c, n * c) for x in range(k)]
+        assert p["shards"] == [[(j * c, c) for j in range(n)]] * k
+        assert not p["replicated"]
+    assert at == numel
+    assert len(plans) >= 1  # an empty block still has a slice, so ranks match it
+
+
+def test_blockwise_fits():
+    # A slice holds at least one aligned unit (64 bytes) per rank, and then some.
+    assert _C._blockwise_fits_for_test(4, 8, 4096)
+    assert not _C._blockwise_fits_for_test(4, 64, 4096)
+    assert _C._blockwise_fits_for_test(4, 64, 1 << 20)

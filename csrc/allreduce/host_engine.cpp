@@ -88,8 +88,8 @@ HostEngine::~HostEngine() {
 
 bool HostEngine::runs_inline(const PipelineOp& op) const {
   if (deferred_) return false;  // like a device: the caller never runs the steps
-  const int64_t esize = c10::elementSize(op.dtype);
-  return op.numel * esize <= kInlineMaxBytes && num_slices(op.numel, esize, params()) == 1;
+  const int64_t blocks = blockwise(op.collective) ? topo().size : 1;
+  return op.numel * blocks * c10::elementSize(op.dtype) <= kInlineMaxBytes && slices_of(op) == 1;
 }
 
 void HostEngine::on_failed(const std::string& why) {
@@ -107,7 +107,8 @@ void HostEngine::settle(PipelineOp& base, std::exception_ptr& error) {
   if (error || op.users.empty()) return;
   try {
     at::NoGradGuard no_grad;  // the caller's tensor may be a leaf that requires grad
-    const at::Tensor flat = op.buffer.reshape({-1});
+    // The result: in the buffer, or (blockwise collectives) the output.
+    const at::Tensor flat = (op.output.defined() ? op.output : op.buffer).reshape({-1});
     int64_t offset = 0;
     for (at::Tensor& u : op.users) {
       u.copy_(flat.narrow(0, offset, u.numel()).view(u.sizes()));

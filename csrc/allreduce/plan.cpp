@@ -76,6 +76,48 @@ SlicePlan plan_slice(
   return plan;
 }
 
+bool blockwise(Collective c) { return c == Collective::kReduceScatter || c == Collective::kAllGather; }
+
+namespace {
+// The largest piece of a block in a blockwise slice: W pieces, each at most
+// one aligned unit longer than this (nth_even_range's tail), fit in a slice.
+int64_t piece_elems(int64_t elem_size, int world, const PlanParams& p) {
+  const int64_t align = align_elems(elem_size, p);
+  return std::max(align, (slice_elems(elem_size, p) / world) / align * align - align);
+}
+}  // namespace
+
+bool blockwise_fits(int64_t elem_size, int world, const PlanParams& params) {
+  return world * (piece_elems(elem_size, world, params) + align_elems(elem_size, params)) * elem_size <=
+      params.slice_bytes;
+}
+
+int64_t num_slices(Collective c, int64_t numel, int64_t elem_size, int world, const PlanParams& params) {
+  if (!blockwise(c)) return num_slices(numel, elem_size, params);
+  if (numel <= 0) return 1;
+  return ceil_div(numel, piece_elems(elem_size, world, params));
+}
+
+SlicePlan plan_slice(Collective c, int64_t numel, int64_t elem_size, int64_t index, int ranks_per_node,
+                     int num_nodes, const PlanParams& params) {
+  if (!blockwise(c)) return plan_slice(numel, elem_size, index, ranks_per_node, num_nodes, params);
+  const int world = ranks_per_node * num_nodes;
+  const int64_t slices = num_slices(c, numel, elem_size, world, params);
+  if (index < 0 || index >= slices) {
+    throw std::out_of_range("plan_slice: slice index out of range");
+  }
+  SlicePlan plan;
+  plan.slice = nth_even_range(std::max<int64_t>(numel, 0), slices, align_elems(elem_size, params), index);
+  const int64_t piece = plan.slice.count;
+  for (int x = 0; x < ranks_per_node; ++x) {
+    plan.chunks.push_back(Range{int64_t{x} * num_nodes * piece, num_nodes * piece});
+    std::vector<Range> shards;
+    for (int j = 0; j < num_nodes; ++j) shards.push_back(Range{j * piece, piece});
+    plan.shards.push_back(std::move(shards));
+  }
+  return plan;
+}
+
 int64_t max_shard_bytes(const PlanParams& params, int ranks_per_node, int num_nodes) {
   // A chunk is a 1/K share of a full slice, or below min_chunk_bytes when the
   // slice was too small to use every rank; a shard likewise.  The slack covers

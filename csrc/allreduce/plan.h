@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/op_key.h"
 
 namespace fairring {
 
@@ -55,6 +56,25 @@ SlicePlan plan_slice(
     int ranks_per_node,
     int num_nodes,
     const PlanParams& params);
+
+// Reduce-scatter and all-gather are "blockwise": the big tensor holds one
+// block of `numel` elements per rank (W in all, in rank order) and the small
+// one a single block.  Slice i is the same piece of every block, and the
+// slot areas hold the slice's W pieces grouped by the local rank they belong
+// to: piece (node j, local x) at (x * N + j) * c, c = slice.count.  So chunk
+// x (the pieces of every node's local rank x, reduced or gathered by local
+// rank x) is one range, and shard j of it is node j's piece.
+bool blockwise(Collective c);
+
+// Whether the slot areas (slice_bytes each) hold a blockwise slice of W
+// pieces of this element size (the pieces are at least one aligned unit).
+bool blockwise_fits(int64_t elem_size, int world, const PlanParams& params);
+
+// The slices and the plan of slice `index` of `collective` (the all-reduce's
+// above, or the blockwise cut) on `ranks_per_node` x `num_nodes` ranks.
+int64_t num_slices(Collective c, int64_t numel, int64_t elem_size, int world, const PlanParams& params);
+SlicePlan plan_slice(Collective c, int64_t numel, int64_t elem_size, int64_t index, int ranks_per_node,
+                     int num_nodes, const PlanParams& params);
 
 // An upper bound on the bytes of any shard of any slice plan_slice makes with
 // these parameters, for sizing the reduction servers' staging buffers.

@@ -116,6 +116,14 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
   SliceState* s = st.get();
   const RailTask& t = s->task;
   const int64_t elem = c10::elementSize(t.dtype());
+  const Collective collective = static_cast<Collective>(t.key.collective);
+  if (collective == Collective::kAllGather || collective == Collective::kBroadcast) {
+    start_share(*s, elem);
+    active_.push_back(std::move(st));
+    return;
+  }
+  // A reduce-scatter's result stays with its server.
+  const bool results_back = collective != Collective::kReduceScatter;
   const RailPlan plan = plan_rail(t.shards, topo_.node, topo_.num_nodes);
   const auto now = Clock::now();
 
@@ -124,24 +132,17 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
   for (const RemoteShard& r : plan.remote) {
     Channel& ch = *clients_[r.node];
     const uint64_t bytes = static_cast<uint64_t>(bytes_of(r.shard, elem));
-    char* where = t.chunk + r.shard.offset * elem;
+    char* where = t.shard_at(r.node);
     Channel::Send send;
     send.header = header_for(t, WireKind::kContribution, bytes);
     send.data = where;
     send.on_done = [this, s] { --s->sends_pending; };
     ++s->sends_pending;
     ch.post_send(std::move(send));
-
-    if (!ch.has_pending_recv()) ch.last_recv_progress = now;
-    WireHeader want = header_for(t, WireKind::kResult, bytes);
-    const int peer = ch.peer_rank();
-    const int self = topo_.rank;
-    ch.post_recv({[want, where, peer, self](const WireHeader& got) -> void* {
-                    check_match(got, want, peer, self);
-                    return where;
-                  },
-                  [s] { --s->results_missing; }});
-    ++s->results_missing;
+    if (results_back) {
+      expect(ch, *s, WireKind::kResult, bytes, where, [s] { --s->results_missing; }, now);
+      ++s->results_missing;
+    }
   }
 
   // Server side: the peers' pieces of our shard, if the plan gives us one.
@@ -155,40 +156,67 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
       if (bytes > (*s->staging)[i].size()) {
         throw std::logic_error("fairring: shard larger than its staging buffer (plan bound violated)");
       }
-      Channel& ch = *servers_[i];
-      if (!ch.has_pending_recv()) ch.last_recv_progress = now;
-      WireHeader want = header_for(t, WireKind::kContribution, bytes);
-      const int peer = ch.peer_rank();
-      const int self = topo_.rank;
-      char* dst = (*s->staging)[i].data();
-      ch.post_recv({[want, dst, peer, self](const WireHeader& got) -> void* {
-                      check_match(got, want, peer, self);
-                      return dst;
-                    },
-                    [this, s, elem, bytes, served, contributors] {
-                      if (--s->contributions_missing > 0) return;
-                      // All pieces are in: reduce in node order, send back.
-                      const RailTask& t = s->task;
-                      char* own = t.chunk + served.offset * elem;
-                      std::vector<const void*> inputs(topo_.num_nodes);
-                      for (int n = 0; n < topo_.num_nodes; ++n) {
-                        inputs[n] = (n == topo_.node) ? own : (*s->staging)[n].data();
-                      }
-                      reduce_(t.dtype(), t.op(), own, inputs.data(), topo_.num_nodes, served.count, t.divisor);
-                      for (int n : contributors) {
-                        Channel::Send send;
-                        send.header = header_for(t, WireKind::kResult, bytes);
-                        send.data = own;
-                        send.on_done = [s] { --s->sends_pending; };
-                        ++s->sends_pending;
-                        servers_[n]->post_send(std::move(send));
-                      }
-                      s->served = true;
-                    }});
+      expect(*servers_[i], *s, WireKind::kContribution, bytes, (*s->staging)[i].data(),
+             [this, s, bytes, served, contributors, results_back] {
+               if (--s->contributions_missing > 0) return;
+               // All pieces are in: reduce in node order, send back.
+               const RailTask& t = s->task;
+               char* own = t.shard_at(topo_.node);
+               char* out = t.result ? t.result : own;
+               std::vector<const void*> inputs(topo_.num_nodes);
+               for (int n = 0; n < topo_.num_nodes; ++n) {
+                 inputs[n] = (n == topo_.node) ? own : (*s->staging)[n].data();
+               }
+               reduce_(t.dtype(), t.op(), out, inputs.data(), topo_.num_nodes, served.count, t.divisor);
+               for (int n : results_back ? contributors : std::vector<int>{}) {
+                 Channel::Send send;
+                 send.header = header_for(t, WireKind::kResult, bytes);
+                 send.data = out;
+                 send.on_done = [s] { --s->sends_pending; };
+                 ++s->sends_pending;
+                 servers_[n]->post_send(std::move(send));
+               }
+               s->served = true;
+             },
+             now);
       ++s->contributions_missing;
     }
   }
   active_.push_back(std::move(st));
+}
+
+void RailStage::start_share(SliceState& s, int64_t elem) {
+  // Our shard goes to every other node (as a contribution to its server
+  // side), and each node's shard comes in from it: each byte crosses each
+  // link once.  (A broadcast's shards are empty but on the root's node: the
+  // empty messages carry the key, so ranks naming different roots are told.)
+  const RailTask& t = s.task;
+  const auto now = Clock::now();
+  for (int n = 0; n < topo_.num_nodes; ++n) {
+    if (n == topo_.node) continue;
+    Channel::Send send;
+    send.header = header_for(t, WireKind::kContribution, bytes_of(t.shards[topo_.node], elem));
+    send.data = t.shard_at(topo_.node);
+    send.on_done = [&s] { --s.sends_pending; };
+    ++s.sends_pending;
+    clients_[n]->post_send(std::move(send));
+    expect(*servers_[n], s, WireKind::kContribution, bytes_of(t.shards[n], elem), t.shard_at(n),
+           [&s] { --s.contributions_missing; }, now);
+    ++s.contributions_missing;
+  }
+}
+
+void RailStage::expect(Channel& ch, SliceState& s, WireKind kind, uint64_t bytes, char* into,
+                       std::function<void()> on_done, Clock::time_point now) {
+  if (!ch.has_pending_recv()) ch.last_recv_progress = now;
+  WireHeader want = header_for(s.task, kind, bytes);
+  const int peer = ch.peer_rank();
+  const int self = topo_.rank;
+  ch.post_recv({[want, into, peer, self](const WireHeader& got) -> void* {
+                  check_match(got, want, peer, self);
+                  return into;
+                },
+                std::move(on_done)});
 }
 
 void RailStage::maybe_finish() {

@@ -58,6 +58,12 @@ class RailStage : public RailExchange {
   struct SliceState;
   void loop();
   void start(std::unique_ptr<SliceState> state);
+  // All-gather and broadcast: each node's shard to every other node.
+  void start_share(SliceState& s, int64_t elem);
+  // Posts the receive of the slice's next `kind` message from `ch`'s peer
+  // (checked against what we expect) into `into`.
+  void expect(Channel& ch, SliceState& s, WireKind kind, uint64_t bytes, char* into, std::function<void()> on_done,
+              Clock::time_point now);
   void maybe_finish();
   void wake();
   void send_aborts(const std::string& why);

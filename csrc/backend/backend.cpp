@@ -3,6 +3,8 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <ATen/MemoryOverlap.h>
+
 #include <algorithm>
 
 #include "allreduce/cuda_engine.h"
@@ -21,8 +23,11 @@ namespace fairring {
 
 namespace {
 
-// Largest broadcast between nodes that runs natively (see broadcast()).
-constexpr int64_t kNativeBroadcastMaxBytes = 1 << 20;
+// What the CPU pipeline runs: dense tensors in host memory.
+bool dense_cpu(const std::vector<at::Tensor>& tensors) {
+  return std::all_of(tensors.begin(), tensors.end(),
+                     [](const at::Tensor& t) { return t.layout() == c10::kStrided && t.device().is_cpu(); });
+}
 
 std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 std::string string_of(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
@@ -172,10 +177,6 @@ void FairringBackend::check_same_process(const char* what) const {
               "Create a new process group in the child.");
 }
 
-std::string FairringBackend::op_size(const PipelineOp& op) {
-  return std::to_string(op.numel) + " elements of " + dtype_name(op.dtype) + " with " + redop_name(op.op);
-}
-
 std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind, std::string what, int64_t bytes,
                                                               std::function<void(std::exception_ptr)> done) {
   auto recent = recent_;
@@ -267,15 +268,67 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_cpu(std::shared_ptr<Allre
                                                            std::vector<at::Tensor> outputs, const char* kind,
                                                            const char* title) {
   auto work = c10::make_intrusive<FairringWork>(getRank(), type, std::move(outputs), title);
-  const std::string what = op->collective == Collective::kAllReduce ? op_size(*op)
-                           : op->collective == Collective::kBroadcast
-                               ? std::to_string(op->numel) + " bytes from rank " + std::to_string(op->root)
-                               : std::string();
-  op->on_complete = track(kind, what, op->numel * c10::elementSize(op->dtype),
+  const int64_t blocks = blockwise(op->collective) ? getSize() : 1;
+  op->on_complete = track(kind, describe_args(op->key()), op->numel * blocks * c10::elementSize(op->dtype),
                           [work](std::exception_ptr error) { work->mark_done(error); });
   op->after_complete = [work](std::exception_ptr error) { work->complete_future(error); };
   engine_->submit(std::move(op));
   return work;
+}
+
+c10::intrusive_ptr<c10d::Work> FairringBackend::blockwise_cpu(Collective collective,
+                                                              const std::vector<at::Tensor>& inputs,
+                                                              const std::vector<at::Tensor>& outputs, RedOp redop,
+                                                              c10d::OpType type) {
+  const bool scatter = collective == Collective::kReduceScatter;
+  const char* kind = collective_name(collective);
+  check_same_process(kind);
+  const int world = getSize();
+  // The tensors read, as one contiguous buffer (a copy if several or strided).
+  ReduceInput in = scatter ? prepare_reduce_input(inputs, redop, kind) : prepare_input(inputs, kind);
+  int64_t out_numel = 0;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const at::Tensor& t = outputs[i];
+    TORCH_CHECK(t.scalar_type() == inputs[0].scalar_type(), "fairring: ", kind, " needs outputs of the input's dtype (",
+                dtype_name(inputs[0].scalar_type()), "), but output ", i, " is ", dtype_name(t.scalar_type()));
+    TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "fairring: ", kind,
+                " into a tensor whose elements share memory (sizes ", t.sizes(), ", strides ", t.strides(),
+                "): clone() it first");
+    out_numel += t.numel() * (t.is_complex() ? 2 : 1);
+  }
+  const int64_t big = scatter ? in.numel : out_numel;
+  const int64_t small = scatter ? out_numel : in.numel;
+  TORCH_CHECK(big == small * world, "fairring: ", kind, " on ", world, " ranks needs ",
+              scatter ? "an input of world size times the output's elements" : "an output of world size times the input's elements",
+              ", but the input has ", in.numel, " and the output ", out_numel, " (real elements)");
+  PlanParams params;
+  params.slice_bytes = config_.slice_size;
+  TORCH_CHECK(blockwise_fits(c10::elementSize(in.dtype), world, params), "fairring: ", kind, " on ", world,
+              " ranks does not fit a slice of FAIRRING_SLICE_SIZE=", config_.slice_size, " bytes; raise it");
+
+  auto op = std::make_shared<AllreduceOp>();
+  op->collective = collective;
+  op->buffer = std::move(in.buffer);
+  op->dtype = in.dtype;
+  op->op = scatter ? redop : RedOp::kSum;
+  op->numel = small;
+  // The result goes straight into the caller's tensor when it is one plain
+  // contiguous tensor that is not the input, or is exactly this rank's block
+  // of it (in place, as FSDP does it); otherwise into a stand-in copied back.
+  const at::Tensor& out = outputs[0];
+  const int64_t esize = c10::elementSize(in.dtype);
+  const char* out_at = static_cast<const char*>(out.data_ptr());
+  const char* in_at = static_cast<const char*>(op->buffer.data_ptr());
+  const bool own_block = scatter ? out_at == in_at + getRank() * small * esize
+                                 : in_at == out_at + getRank() * small * esize;
+  const bool plain = outputs.size() == 1 && out.is_contiguous() && !out.is_conj() && !out.is_neg();
+  if (plain && (!out.is_alias_of(op->buffer) || own_block)) {
+    op->output = out;
+  } else {
+    op->output = at::empty({out_numel / (out.is_complex() ? 2 : 1)}, out.options());
+    op->users = outputs;
+  }
+  return submit_cpu(std::move(op), type, outputs, kind, scatter ? "fairring:reduce_scatter" : "fairring:all_gather");
 }
 
 c10d::Backend& FairringBackend::delegate(const char* kind) {
@@ -290,38 +343,26 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor
                                                           const c10d::BroadcastOptions& opts) {
   // One dense CPU tensor is native; the rest (several tensors, CUDA, sparse,
   // conjugate or negative views) goes to gloo.
-  const bool native = tensors.size() == 1 && opts.rootTensor == 0 && tensors[0].layout() == c10::kStrided &&
-                      tensors[0].device().is_cpu() && !tensors[0].is_conj() && !tensors[0].is_neg();
-  // Between nodes the OR all-reduce moves twice a broadcast's bytes: measured
-  // on 2x2 against gloo's broadcast, 0.87x at 4 MiB and 0.88x at 25 MiB,
-  // 1.1x at 1 MiB.  Every rank decides alike (same size).
-  const int64_t bytes = tensors.empty() ? 0 : tensors[0].numel() * static_cast<int64_t>(tensors[0].element_size());
-  if (!native || (topo_.num_nodes > 1 && bytes > kNativeBroadcastMaxBytes)) {
-    return delegate("broadcast").broadcast(tensors, opts);
-  }
+  const bool native = tensors.size() == 1 && opts.rootTensor == 0 && dense_cpu(tensors) && !tensors[0].is_conj() &&
+                      !tensors[0].is_neg();
+  if (!native) return delegate("broadcast").broadcast(tensors, opts);
   check_same_process("broadcast");
   TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < getSize(), "fairring: broadcast from rank ",
                     opts.rootRank, ", which is not a rank of this group of ", getSize());
-  // The root's bytes OR everyone else's zeros, through the all-reduce's
-  // pipeline: the result is the root's bytes exactly, whatever the dtype.
+  // The tensor's bytes, whatever its dtype: the root's reach every rank
+  // exactly (pipeline/slice_schedule.h, the broadcast's phases).
   const at::Tensor& t = tensors[0];
   auto op = std::make_shared<AllreduceOp>();
   op->collective = Collective::kBroadcast;
   op->root = static_cast<int32_t>(opts.rootRank);
-  if (getRank() == opts.rootRank) {
-    op->buffer = t.contiguous();  // the result is its own bytes: no copy back
-  } else if (t.is_contiguous()) {
-    // Its contents are undefined until the broadcast completes: zeroed in
-    // place, it is the op's buffer (no second allocation, no copy back).
-    at::NoGradGuard no_grad;  // it may be a leaf that requires grad
-    op->buffer = t;
-    op->buffer.zero_();
+  if (getRank() == opts.rootRank || t.is_contiguous()) {
+    op->buffer = t.contiguous();  // the root's is only read
   } else {
-    op->buffer = at::zeros({t.numel()}, t.options());
+    op->buffer = at::empty({t.numel()}, t.options());
     op->users = {t};  // receives the result
   }
   op->dtype = at::kByte;
-  op->op = RedOp::kBor;
+  op->op = RedOp::kSum;  // compared between ranks, not applied
   op->numel = t.numel() * static_cast<int64_t>(t.element_size());
   return submit_cpu(std::move(op), c10d::OpType::BROADCAST, tensors, "broadcast", "fairring:broadcast");
 }
@@ -332,21 +373,47 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::reduce(std::vector<at::Tensor>& 
 c10::intrusive_ptr<c10d::Work> FairringBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::AllgatherOptions& opts) {
-  return delegate("allgather").allgather(outputs, inputs, opts);
+  // Native when every output has the input's size; uneven lists go to gloo.
+  if (outputs.size() != 1 || inputs.size() != 1 || !dense_cpu(inputs) || !dense_cpu(outputs[0]) ||
+      !std::all_of(outputs[0].begin(), outputs[0].end(),
+                   [&](const at::Tensor& t) { return t.numel() == inputs[0].numel(); })) {
+    return delegate("allgather").allgather(outputs, inputs, opts);
+  }
+  return blockwise_cpu(Collective::kAllGather, inputs, outputs[0], RedOp::kSum, c10d::OpType::ALLGATHER);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                 const c10d::AllgatherOptions& opts) {
-  return delegate("_allgather_base")._allgather_base(output, input, opts);
+  if (!dense_cpu({output, input})) return delegate("_allgather_base")._allgather_base(output, input, opts);
+  return blockwise_cpu(Collective::kAllGather, {input}, {output}, RedOp::kSum, c10d::OpType::_ALLGATHER_BASE);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                     std::vector<at::Tensor>& inputs,
                                                                     const c10d::AllgatherOptions& opts) {
-  return delegate("allgather_coalesced").allgather_coalesced(outputs, inputs, opts);
+  // outputs[r][i] receives rank r's inputs[i]: one all-gather of the
+  // flattened inputs, whose block r is outputs[r] flattened.
+  std::vector<at::Tensor> flat_out;
+  bool even = static_cast<int>(outputs.size()) == getSize() && dense_cpu(inputs);
+  for (size_t r = 0; even && r < outputs.size(); ++r) {
+    even = outputs[r].size() == inputs.size() && dense_cpu(outputs[r]);
+    for (size_t i = 0; even && i < inputs.size(); ++i) even = outputs[r][i].numel() == inputs[i].numel();
+    flat_out.insert(flat_out.end(), outputs[r].begin(), outputs[r].end());
+  }
+  if (!even || inputs.empty()) return delegate("allgather_coalesced").allgather_coalesced(outputs, inputs, opts);
+  return blockwise_cpu(Collective::kAllGather, inputs, flat_out, RedOp::kSum, c10d::OpType::ALLGATHER_COALESCED);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                 std::vector<at::Tensor>& inputs,
                                                                                 const c10d::AllgatherOptions& opts) {
-  return delegate("allgather_into_tensor_coalesced").allgather_into_tensor_coalesced(outputs, inputs, opts);
+  if (outputs.empty() || outputs.size() != inputs.size() || !dense_cpu(outputs) || !dense_cpu(inputs)) {
+    return delegate("allgather_into_tensor_coalesced").allgather_into_tensor_coalesced(outputs, inputs, opts);
+  }
+  // One all-gather per pair, in order; the last one completes after the others.
+  c10::intrusive_ptr<c10d::Work> last;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    last = blockwise_cpu(Collective::kAllGather, {inputs[i]}, {outputs[i]}, RedOp::kSum,
+                         c10d::OpType::COALESCED);
+  }
+  return last;
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs,
@@ -361,15 +428,35 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::scatter(std::vector<at::Tensor>&
 c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                std::vector<std::vector<at::Tensor>>& inputs,
                                                                const c10d::ReduceScatterOptions& opts) {
-  return delegate("reduce_scatter").reduce_scatter(outputs, inputs, opts);
+  // inputs[0][r] is reduced into rank r's output: one reduce-scatter of the
+  // inputs flattened.  Uneven lists go to gloo.
+  if (outputs.size() != 1 || inputs.size() != 1 || !dense_cpu(outputs) || !dense_cpu(inputs[0]) ||
+      static_cast<int>(inputs[0].size()) != getSize() ||
+      !std::all_of(inputs[0].begin(), inputs[0].end(),
+                   [&](const at::Tensor& t) { return t.numel() == outputs[0].numel(); })) {
+    return delegate("reduce_scatter").reduce_scatter(outputs, inputs, opts);
+  }
+  return blockwise_cpu(Collective::kReduceScatter, inputs[0], outputs,
+                       to_redop(opts.reduceOp, outputs[0].scalar_type()), c10d::OpType::REDUCE_SCATTER);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                      const c10d::ReduceScatterOptions& opts) {
-  return delegate("_reduce_scatter_base")._reduce_scatter_base(output, input, opts);
+  if (!dense_cpu({output, input})) return delegate("_reduce_scatter_base")._reduce_scatter_base(output, input, opts);
+  return blockwise_cpu(Collective::kReduceScatter, {input}, {output}, to_redop(opts.reduceOp, input.scalar_type()),
+                       c10d::OpType::_REDUCE_SCATTER_BASE);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  return delegate("reduce_scatter_tensor_coalesced").reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  if (outputs.empty() || outputs.size() != inputs.size() || !dense_cpu(outputs) || !dense_cpu(inputs)) {
+    return delegate("reduce_scatter_tensor_coalesced").reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  }
+  // One reduce-scatter per pair, in order; the last one completes after the others.
+  c10::intrusive_ptr<c10d::Work> last;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    last = blockwise_cpu(Collective::kReduceScatter, {inputs[i]}, {outputs[i]},
+                         to_redop(opts.reduceOp, inputs[i].scalar_type()), c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED);
+  }
+  return last;
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                               std::vector<int64_t>& output_splits,

@@ -1,6 +1,8 @@
 // FairringBackend: the c10d::Backend that torch.distributed talks to.  It runs
-// all-reduce itself (allreduce/host_engine.h) and hands every other collective to a
-// gloo backend it owns, after the all-reduces issued before it have finished.
+// all-reduce, reduce-scatter, all-gather, broadcast and barrier itself
+// (pipeline/, allreduce/host_engine.h; CUDA: all-reduce) and hands every other
+// collective to a gloo backend it owns, after the ops issued before it have
+// finished.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -51,10 +53,11 @@ class FairringBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceCoalescedOptions& opts) override;
 
-  // Native for one dense CPU tensor; otherwise delegated to gloo.
+  // Native for dense CPU tensors (reduce-scatter and all-gather: every form
+  // whose blocks have equal sizes; broadcast: one tensor); otherwise gloo.
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
-  // Delegated to gloo.
+  // reduce, gather, scatter, all-to-all, send/recv: delegated to gloo.
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -117,8 +120,6 @@ class FairringBackend : public c10d::Backend {
   c10d::Backend& delegate(const char* kind);
   // Numbers a native op, records it in recent_ and wraps its completion
   // (`done`) to record how it ended.
-  // "1000 elements of float32 with SUM" (complex: its real view), for logs.
-  static std::string op_size(const PipelineOp& op);
   std::function<void(std::exception_ptr)> track(const char* kind, std::string what, int64_t bytes,
                                                 std::function<void(std::exception_ptr)> done);
   // Throws if called in a fork()ed child of the process that built the group.
@@ -128,6 +129,10 @@ class FairringBackend : public c10d::Backend {
   // FAIRRING_DEBUG=2: the options, topology and rails this rank ended up with.
   void log_setup() const;
   c10::intrusive_ptr<c10d::Work> allreduce_cpu(std::vector<at::Tensor>& tensors, RedOp op, c10d::OpType type);
+  // Reduce-scatter or all-gather (plan.h "blockwise") of dense CPU tensors:
+  // `inputs` flattened are read, `outputs` flattened receive the result.
+  c10::intrusive_ptr<c10d::Work> blockwise_cpu(Collective collective, const std::vector<at::Tensor>& inputs,
+                                               const std::vector<at::Tensor>& outputs, RedOp op, c10d::OpType type);
   // Every native CPU collective, once: its Work (`outputs`, profiler title
   // "fairring:<kind>"), its record in recent_ops, and the op on the pipeline.
   c10::intrusive_ptr<c10d::Work> submit_cpu(std::shared_ptr<AllreduceOp> op, c10d::OpType type,

@@ -64,7 +64,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_device(at::Tensor& t, 
   if (rec != cudaSuccess) cudaEventDestroy(aop->ready);
   cuda_check(rec, "cudaEventRecord on the caller's stream");
   // No recordStream: the engine holds the op's tensors until its device work is over.
-  aop->on_complete = track("all_reduce (CUDA)", op_size(*aop),
+  aop->on_complete = track("all_reduce (CUDA)", describe_args(aop->key()),
                            in.buffer.nbytes(), [work](std::exception_ptr error) { work->mark_done(error); });
   aop->after_complete = [work](std::exception_ptr error, const c10::cuda::CUDAStream& stream) {
     work->complete_future(error, stream);

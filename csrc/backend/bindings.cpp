@@ -142,18 +142,26 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_split_even_for_test", [](int64_t count, int parts, int64_t align) {
     return ranges(split_even(count, parts, align));
   });
+  // A collective by its name ("all_reduce", "reduce_scatter", ...).
+  const auto collective_named = [](const std::string& name) {
+    for (int32_t c = 1; c <= static_cast<int32_t>(Collective::kAllGather); ++c) {
+      if (name == collective_name(static_cast<Collective>(c))) return static_cast<Collective>(c);
+    }
+    throw std::invalid_argument("fairring: no collective named " + name);
+  };
   m.def(
       "_plan_for_test",
-      [](int64_t numel, int64_t elem_size, int ranks_per_node, int num_nodes, int64_t slice_bytes,
-         int64_t min_chunk_bytes, int64_t min_shard_bytes) {
+      [collective_named](int64_t numel, int64_t elem_size, int ranks_per_node, int num_nodes, int64_t slice_bytes,
+                         int64_t min_chunk_bytes, int64_t min_shard_bytes, const std::string& collective) {
+        const Collective c = collective_named(collective);
         PlanParams p;
         p.slice_bytes = slice_bytes;
         p.min_chunk_bytes = min_chunk_bytes;
         p.min_shard_bytes = min_shard_bytes;
         py::list slices;
-        const int64_t n = num_slices(numel, elem_size, p);
+        const int64_t n = num_slices(c, numel, elem_size, ranks_per_node * num_nodes, p);
         for (int64_t i = 0; i < n; ++i) {
-          SlicePlan s = plan_slice(numel, elem_size, i, ranks_per_node, num_nodes, p);
+          SlicePlan s = plan_slice(c, numel, elem_size, i, ranks_per_node, num_nodes, p);
           py::dict d;
           d["slice"] = py::make_tuple(s.slice.offset, s.slice.count);
           d["chunks"] = ranges(s.chunks);
@@ -167,7 +175,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       py::arg("numel"), py::arg("elem_size"), py::arg("ranks_per_node"), py::arg("num_nodes"),
       py::arg("slice_bytes") = PlanParams().slice_bytes, py::arg("min_chunk_bytes") = PlanParams().min_chunk_bytes,
-      py::arg("min_shard_bytes") = PlanParams().min_shard_bytes);
+      py::arg("min_shard_bytes") = PlanParams().min_shard_bytes, py::arg("collective") = "all_reduce");
+  m.def("_blockwise_fits_for_test", [](int64_t elem_size, int world, int64_t slice_bytes) {
+    PlanParams p;
+    p.slice_bytes = slice_bytes;
+    return blockwise_fits(elem_size, world, p);
+  });
 
   // The rail exchange of a chunk with these shards, seen from `node`.
   m.def("_rail_walk_for_test", [](const std::vector<std::pair<int64_t, int64_t>>& shards, int node, int num_nodes) {
@@ -185,18 +198,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
 
   // The phase list of a collective (by name) on a node of `ranks_per_node`.
-  m.def("_phases_for_test", [](const std::string& collective, int ranks_per_node) {
-    Collective c;
-    if (collective == "all_reduce") {
-      c = Collective::kAllReduce;
-    } else if (collective == "barrier") {
-      c = Collective::kBarrier;
-    } else if (collective == "broadcast") {
-      c = Collective::kBroadcast;
-    } else {
-      throw std::invalid_argument("fairring: no phase list for " + collective);
-    }
-    const PhaseList l = phases_of(c, ranks_per_node);
+  m.def("_phases_for_test", [collective_named](const std::string& collective, int ranks_per_node) {
+    const PhaseList l = phases_of(collective_named(collective), ranks_per_node);
     std::vector<std::string> names;
     for (Phase p : l.phases) names.push_back(phase_name(p));
     return py::make_tuple(names, l.front);

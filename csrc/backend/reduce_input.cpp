@@ -7,18 +7,18 @@
 
 namespace fairring {
 
-ReduceInput prepare_reduce_input(const std::vector<at::Tensor>& tensors, RedOp op) {
-  TORCH_CHECK(!tensors.empty(), "fairring: all_reduce got an empty list of tensors");
+ReduceInput prepare_input(const std::vector<at::Tensor>& tensors, const char* kind) {
+  TORCH_CHECK(!tensors.empty(), "fairring: ", kind, " got an empty list of tensors");
   const at::Tensor& first = tensors[0];
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
     TORCH_CHECK(t.scalar_type() == first.scalar_type() && t.device() == first.device(),
-                "fairring: all_reduce_coalesced needs one dtype and device, but tensor 0 is ",
+                "fairring: ", kind, " of several tensors needs one dtype and device, but tensor 0 is ",
                 dtype_name(first.scalar_type()), " on ", first.device().str(), " and tensor ", i, " is ",
                 dtype_name(t.scalar_type()), " on ", t.device().str());
     // The result would be written into one element several times, once
     // per alias, with no single right answer.
-    TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "fairring: all_reduce of a tensor whose ",
+    TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "fairring: ", kind, " of a tensor whose ",
                 "elements share memory (an expanded or overlapping view, e.g. stride 0; sizes ", t.sizes(),
                 ", strides ", t.strides(), "): clone() it first");
   }
@@ -41,13 +41,18 @@ ReduceInput prepare_reduce_input(const std::vector<at::Tensor>& tensors, RedOp o
   in.dtype = in.buffer.scalar_type();
   in.numel = in.buffer.numel();
   if (in.buffer.is_complex()) {
-    TORCH_CHECK(op == RedOp::kSum || op == RedOp::kAvg,
-                "fairring: all_reduce of complex tensors supports SUM and AVG only, got ", redop_name(op));
     in.dtype = c10::toRealValueType(in.dtype);
     in.numel *= 2;
   }
+  return in;
+}
+
+ReduceInput prepare_reduce_input(const std::vector<at::Tensor>& tensors, RedOp op, const char* kind) {
+  ReduceInput in = prepare_input(tensors, kind);
+  TORCH_CHECK(!in.buffer.is_complex() || op == RedOp::kSum || op == RedOp::kAvg, "fairring: ", kind,
+              " of complex tensors supports SUM and AVG only, got ", redop_name(op));
   const std::string why = reduce_unsupported_reason(in.dtype, op);
-  TORCH_CHECK(why.empty(), "fairring: all_reduce", (first.is_cuda() ? " of a CUDA tensor" : ""), ": ", why);
+  TORCH_CHECK(why.empty(), "fairring: ", kind, (tensors[0].is_cuda() ? " of a CUDA tensor" : ""), ": ", why);
   return in;
 }
 

@@ -23,6 +23,9 @@ struct ReduceInput {
 // one buffer.  Throws a c10::Error that names the problem for what cannot be
 // reduced: elements that share memory (expanded or overlapping views),
 // mixed dtypes, an op the dtype does not support.
-ReduceInput prepare_reduce_input(const std::vector<at::Tensor>& tensors, RedOp op);
+// `kind` names the collective in the errors.
+ReduceInput prepare_reduce_input(const std::vector<at::Tensor>& tensors, RedOp op, const char* kind = "all_reduce");
+// The same checks and buffer, for a collective that only moves the data.
+ReduceInput prepare_input(const std::vector<at::Tensor>& tensors, const char* kind);
 
 }  // namespace fairring

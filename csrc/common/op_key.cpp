@@ -14,17 +14,29 @@ const char* collective_name(Collective c) {
     case Collective::kAllReduce: return "all_reduce";
     case Collective::kBarrier: return "barrier";
     case Collective::kBroadcast: return "broadcast";
+    case Collective::kReduceScatter: return "reduce_scatter";
+    case Collective::kAllGather: return "all_gather";
   }
   return "collective";
 }
 
-std::string describe(const OpKey& k) {
-  if (static_cast<Collective>(k.collective) == Collective::kBroadcast) {
-    return "broadcast of " + std::to_string(k.numel) + " bytes from rank " + std::to_string(k.root);
+std::string describe_args(const OpKey& k) {
+  const std::string elements = std::to_string(k.numel) + " elements of " +
+      dtype_name(static_cast<c10::ScalarType>(k.dtype));
+  const std::string with = std::string(" with ") + redop_name(static_cast<RedOp>(k.op));
+  switch (static_cast<Collective>(k.collective)) {
+    case Collective::kBroadcast: return std::to_string(k.numel) + " bytes from rank " + std::to_string(k.root);
+    case Collective::kBarrier: return "";
+    case Collective::kAllGather: return elements + " per rank";
+    case Collective::kReduceScatter: return elements + " per rank" + with;
+    case Collective::kAllReduce: break;
   }
-  return std::string(collective_name(static_cast<Collective>(k.collective))) + " of " + std::to_string(k.numel) +
-      " elements of " + dtype_name(static_cast<c10::ScalarType>(k.dtype)) + " with " +
-      redop_name(static_cast<RedOp>(k.op));
+  return elements + with;
+}
+
+std::string describe(const OpKey& k) {
+  const std::string args = describe_args(k);
+  return std::string(collective_name(static_cast<Collective>(k.collective))) + (args.empty() ? "" : " of " + args);
 }
 
 namespace {

@@ -10,20 +10,19 @@
 
 namespace fairring {
 
-// Only all_reduce runs natively today; reduce_scatter, all_gather and
-// broadcast are next (DESIGN.md): new phase lists with their own kind, so a
-// rank that issued one against a peer's all_reduce gets a clear mismatch.
 // The collective an op is, compared between ranks (slot and wire headers).
 // kBarrier travels as an all-reduce of one byte and kBroadcast as a bitwise
 // OR of the root's bytes with everyone else's zeros, but each is its own kind
 // so that it is reported as the mismatch it is against an all-reduce.
-enum class Collective : int32_t { kAllReduce = 1, kBarrier = 2, kBroadcast = 3 };
+// kReduceScatter and kAllGather move one block of `numel` elements per rank
+// (plan.h: "blockwise"), each with its own phase list.
+enum class Collective : int32_t { kAllReduce = 1, kBarrier = 2, kBroadcast = 3, kReduceScatter = 4, kAllGather = 5 };
 
 const char* collective_name(Collective c);
 
 struct OpKey {
   uint64_t op_seq = 0;  // issue order on the group (per engine)
-  int64_t numel = 0;    // elements of the whole tensor
+  int64_t numel = 0;    // elements of the whole tensor (blockwise collectives: of one rank's block)
   int32_t collective = 0;
   int32_t dtype = 0;    // c10::ScalarType
   int32_t op = 0;       // RedOp
@@ -39,6 +38,8 @@ inline bool operator!=(const OpKey& a, const OpKey& b) { return !(a == b); }
 // "all_reduce of 1000 elements of float32 with SUM".  Complex tensors travel
 // as their real view (twice the elements).
 std::string describe(const OpKey& k);
+// The same without the collective's name: "1000 elements of float32 with SUM".
+std::string describe_args(const OpKey& k);
 
 // Throws the error users see when ranks issued different collectives: rank
 // `self` has `mine`, rank `peer` has `theirs`.  `device`: "" or "CUDA ".

@@ -115,12 +115,17 @@ void Pipeline::submit(std::shared_ptr<PipelineOp> op) {
   work_cv_.notify_all();
 }
 
+int64_t Pipeline::slices_of(const PipelineOp& op) const {
+  return num_slices(op.collective, op.numel, c10::elementSize(op.dtype), topo_.size, params_);
+}
+
 Slice Pipeline::make_slice(const std::shared_ptr<PipelineOp>& op, int64_t index) {
   Slice s;
   s.op = op;
   s.index = index;
   s.seq = next_slice_seq_++;
-  s.plan = plan_slice(op->numel, c10::elementSize(op->dtype), index, topo_.ranks_per_node, topo_.num_nodes, params_);
+  s.plan = plan_slice(op->collective, op->numel, c10::elementSize(op->dtype), index, topo_.ranks_per_node,
+                      topo_.num_nodes, params_);
   return s;
 }
 
@@ -245,7 +250,6 @@ void Pipeline::loop() {
   int64_t next_index = 0;
   int64_t cur_slices = 0;
   const size_t lag = static_cast<size_t>(num_slots() - 1);
-  auto slices_of = [&](const PipelineOp& op) { return num_slices(op.numel, c10::elementSize(op.dtype), params_); };
   try {
     on_loop_start();
     for (;;) {

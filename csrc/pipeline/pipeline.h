@@ -93,6 +93,7 @@ class Pipeline {
   const Config& config() const { return config_; }
   const PlanParams& params() const { return params_; }
   int num_slots() const { return config_.parallelism; }
+  int64_t slices_of(const PipelineOp& op) const;
   NodeArena& arena() { return *arena_; }
   NodeSlots& slots() { return *slots_; }
 

@@ -27,6 +27,16 @@ struct RailTask {
   char* chunk = nullptr;       // this rank's node-reduced chunk; results land here too
   std::vector<Range> shards;   // in chunk (elements); shard j is served by node j
   int64_t divisor = 0;         // applied by the server (AVG)
+  // Blockwise collectives (plan.h), by key.collective:
+  //   reduce-scatter: each shard goes to its server, which reduces them into
+  //     `result`; nothing comes back.
+  //   all-gather: our shard goes to every node; node j's lands in shard j.
+  // Where shard j is, when not at `chunk` + its offset (empty: at the offset).
+  std::vector<char*> pieces;
+  char* result = nullptr;
+  char* shard_at(int j) const {
+    return pieces.empty() ? chunk + shards[j].offset * static_cast<int64_t>(c10::elementSize(dtype())) : pieces[j];
+  }
 };
 
 class RailExchange {

@@ -19,7 +19,30 @@
 //
 // A node of one rank skips the node phases.  A small slice on one node is
 // "replicated": every rank reduces all of it and nothing is gathered.
+//
+// The blockwise collectives (plan.h: slice i is piece i of every rank's block;
+// in the slot areas chunk x holds the pieces of every node's local rank x):
+//
+// reduce-scatter: acquire, stage-blocks (our W pieces into our input area, by
+//   chunk), reduce-blocks (chunk `me` of every input area: the node's sum of
+//   our rail's pieces), exchange-blocks (each piece to the node it belongs
+//   to, whose rank reduces them into its output; one node: it is the output
+//   already) | await-own, release.
+// all-gather: acquire, publish-block (our piece into our chunk of the output
+//   area), exchange-blocks (our piece to every node, theirs into our chunk)
+//   | gather-blocks (every chunk into the output), release.
+// On a node of one rank both are exchange-blocks | await-own, straight
+// between the tensors and the rails.
+//
+// broadcast: acquire, publish-root (the root copies the slice into its input
+//   area; everyone says it is there), exchange-root (between nodes, local rank
+//   x takes chunk x: from the root's input area to every other node on the
+//   root's node, into its output area elsewhere) | gather-root (the root's
+//   input area, or every chunk, into the tensor), release.  A node of one
+//   rank: exchange-root | gather-root, between the tensor and the rails.
 #pragma once
+
+#include <ATen/ATen.h>
 
 #include <chrono>
 #include <cstdint>
@@ -34,7 +57,11 @@
 
 namespace fairring {
 
-enum class Phase { kAcquire, kPublishInput, kReduceChunk, kExchange, kGather, kRelease };
+enum class Phase {
+  kAcquire, kPublishInput, kReduceChunk, kExchange, kGather, kRelease,
+  kStageBlocks, kReduceBlocks, kPublishBlock, kExchangeBlocks, kAwaitOwn, kGatherBlocks,
+  kPublishRoot, kExchangeRoot, kGatherRoot,
+};
 const char* phase_name(Phase p);
 
 struct PhaseList {
@@ -71,7 +98,21 @@ class SliceSchedule {
   void exchange(Slice& s);
   bool gather(Slice& s, const TimePoint* until);
   void release(Slice& s);
+  void stage_blocks(Slice& s);
+  bool reduce_blocks(Slice& s, const TimePoint* until);
+  void publish_block(Slice& s);
+  void exchange_blocks(Slice& s);
+  bool await_own(Slice& s, const TimePoint* until);
+  bool gather_blocks(Slice& s, const TimePoint* until);
+  void publish_root(Slice& s);
+  bool exchange_root(Slice& s, const TimePoint* until);
+  bool gather_root(Slice& s, const TimePoint* until);
 
+  // Blockwise: where piece (node j, local x) of the slice is, in a tensor of
+  // one block per rank, in the rank's own block, and in the slot areas.
+  char* block_at(const at::Tensor& t, const Slice& s, int j, int x) const;
+  char* own_piece(const at::Tensor& t, const Slice& s) const;
+  int64_t staged_at(const Slice& s, int j, int x) const;
   // Our chunk of the slice, if the plan gave us one.
   bool owns_chunk(const Slice& s) const { return me_ < s.plan.num_chunks(); }
   char* tensor_at(const Slice& s) const;
@@ -85,6 +126,9 @@ class SliceSchedule {
   RailExchange* rail_;
   const PhaseList& list_of(const Slice& s) const;
   PhaseList allreduce_;
+  PhaseList reduce_scatter_;
+  PhaseList all_gather_;
+  PhaseList broadcast_;
 
   // Per slot: where our final chunk is copied for the node's peers once the
   // rails are done with it.  Written by the front half before the rail post,

@@ -11,6 +11,15 @@ std::vector<int> Topology::rail() const {
   return peers;
 }
 
+std::pair<int, int> Topology::place_of(int r) const {
+  for (int n = 0; n < num_nodes; ++n) {
+    for (int k = 0; k < ranks_per_node; ++k) {
+      if (node_ranks[n][k] == r) return {n, k};
+    }
+  }
+  throw std::out_of_range("fairring: rank " + std::to_string(r) + " is not in the group");
+}
+
 Topology build_topology(const std::vector<std::string>& node_keys, int rank) {
   const int size = static_cast<int>(node_keys.size());
   if (size == 0 || rank < 0 || rank >= size) {

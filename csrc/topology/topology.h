@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fairring {
@@ -25,6 +26,8 @@ struct Topology {
   const std::vector<int>& local_ranks() const { return node_ranks[node]; }
   // Group rank of each node's member of this rank's rail (index = node).
   std::vector<int> rail() const;
+  // Where group rank `r` is: {node, local rank}.
+  std::pair<int, int> place_of(int r) const;
 };
 
 // node_keys[r] identifies the machine of rank r (hostname + boot id, or the
