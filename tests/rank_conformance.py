@@ -238,25 +238,28 @@ def recent_ops(rank, world):
     dist.all_reduce(torch.ones(1000))
     dist.broadcast(torch.ones(3), src=0)
     dist.all_gather([torch.empty(2) for _ in range(world)], torch.ones(2))
+    dist.reduce(torch.ones(2), dst=0)
     w = dist.all_reduce(torch.ones(5, dtype=torch.float64), op=dist.ReduceOp.MAX, async_op=True)
     w.wait()
     buf = io.StringIO()
     recs = fairring_py.dump_recent(file=buf)[start:]
     failures = []
     kinds = [r["kind"] for r in recs]
-    if kinds != ["all_reduce", "broadcast", "allgather (gloo)", "all_reduce"]:
+    if kinds != ["all_reduce", "broadcast", "all_gather", "reduce (gloo)", "all_reduce"]:
         failures.append(f"recorded kinds {kinds}")
     else:
         if recs[0]["bytes"] != 4000 or recs[0]["state"] != "done" or recs[0]["duration_ms"] is None:
             failures.append(f"first record {recs[0]}")
         if "12 bytes from rank 0" not in recs[1]["what"]:
             failures.append(f"second record {recs[1]}")
-        if "float64 with MAX" not in recs[3]["what"]:
-            failures.append(f"fourth record {recs[3]}")
+        if "2 elements of float32 per rank" not in recs[2]["what"]:
+            failures.append(f"third record {recs[2]}")
+        if "float64 with MAX" not in recs[4]["what"]:
+            failures.append(f"fifth record {recs[4]}")
         seqs = [r["seq"] for r in recs]
-        if seqs != sorted(seqs) or len(set(seqs)) != 4:
+        if seqs != sorted(seqs) or len(set(seqs)) != 5:
             failures.append(f"sequence numbers {seqs}")
-    if "allgather (gloo)" not in buf.getvalue():
+    if "reduce (gloo)" not in buf.getvalue():
         failures.append(f"printed dump: {buf.getvalue()[:300]!r}")
     return failures
 
