@@ -74,11 +74,18 @@ def stall_or_die(rank, world, culprit, how, timeout_s, sync_dir=None):
     dist.all_reduce(t)
     warm = bool(torch.all(t == world))
     maps = [n for n, _ in launch.own_shm_mappings()]
-    if how == "die-mid-op":
-        # everyone starts a large (many-slice) all_reduce; the culprit dies
+    if how.startswith("die-mid-"):
+        # everyone starts a large (many-slice) collective; the culprit dies
         # right after posting it, while data is in flight
-        big = torch.ones(16_000_057)
-        work = dist.all_reduce(big, async_op=True)
+        n = 16_000_057 // world
+        work = {
+            "die-mid-op": lambda: dist.all_reduce(torch.ones(16_000_057), async_op=True),
+            "die-mid-reduce_scatter": lambda: dist.reduce_scatter_tensor(
+                torch.empty(n), torch.ones(n * world), async_op=True),
+            "die-mid-all_gather": lambda: dist.all_gather_into_tensor(
+                torch.empty(n * world), torch.ones(n), async_op=True),
+            "die-mid-broadcast": lambda: dist.broadcast(torch.ones(16_000_057), src=world - 1, async_op=True),
+        }[how]()
         if rank == culprit:
             sys.stdout.flush()
             sys.stderr.flush()
