@@ -210,11 +210,10 @@ void CudaEngine::on_loop_start() { cuda_check(cudaSetDevice(device_.index()), "c
 
 void CudaEngine::op_done(PipelineOp& base) {
   auto& op = static_cast<CudaAllreduceOp&>(base);
-  if (op.user.defined()) {
-    // A non-contiguous caller tensor gets the result after the last slice.
+  if (!op.users.empty()) {
+    // Non-contiguous caller tensors get the result after the last slice.
     c10::cuda::CUDAStreamGuard on_tail(tail_->c10());
-    at::NoGradGuard no_grad;
-    op.user.copy_(op.buffer, /*non_blocking=*/true);
+    op.copy_to_users(/*non_blocking=*/true);
   }
   cuda_check(cudaEventRecord(op.done->get(), tail_->stream()), "cudaEventRecord (op done)");
 }

@@ -41,9 +41,7 @@ class Store;
 
 namespace fairring {
 
-struct CudaAllreduceOp : PipelineOp {
-  at::Tensor user;  // the caller's tensor if it is not `buffer`
-  cudaEvent_t ready = nullptr;  // recorded on the caller's stream at submit; the engine destroys it
+struct CudaAllreduceOp : PipelineOp {  cudaEvent_t ready = nullptr;  // recorded on the caller's stream at submit; the engine destroys it
   // Recorded after the op's last device work; shared with the Work.  The
   // engine holds the op (its tensors) until it has passed (HeldOps), so that
   // the caching allocator cannot hand the memory out while the engine's

@@ -70,16 +70,38 @@ CudaStagedRail::~CudaStagedRail() {
 }
 
 void CudaStagedRail::post(RailTask task) {
+  // The chunk's shards go through pinned memory at their offsets: what we
+  // send goes down now (D2H), what the exchange brings back goes up in back().
   const int slot = task.slot;
   cudaStream_t stream = slot_stream_(slot);
-  int64_t count = 0;
-  for (const Range& r : task.shards) count += r.count;
-  const size_t bytes = static_cast<size_t>(count * c10::elementSize(task.dtype()));
+  const int64_t esize = c10::elementSize(task.dtype());
+  const Collective collective = static_cast<Collective>(task.key.collective);
+  const bool share = collective == Collective::kAllGather || collective == Collective::kBroadcast;
   char* host = pinned_ + static_cast<int64_t>(slot) * area_;
-  returns_[slot] = Return{task.chunk, bytes};  // read by back(), ordered by the feed
-  cuda_check(cudaMemcpyAsync(host, task.chunk, bytes, cudaMemcpyDeviceToHost, stream), "device-to-host copy");
+  std::vector<Copy> back;
+  for (int j = 0; j < static_cast<int>(task.shards.size()); ++j) {
+    const Range& r = task.shards[j];
+    if (r.count == 0) continue;
+    const Copy shard{task.shard_at(j), host + r.offset * esize, static_cast<size_t>(r.count * esize)};
+    // Sent: every shard, or (all-gather, broadcast) our node's only.
+    if (!share || j == topo_.node) {
+      cuda_check(cudaMemcpyAsync(const_cast<char*>(shard.host), shard.device, shard.bytes, cudaMemcpyDeviceToHost,
+                                 stream),
+                 "device-to-host copy");
+    }
+    // Back: every reduced shard; a reduce-scatter's served one, into its
+    // result; the other nodes' shards of an all-gather or broadcast.
+    if (collective == Collective::kReduceScatter) {
+      if (j == topo_.node) back.push_back(Copy{task.result, shard.host, shard.bytes});
+    } else if (!share || j != topo_.node) {
+      back.push_back(shard);
+    }
+  }
+  returns_[slot] = std::move(back);  // read by back(), ordered by the feed
   cuda_check(cudaEventRecord(d2h_done_[slot], stream), "cudaEventRecord");
   task.chunk = host;
+  task.pieces.clear();
+  task.result = nullptr;  // the server reduces into our host shard; back() takes it up
   {
     std::lock_guard<std::mutex> lock(mu_);
     feed_.push_back(ToRail{d2h_done_[slot], std::move(task)});
@@ -137,10 +159,10 @@ void CudaStagedRail::back(uint64_t slice_seq) {
   try {
     c10::cuda::CUDAGuard guard(device_);
     const int slot = static_cast<int>(slice_seq % slots_);
-    const Return& r = returns_[slot];
-    cuda_check(cudaMemcpyAsync(r.device_chunk, pinned_ + static_cast<int64_t>(slot) * area_, r.bytes,
-                               cudaMemcpyHostToDevice, slot_stream_(slot)),
-               "host-to-device copy");
+    for (const Copy& c : returns_[slot]) {
+      cuda_check(cudaMemcpyAsync(c.device, c.host, c.bytes, cudaMemcpyHostToDevice, slot_stream_(slot)),
+                 "host-to-device copy");
+    }
     done_(slice_seq);
   } catch (const std::exception& e) {
     failed_(attribute_to_rank(topo_.rank, e.what()));
@@ -200,43 +222,75 @@ void CudaNcclRail::post(RailTask task) {
   const int64_t esize = c10::elementSize(task.dtype());
   const int n = topo_.num_nodes;
   const int self = topo_.node;
-  const RailPlan plan = plan_rail(task.shards, self, n);
+  const Collective collective = static_cast<Collective>(task.key.collective);
   cudaStream_t slot = slot_stream_(task.slot);
   cudaStream_t ns = stream_->stream();
   auto staging = [&](int j) { return staging_ + static_cast<int64_t>(j < self ? j : j - 1) * shard_bytes_; };
-  auto at = [&](const Range& r) { return task.chunk + r.offset * esize; };
+  auto bytes = [&](const Range& r) { return static_cast<size_t>(r.count * esize); };
+  cuda_check(cudaEventRecord(ready_, slot), "cudaEventRecord");
+  cuda_check(cudaStreamWaitEvent(ns, ready_, 0), "cudaStreamWaitEvent (to NCCL)");
+  if (collective == Collective::kAllGather || collective == Collective::kBroadcast) {
+    // Our shard to every node, theirs in (a broadcast's are empty but the
+    // root node's).
+    const Range& ours = task.shards[self];
+    nccl_->group_start();
+    for (int j = 0; j < n; ++j) {
+      if (j == self) continue;
+      if (ours.count > 0) nccl_->send(task.shard_at(self), bytes(ours), j, ns);
+      if (task.shards[j].count > 0) nccl_->recv(task.shard_at(j), bytes(task.shards[j]), j, ns);
+    }
+    nccl_->group_end();
+  } else {
+    post_reduction(task, staging, ns);
+  }
+  cuda_check(cudaEventRecord(finished_, ns), "cudaEventRecord");
+  cuda_check(cudaStreamWaitEvent(slot, finished_, 0), "cudaStreamWaitEvent (from NCCL)");
+  // The result is in place once the slot's stream passes the exchange.
+  done_(task.slice_seq);
+}
+
+// The reduction-server exchange of one chunk, the same walk as RailStage's
+// (plan_rail): our piece of each remote shard goes to the node that serves
+// it; if we serve a shard, we sum it with the peers' pieces in node order
+// (divided for AVG) and send the sum back (a reduce-scatter keeps it, in its
+// result); the other shards' sums come in.  All on the NCCL stream, which
+// runs the exchanges one at a time in slice order (one communicator, the
+// same order on every rank of the rail).  Every rank of the rail has the
+// same shard list, so an empty transfer is skipped on both of its ends.
+void CudaNcclRail::post_reduction(const RailTask& task, const std::function<char*(int)>& staging, cudaStream_t ns) {
+  const int64_t esize = c10::elementSize(task.dtype());
+  const int n = topo_.num_nodes;
+  const int self = topo_.node;
+  const bool results_back = static_cast<Collective>(task.key.collective) != Collective::kReduceScatter;
+  const RailPlan plan = plan_rail(task.shards, self, n);
   auto bytes = [&](const Range& r) { return static_cast<size_t>(r.count * esize); };
   const bool serving = plan.serves && plan.served.count > 0;
   if (serving && static_cast<int64_t>(bytes(plan.served)) > shard_bytes_) {
     throw std::logic_error("fairring: shard larger than its NCCL staging buffer (plan bound violated)");
   }
-  cuda_check(cudaEventRecord(ready_, slot), "cudaEventRecord");
-  cuda_check(cudaStreamWaitEvent(ns, ready_, 0), "cudaStreamWaitEvent (to NCCL)");
   nccl_->group_start();
   for (const RemoteShard& r : plan.remote) {
-    if (r.shard.count > 0) nccl_->send(at(r.shard), bytes(r.shard), r.node, ns);
+    if (r.shard.count > 0) nccl_->send(task.shard_at(r.node), bytes(r.shard), r.node, ns);
   }
   if (serving) {
     for (int j : plan.contributors) nccl_->recv(staging(j), bytes(plan.served), j, ns);
   }
   nccl_->group_end();
+  char* out = task.result ? task.result : task.shard_at(self);
   if (serving) {
     const void* inputs[kMaxCudaReduceInputs];
-    for (int j = 0; j < n; ++j) inputs[j] = j == self ? at(plan.served) : staging(j);
-    reduce_cuda(task.dtype(), task.op(), at(plan.served), inputs, n, plan.served.count, task.divisor, ns);
+    for (int j = 0; j < n; ++j) inputs[j] = j == self ? task.shard_at(self) : staging(j);
+    reduce_cuda(task.dtype(), task.op(), out, inputs, n, plan.served.count, task.divisor, ns);
   }
+  if (!results_back) return;
   nccl_->group_start();
   if (serving) {
-    for (int j : plan.contributors) nccl_->send(at(plan.served), bytes(plan.served), j, ns);
+    for (int j : plan.contributors) nccl_->send(out, bytes(plan.served), j, ns);
   }
   for (const RemoteShard& r : plan.remote) {
-    if (r.shard.count > 0) nccl_->recv(at(r.shard), bytes(r.shard), r.node, ns);
+    if (r.shard.count > 0) nccl_->recv(task.shard_at(r.node), bytes(r.shard), r.node, ns);
   }
   nccl_->group_end();
-  cuda_check(cudaEventRecord(finished_, ns), "cudaEventRecord");
-  cuda_check(cudaStreamWaitEvent(slot, finished_, 0), "cudaStreamWaitEvent (from NCCL)");
-  // The result is in place once the slot's stream passes the exchange.
-  done_(task.slice_seq);
 }
 
 // NCCL cannot put two ranks of a communicator on one GPU; require every rank

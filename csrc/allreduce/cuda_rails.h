@@ -73,9 +73,10 @@ class CudaStagedRail : public CudaRail {
     cudaEvent_t copied;
     RailTask task;
   };
-  // Where a slot's result goes back to (set before its task is posted).
-  struct Return {
-    char* device_chunk = nullptr;
+  // A copy between a slot's pinned memory and the device.
+  struct Copy {
+    char* device = nullptr;
+    const char* host = nullptr;
     size_t bytes = 0;
   };
 
@@ -93,7 +94,7 @@ class CudaStagedRail : public CudaRail {
 
   char* pinned_ = nullptr;            // one slice per slot
   std::vector<cudaEvent_t> d2h_done_;  // per slot
-  std::vector<Return> returns_;        // per slot
+  std::vector<std::vector<Copy>> returns_;  // per slot: what comes back (set before the post)
   std::unique_ptr<TcpMesh> mesh_;
   std::unique_ptr<RailStage> stage_;
 
@@ -118,6 +119,7 @@ class CudaNcclRail : public CudaRail {
 
  private:
   void check_own_gpus(const c10::intrusive_ptr<c10d::Store>& store);
+  void post_reduction(const RailTask& task, const std::function<char*(int)>& staging, cudaStream_t ns);
 
   Topology topo_;
   c10::Device device_;

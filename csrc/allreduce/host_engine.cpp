@@ -106,14 +106,7 @@ void HostEngine::settle(PipelineOp& base, std::exception_ptr& error) {
   auto& op = static_cast<AllreduceOp&>(base);
   if (error || op.users.empty()) return;
   try {
-    at::NoGradGuard no_grad;  // the caller's tensor may be a leaf that requires grad
-    // The result: in the buffer, or (blockwise collectives) the output.
-    const at::Tensor flat = (op.output.defined() ? op.output : op.buffer).reshape({-1});
-    int64_t offset = 0;
-    for (at::Tensor& u : op.users) {
-      u.copy_(flat.narrow(0, offset, u.numel()).view(u.sizes()));
-      offset += u.numel();
-    }
+    op.copy_to_users(false);
   } catch (...) {
     error = std::current_exception();
   }

@@ -11,12 +11,7 @@
 
 namespace fairring {
 
-struct AllreduceOp : PipelineOp {
-  // The caller's tensors when they are not `buffer` itself (non-contiguous,
-  // or several flattened into it): the result is copied back into them, in
-  // order, at the end.
-  std::vector<at::Tensor> users;
-  // Called once after on_complete, from a completion worker in completion
+struct AllreduceOp : PipelineOp {  // Called once after on_complete, from a completion worker in completion
   // order (or from the caller of an inline op).  May block: future callbacks
   // (DDP comm hooks, user code) run here, off the pipeline, so they cannot
   // stall the slices of other ops.

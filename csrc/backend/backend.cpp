@@ -23,10 +23,10 @@ namespace fairring {
 
 namespace {
 
-// What the CPU pipeline runs: dense tensors in host memory.
-bool dense_cpu(const std::vector<at::Tensor>& tensors) {
-  return std::all_of(tensors.begin(), tensors.end(),
-                     [](const at::Tensor& t) { return t.layout() == c10::kStrided && t.device().is_cpu(); });
+std::vector<at::Tensor> both(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  std::vector<at::Tensor> all(a);
+  all.insert(all.end(), b.begin(), b.end());
+  return all;
 }
 
 std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
@@ -42,10 +42,36 @@ RedOp to_redop(const c10d::ReduceOp& op, c10::ScalarType dtype) {
     case c10d::ReduceOp::BAND: return RedOp::kBand;
     case c10d::ReduceOp::BOR: return RedOp::kBor;
     case c10d::ReduceOp::BXOR: return RedOp::kBxor;
+    case c10d::ReduceOp::PREMUL_SUM: return RedOp::kSum;  // after premultiply()
     default:
-      TORCH_CHECK(false, "fairring: all_reduce does not support ReduceOp PREMUL_SUM (tensor of ",
-                  dtype_name(dtype), "); scale the tensor and use SUM instead");
+      TORCH_CHECK(false, "fairring: unsupported ReduceOp ", static_cast<int>(op.op_), " (tensor of ",
+                  dtype_name(dtype), ")");
   }
+}
+
+// PREMUL_SUM is a SUM of every rank's tensors each multiplied by the op's
+// factor first (as NCCL defines it): the tensors scaled, in place or as new
+// tensors; the same tensors for any other op.
+std::vector<at::Tensor> premultiply(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, bool in_place,
+                                    const char* kind) {
+  if (op.op_ != c10d::ReduceOp::PREMUL_SUM || tensors.empty()) return tensors;
+  const auto* s = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+  TORCH_CHECK(s, "fairring: ", kind, " with PREMUL_SUM but no factor");
+  const c10::ScalarType dtype = tensors[0].scalar_type();
+  TORCH_CHECK(at::isFloatingType(dtype) || at::isComplexType(dtype), "fairring: ", kind,
+              " with PREMUL_SUM needs floating-point tensors, got ", dtype_name(dtype));
+  at::NoGradGuard no_grad;  // the caller's tensor may be a leaf that requires grad
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : tensors) {
+    at::Tensor scaled = t;
+    if (s->tensor_factor.defined()) {
+      scaled = in_place ? scaled.mul_(s->tensor_factor) : t.mul(s->tensor_factor);
+    } else {
+      scaled = in_place ? scaled.mul_(s->double_factor) : t.mul(s->double_factor);
+    }
+    out.push_back(scaled);
+  }
+  return out;
 }
 
 // A random id for names that must not collide between jobs (shared memory).
@@ -224,6 +250,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce(
   TORCH_CHECK(tensors.size() == 1, "fairring: all_reduce takes one tensor per call, got ", tensors.size(),
               " (the old one-tensor-per-device form). Issue one all_reduce per tensor, or use "
               "all_reduce_coalesced to reduce several tensors in one op.");
+  premultiply(tensors, opts.reduceOp, /*in_place=*/true, "all_reduce");
   if (!tensors[0].device().is_cpu()) {
     return allreduce_device(tensors[0], tensors, op);  // backend_cuda.cpp
   }
@@ -237,6 +264,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_coalesced(std::vector<
   });
   if (!native) return delegate("allreduce_coalesced").allreduce_coalesced(tensors, opts);
   check_same_process("allreduce_coalesced");
+  premultiply(tensors, opts.reduceOp, /*in_place=*/true, "all_reduce_coalesced");
   return allreduce_cpu(tensors, to_redop(opts.reduceOp, tensors[0].scalar_type()),
                        c10d::OpType::ALLREDUCE_COALESCED);
 }
@@ -276,16 +304,18 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_cpu(std::shared_ptr<Allre
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> FairringBackend::blockwise_cpu(Collective collective,
-                                                              const std::vector<at::Tensor>& inputs,
-                                                              const std::vector<at::Tensor>& outputs, RedOp redop,
-                                                              c10d::OpType type) {
+c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective collective,
+                                                                 const std::vector<at::Tensor>& inputs,
+                                                                 const std::vector<at::Tensor>& outputs,
+                                                                 const c10d::ReduceOp& reduce_op, c10d::OpType type) {
   const bool scatter = collective == Collective::kReduceScatter;
   const char* kind = collective_name(collective);
   check_same_process(kind);
   const int world = getSize();
+  const RedOp redop = to_redop(reduce_op, inputs.empty() ? at::kFloat : inputs[0].scalar_type());
   // The tensors read, as one contiguous buffer (a copy if several or strided).
-  ReduceInput in = scatter ? prepare_reduce_input(inputs, redop, kind) : prepare_input(inputs, kind);
+  ReduceInput in = scatter ? prepare_reduce_input(premultiply(inputs, reduce_op, /*in_place=*/false, kind), redop, kind)
+                           : prepare_input(inputs, kind);
   int64_t out_numel = 0;
   for (size_t i = 0; i < outputs.size(); ++i) {
     const at::Tensor& t = outputs[i];
@@ -306,7 +336,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::blockwise_cpu(Collective collect
   TORCH_CHECK(blockwise_fits(c10::elementSize(in.dtype), world, params), "fairring: ", kind, " on ", world,
               " ranks does not fit a slice of FAIRRING_SLICE_SIZE=", config_.slice_size, " bytes; raise it");
 
-  auto op = std::make_shared<AllreduceOp>();
+  auto op = in.buffer.is_cpu() ? std::make_shared<AllreduceOp>() : new_device_op();
   op->collective = collective;
   op->buffer = std::move(in.buffer);
   op->dtype = in.dtype;
@@ -328,7 +358,17 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::blockwise_cpu(Collective collect
     op->output = at::empty({out_numel / (out.is_complex() ? 2 : 1)}, out.options());
     op->users = outputs;
   }
-  return submit_cpu(std::move(op), type, outputs, kind, scatter ? "fairring:reduce_scatter" : "fairring:all_gather");
+  if (!op->buffer.is_cpu()) return submit_device(std::move(op), outputs, kind);
+  return submit_cpu(std::static_pointer_cast<AllreduceOp>(op), type, outputs, kind,
+                    scatter ? "fairring:reduce_scatter" : "fairring:all_gather");
+}
+
+bool FairringBackend::native_tensors(const std::vector<at::Tensor>& tensors) {
+  if (tensors.empty()) return true;
+  const c10::Device device = tensors[0].device();
+  if (!device.is_cpu() && !device_native(tensors[0])) return false;
+  return std::all_of(tensors.begin(), tensors.end(),
+                     [&](const at::Tensor& t) { return t.layout() == c10::kStrided && t.device() == device; });
 }
 
 c10d::Backend& FairringBackend::delegate(const char* kind) {
@@ -343,7 +383,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor
                                                           const c10d::BroadcastOptions& opts) {
   // One dense CPU tensor is native; the rest (several tensors, CUDA, sparse,
   // conjugate or negative views) goes to gloo.
-  const bool native = tensors.size() == 1 && opts.rootTensor == 0 && dense_cpu(tensors) && !tensors[0].is_conj() &&
+  const bool native = tensors.size() == 1 && opts.rootTensor == 0 && native_tensors(tensors) && !tensors[0].is_conj() &&
                       !tensors[0].is_neg();
   if (!native) return delegate("broadcast").broadcast(tensors, opts);
   check_same_process("broadcast");
@@ -352,7 +392,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor
   // The tensor's bytes, whatever its dtype: the root's reach every rank
   // exactly (pipeline/slice_schedule.h, the broadcast's phases).
   const at::Tensor& t = tensors[0];
-  auto op = std::make_shared<AllreduceOp>();
+  auto op = t.is_cpu() ? std::make_shared<AllreduceOp>() : new_device_op();
   op->collective = Collective::kBroadcast;
   op->root = static_cast<int32_t>(opts.rootRank);
   if (getRank() == opts.rootRank || t.is_contiguous()) {
@@ -364,7 +404,9 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor
   op->dtype = at::kByte;
   op->op = RedOp::kSum;  // compared between ranks, not applied
   op->numel = t.numel() * static_cast<int64_t>(t.element_size());
-  return submit_cpu(std::move(op), c10d::OpType::BROADCAST, tensors, "broadcast", "fairring:broadcast");
+  if (!t.is_cpu()) return submit_device(std::move(op), tensors, "broadcast");
+  return submit_cpu(std::static_pointer_cast<AllreduceOp>(op), c10d::OpType::BROADCAST, tensors, "broadcast",
+                    "fairring:broadcast");
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::reduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::ReduceOptions& opts) {
@@ -374,17 +416,17 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allgather(std::vector<std::vecto
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::AllgatherOptions& opts) {
   // Native when every output has the input's size; uneven lists go to gloo.
-  if (outputs.size() != 1 || inputs.size() != 1 || !dense_cpu(inputs) || !dense_cpu(outputs[0]) ||
+  if (outputs.size() != 1 || inputs.size() != 1 || !native_tensors(both(inputs, outputs[0])) ||
       !std::all_of(outputs[0].begin(), outputs[0].end(),
                    [&](const at::Tensor& t) { return t.numel() == inputs[0].numel(); })) {
     return delegate("allgather").allgather(outputs, inputs, opts);
   }
-  return blockwise_cpu(Collective::kAllGather, inputs, outputs[0], RedOp::kSum, c10d::OpType::ALLGATHER);
+  return submit_blockwise(Collective::kAllGather, inputs, outputs[0], c10d::ReduceOp::SUM, c10d::OpType::ALLGATHER);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                 const c10d::AllgatherOptions& opts) {
-  if (!dense_cpu({output, input})) return delegate("_allgather_base")._allgather_base(output, input, opts);
-  return blockwise_cpu(Collective::kAllGather, {input}, {output}, RedOp::kSum, c10d::OpType::_ALLGATHER_BASE);
+  if (!native_tensors({output, input})) return delegate("_allgather_base")._allgather_base(output, input, opts);
+  return submit_blockwise(Collective::kAllGather, {input}, {output}, c10d::ReduceOp::SUM, c10d::OpType::_ALLGATHER_BASE);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                     std::vector<at::Tensor>& inputs,
@@ -392,26 +434,26 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allgather_coalesced(std::vector<
   // outputs[r][i] receives rank r's inputs[i]: one all-gather of the
   // flattened inputs, whose block r is outputs[r] flattened.
   std::vector<at::Tensor> flat_out;
-  bool even = static_cast<int>(outputs.size()) == getSize() && dense_cpu(inputs);
+  bool even = static_cast<int>(outputs.size()) == getSize();
   for (size_t r = 0; even && r < outputs.size(); ++r) {
-    even = outputs[r].size() == inputs.size() && dense_cpu(outputs[r]);
+    even = outputs[r].size() == inputs.size() && native_tensors(both(inputs, outputs[r]));
     for (size_t i = 0; even && i < inputs.size(); ++i) even = outputs[r][i].numel() == inputs[i].numel();
     flat_out.insert(flat_out.end(), outputs[r].begin(), outputs[r].end());
   }
   if (!even || inputs.empty()) return delegate("allgather_coalesced").allgather_coalesced(outputs, inputs, opts);
-  return blockwise_cpu(Collective::kAllGather, inputs, flat_out, RedOp::kSum, c10d::OpType::ALLGATHER_COALESCED);
+  return submit_blockwise(Collective::kAllGather, inputs, flat_out, c10d::ReduceOp::SUM, c10d::OpType::ALLGATHER_COALESCED);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                 std::vector<at::Tensor>& inputs,
                                                                                 const c10d::AllgatherOptions& opts) {
-  if (outputs.empty() || outputs.size() != inputs.size() || !dense_cpu(outputs) || !dense_cpu(inputs)) {
+  if (outputs.empty() || outputs.size() != inputs.size() || !native_tensors(both(inputs, outputs))) {
     return delegate("allgather_into_tensor_coalesced").allgather_into_tensor_coalesced(outputs, inputs, opts);
   }
   // One all-gather per pair, in order; the last one completes after the others.
   c10::intrusive_ptr<c10d::Work> last;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    last = blockwise_cpu(Collective::kAllGather, {inputs[i]}, {outputs[i]}, RedOp::kSum,
-                         c10d::OpType::COALESCED);
+    last = submit_blockwise(Collective::kAllGather, {inputs[i]}, {outputs[i]}, c10d::ReduceOp::SUM,
+                            c10d::OpType::COALESCED);
   }
   return last;
 }
@@ -430,31 +472,30 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter(std::vector<at::T
                                                                const c10d::ReduceScatterOptions& opts) {
   // inputs[0][r] is reduced into rank r's output: one reduce-scatter of the
   // inputs flattened.  Uneven lists go to gloo.
-  if (outputs.size() != 1 || inputs.size() != 1 || !dense_cpu(outputs) || !dense_cpu(inputs[0]) ||
+  if (outputs.size() != 1 || inputs.size() != 1 || !native_tensors(both(inputs[0], outputs)) ||
       static_cast<int>(inputs[0].size()) != getSize() ||
       !std::all_of(inputs[0].begin(), inputs[0].end(),
                    [&](const at::Tensor& t) { return t.numel() == outputs[0].numel(); })) {
     return delegate("reduce_scatter").reduce_scatter(outputs, inputs, opts);
   }
-  return blockwise_cpu(Collective::kReduceScatter, inputs[0], outputs,
-                       to_redop(opts.reduceOp, outputs[0].scalar_type()), c10d::OpType::REDUCE_SCATTER);
+  return submit_blockwise(Collective::kReduceScatter, inputs[0], outputs, opts.reduceOp, c10d::OpType::REDUCE_SCATTER);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                      const c10d::ReduceScatterOptions& opts) {
-  if (!dense_cpu({output, input})) return delegate("_reduce_scatter_base")._reduce_scatter_base(output, input, opts);
-  return blockwise_cpu(Collective::kReduceScatter, {input}, {output}, to_redop(opts.reduceOp, input.scalar_type()),
-                       c10d::OpType::_REDUCE_SCATTER_BASE);
+  if (!native_tensors({output, input})) return delegate("_reduce_scatter_base")._reduce_scatter_base(output, input, opts);
+  return submit_blockwise(Collective::kReduceScatter, {input}, {output}, opts.reduceOp,
+                          c10d::OpType::_REDUCE_SCATTER_BASE);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  if (outputs.empty() || outputs.size() != inputs.size() || !dense_cpu(outputs) || !dense_cpu(inputs)) {
+  if (outputs.empty() || outputs.size() != inputs.size() || !native_tensors(both(inputs, outputs))) {
     return delegate("reduce_scatter_tensor_coalesced").reduce_scatter_tensor_coalesced(outputs, inputs, opts);
   }
   // One reduce-scatter per pair, in order; the last one completes after the others.
   c10::intrusive_ptr<c10d::Work> last;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    last = blockwise_cpu(Collective::kReduceScatter, {inputs[i]}, {outputs[i]},
-                         to_redop(opts.reduceOp, inputs[i].scalar_type()), c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED);
+    last = submit_blockwise(Collective::kReduceScatter, {inputs[i]}, {outputs[i]}, opts.reduceOp,
+                            c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED);
   }
   return last;
 }

@@ -129,10 +129,11 @@ class FairringBackend : public c10d::Backend {
   // FAIRRING_DEBUG=2: the options, topology and rails this rank ended up with.
   void log_setup() const;
   c10::intrusive_ptr<c10d::Work> allreduce_cpu(std::vector<at::Tensor>& tensors, RedOp op, c10d::OpType type);
-  // Reduce-scatter or all-gather (plan.h "blockwise") of dense CPU tensors:
+  // Reduce-scatter or all-gather (plan.h "blockwise") of native_tensors:
   // `inputs` flattened are read, `outputs` flattened receive the result.
-  c10::intrusive_ptr<c10d::Work> blockwise_cpu(Collective collective, const std::vector<at::Tensor>& inputs,
-                                               const std::vector<at::Tensor>& outputs, RedOp op, c10d::OpType type);
+  c10::intrusive_ptr<c10d::Work> submit_blockwise(Collective collective, const std::vector<at::Tensor>& inputs,
+                                                  const std::vector<at::Tensor>& outputs, const c10d::ReduceOp& op,
+                                                  c10d::OpType type);
   // Every native CPU collective, once: its Work (`outputs`, profiler title
   // "fairring:<kind>"), its record in recent_ops, and the op on the pipeline.
   c10::intrusive_ptr<c10d::Work> submit_cpu(std::shared_ptr<AllreduceOp> op, c10d::OpType type,
@@ -150,6 +151,15 @@ class FairringBackend : public c10d::Backend {
   // All-reduce of a tensor that is not on the CPU (backend_cuda.cpp): the
   // CUDA engine, created at the group's first CUDA all-reduce, or an error.
   c10::intrusive_ptr<c10d::Work> allreduce_device(at::Tensor& t, std::vector<at::Tensor>& tensors, RedOp op);
+  // Whether this build runs collectives of tensors on t's (non-CPU) device.
+  static bool device_native(const at::Tensor& t);
+  // Dense tensors all in host memory, or all on one device_native device.
+  static bool native_tensors(const std::vector<at::Tensor>& tensors);
+  // The op object of the device engine (CUDA).
+  static std::shared_ptr<PipelineOp> new_device_op();
+  // Like submit_cpu, on the device engine (created by the first one).
+  c10::intrusive_ptr<c10d::Work> submit_device(std::shared_ptr<PipelineOp> op, std::vector<at::Tensor> outputs,
+                                               const char* kind);
   void wait_idle_device();
   c10::intrusive_ptr<c10d::Store> store_;
   std::string job_uid_;

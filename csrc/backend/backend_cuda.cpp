@@ -1,8 +1,10 @@
-// FairringBackend::allreduce for tensors that are not on the CPU: CUDA tensors
-// go to the CUDA engine (allreduce/cuda_engine.h); anything else, or any
-// device tensor in a build without CUDA, is a clear error.
+// The backend's device side: native collectives of CUDA tensors go to the
+// CUDA engine (allreduce/cuda_engine.h); anything else, or any device tensor
+// in a build without CUDA, is a clear error (all_reduce) or goes to gloo
+// (the others: see device_native).
 
 #include "allreduce/cuda_engine.h"
+#include "allreduce/plan.h"
 #include "backend/backend.h"
 #include "backend/reduce_input.h"
 #include "kernels/reduce_cpu.h"
@@ -17,55 +19,79 @@
 
 namespace fairring {
 
+bool FairringBackend::device_native(const at::Tensor& t) {
+#ifdef FAIRRING_WITH_CUDA
+  return t.is_cuda();
+#else
+  (void)t;
+  return false;
+#endif
+}
+
+std::shared_ptr<PipelineOp> FairringBackend::new_device_op() {
+#ifdef FAIRRING_WITH_CUDA
+  return std::make_shared<CudaAllreduceOp>();
+#else
+  TORCH_CHECK(false, "fairring: no device collectives in this build");
+#endif
+}
+
 c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_device(at::Tensor& t, std::vector<at::Tensor>& tensors,
                                                                  RedOp op) {
+  TORCH_CHECK(device_native(t), "fairring: all_reduce of ", t.device().str(), " tensors is not supported",
+              t.is_cuda() ? " by this build; only CPU tensors are (this fairring_py._C was built without CUDA: "
+                            "rebuild with FAIRRING_BUILD_CUDA=1 against a CUDA build of torch)"
+                          : "; it supports CPU and CUDA tensors");
+  ReduceInput in = prepare_reduce_input(tensors, op);
+  auto aop = new_device_op();
+  aop->buffer = in.buffer;
+  aop->users = in.users;  // one tensor per call on CUDA
+  aop->dtype = in.dtype;
+  aop->op = op;
+  aop->numel = in.numel;
+  return submit_device(std::move(aop), tensors, "all_reduce");
+}
+
+c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<PipelineOp> base,
+                                                              std::vector<at::Tensor> outputs, const char* kind) {
 #ifndef FAIRRING_WITH_CUDA
-  (void)tensors;
-  (void)op;
-  TORCH_CHECK(false, "fairring: all_reduce of ", t.device().str(),
-              " tensors is not supported by this build; only CPU tensors are (this fairring_py._C was built "
-              "without CUDA: rebuild with FAIRRING_BUILD_CUDA=1 against a CUDA build of torch)");
+  (void)base;
+  (void)outputs;
+  TORCH_CHECK(false, "fairring: ", kind, " of device tensors is not supported by this build");
 #else
-  TORCH_CHECK(t.is_cuda(), "fairring: all_reduce supports CPU and CUDA tensors, got a ", t.device().str(),
-              " tensor");
+  auto aop = std::static_pointer_cast<CudaAllreduceOp>(base);
+  const c10::Device device = aop->buffer.device();
   const c10::DeviceIndex current = c10::cuda::current_device();
-  TORCH_CHECK(t.device().index() == current, "fairring: all_reduce got a tensor on ", t.device().str(),
+  TORCH_CHECK(device.index() == current, "fairring: ", kind, " got a tensor on ", device.str(),
               " but this rank's current CUDA device is cuda:", static_cast<int>(current),
               "; call torch.cuda.set_device() with the tensor's device first (each rank drives one device)");
-
-  ReduceInput in = prepare_reduce_input(tensors, op);
-
   CudaEngine* engine = nullptr;
   {
     std::lock_guard<std::mutex> lock(cuda_mu_);
     if (!cuda_engine_) {
-      // Collective: every rank reaches its first CUDA all-reduce in the same
+      // Collective: every rank reaches its first CUDA collective in the same
       // place of the issue order.
-      cuda_engine_ = std::make_unique<CudaEngine>(store_, topo_, config_, job_uid_, secret_, t.device());
+      cuda_engine_ = std::make_unique<CudaEngine>(store_, topo_, config_, job_uid_, secret_, device);
     }
     engine = cuda_engine_.get();
   }
-  TORCH_CHECK(engine->device() == t.device(), "fairring: this process group's CUDA all-reduces run on ",
-              engine->device().str(), " (the device of its first CUDA all_reduce), but got a tensor on ",
-              t.device().str());
+  TORCH_CHECK(engine->device() == device, "fairring: this process group's CUDA collectives run on ",
+              engine->device().str(), " (the device of its first CUDA collective), but got a tensor on ",
+              device.str());
 
-  c10::cuda::CUDAGuard guard(t.device());
-  auto work = c10::make_intrusive<CudaFairringWork>(getRank(), tensors, t.device());
-  auto aop = std::make_shared<CudaAllreduceOp>();
-  aop->buffer = in.buffer;
-  if (!in.users.empty()) aop->user = t;  // one tensor per call on CUDA
-  aop->dtype = in.dtype;
-  aop->op = op;
-  aop->numel = in.numel;
+  c10::cuda::CUDAGuard guard(device);
+  auto work = c10::make_intrusive<CudaFairringWork>(getRank(), std::move(outputs), device);
   aop->done = work->done_event();
   // The engine starts after what the caller's stream has queued so far.
   cuda_check(cudaEventCreateWithFlags(&aop->ready, cudaEventDisableTiming), "cannot create a CUDA event");
-  const cudaError_t rec = cudaEventRecord(aop->ready, c10::cuda::getCurrentCUDAStream(t.device().index()).stream());
+  const cudaError_t rec = cudaEventRecord(aop->ready, c10::cuda::getCurrentCUDAStream(device.index()).stream());
   if (rec != cudaSuccess) cudaEventDestroy(aop->ready);
   cuda_check(rec, "cudaEventRecord on the caller's stream");
   // No recordStream: the engine holds the op's tensors until its device work is over.
-  aop->on_complete = track("all_reduce (CUDA)", describe_args(aop->key()),
-                           in.buffer.nbytes(), [work](std::exception_ptr error) { work->mark_done(error); });
+  const int64_t blocks = blockwise(aop->collective) ? getSize() : 1;
+  aop->on_complete = track((std::string(kind) + " (CUDA)").c_str(), describe_args(aop->key()),
+                           aop->numel * blocks * c10::elementSize(aop->dtype),
+                           [work](std::exception_ptr error) { work->mark_done(error); });
   aop->after_complete = [work](std::exception_ptr error, const c10::cuda::CUDAStream& stream) {
     work->complete_future(error, stream);
   };

@@ -17,7 +17,7 @@ void NodeSlots::announce(uint64_t op_seq) {
 bool NodeSlots::await(SharedCounter& c, uint32_t target, int peer, const char* what, const SliceId& s,
                       bool via_network, const TimePoint* until) {
   if (until) return counter_spin(c, target, *until);
-  counter_wait(c, target, make_check_(peer, what, s.op_seq, via_network));
+  counter_wait(c, target, make_check_(peer, what, s, via_network));
   return true;
 }
 

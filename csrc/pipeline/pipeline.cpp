@@ -46,12 +46,12 @@ void Pipeline::require_memory(int64_t need) const {
 
 void Pipeline::set_arena(std::unique_ptr<NodeArena> arena) {
   arena_ = std::move(arena);
-  const std::string op_name = std::string(device_) + collective_name(Collective::kAllReduce);
   slots_ = std::make_unique<NodeSlots>(
       *arena_, topo_, num_slots(),
-      [this, op_name](int local_peer, const char* what, uint64_t op_seq, bool via_network) {
+      [this](int local_peer, const char* what, const SliceId& s, bool via_network) {
+        const std::string op_name = std::string(device_) + collective_name(s.collective);
         return make_wait_check(topo_, *arena_, config_.timeout, [this] { failure_.throw_if_failed(); },
-                               op_name.c_str(), local_peer, what, op_seq, via_network);
+                               op_name.c_str(), local_peer, what, s.op_seq, via_network);
       },
       device_);
 }

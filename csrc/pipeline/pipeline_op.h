@@ -3,10 +3,12 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <vector>
 
 #include "common/op_key.h"
 #include "common/reduce_op.h"
@@ -24,10 +26,25 @@ struct PipelineOp {
   RedOp op = RedOp::kSum;
   int64_t numel = 0;
   int32_t root = 0;  // a broadcast's root
+  // The caller's tensors when the result is not written into them directly
+  // (non-contiguous, or several flattened into one buffer): the result is
+  // copied into them, in order, at the end (copy_to_users).
+  std::vector<at::Tensor> users;
   // Called once when the op is done (host side): from the pipeline's
   // thread, or from the issuing thread when it ran inline or the group had
   // already failed.  Must be quick and must not block (it marks the Work done).
   std::function<void(std::exception_ptr)> on_complete;
+
+  // The result (the buffer, or a blockwise collective's output) into `users`.
+  void copy_to_users(bool non_blocking) {
+    at::NoGradGuard no_grad;  // a caller's tensor may be a leaf that requires grad
+    const at::Tensor flat = (output.defined() ? output : buffer).reshape({-1});
+    int64_t offset = 0;
+    for (at::Tensor& u : users) {
+      u.copy_(flat.narrow(0, offset, u.numel()).view(u.sizes()), non_blocking);
+      offset += u.numel();
+    }
+  }
 
   OpKey key() const {
     OpKey k;

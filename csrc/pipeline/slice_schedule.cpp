@@ -312,6 +312,11 @@ void SliceSchedule::publish_block(Slice& s) {
   const int64_t esize = c10::elementSize(s.op->dtype);
   mover_.copy(slot, mover_.output_area(slot, me_) + staged_at(s, topo_.node, me_) * esize,
               own_piece(s.op->buffer, s), s.plan.slice.count * esize, false);
+  // No input area to share, but every other phase list waits for every
+  // peer's input before check_match: a peer that issued another collective
+  // must get there and see the mismatch, not wait for an input that never comes.
+  mover_.done(slot, PeerStep::kInputReady);
+  node_.publish_input(s.id());
 }
 
 void SliceSchedule::exchange_blocks(Slice& s) {
