@@ -94,6 +94,23 @@ def test_bench_broadcast(tmp_path):
     assert p.stdout.startswith("broadcast float32 from rank 0") and "check: OK" in p.stdout
 
 
+@pytest.mark.parametrize("collective,nodes,k,inflight", [("reduce_scatter", 2, 1, 2), ("all_gather", 1, 2, 1)])
+def test_bench_reduce_scatter_all_gather(tmp_path, collective, nodes, k, inflight):
+    """`--collective reduce_scatter|all_gather`: sizes are each rank's full buffer,
+    results checked exactly, busbw = algbw x (P-1)/P (nccl-tests)."""
+    out = str(tmp_path / "out")
+    p = _run(["--collective", collective, "--nodes", str(nodes), "--ranks-per-node", str(k),
+              "--inflight", str(inflight), "--out", out] + QUICK)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = _check_outputs(out, ["fairring", "gloo"], 2, [4096, 96 * 1024])
+    assert res["meta"]["collective"] == collective and res["meta"]["inflight"] == inflight
+    for r in res["rows"]:
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] / 2)
+    title = {"reduce_scatter": "reduce_scatter_tensor float32 SUM", "all_gather": "all_gather_into_tensor float32"}
+    assert p.stdout.startswith(title[collective]) and "check: OK" in p.stdout
+    assert ("2 reduce-scatters in flight" in p.stdout) == (inflight == 2)
+
+
 def test_bench_under_torchrun(tmp_path):
     out = str(tmp_path / "out")
     port = test_launch.free_port()
