@@ -216,3 +216,14 @@ def test_workloads_of_reduce_scatter_and_all_gather():
     assert ar.size == 4096 and ar.in_place
     with pytest.raises(SystemExit, match="too small"):
         worker.Workload("all_gather", 0, 4, 8, cpu)
+
+
+def test_fsdp_cli():
+    from fairring_py.bench import fsdp as fsdp_cli
+
+    assert fsdp_cli.parse_variants("2,1") == ["fsdp2", "fsdp1"]
+    assert fsdp_cli.parse_variants("fsdp1") == ["fsdp1"]
+    with pytest.raises(ValueError, match="--fsdp"):
+        fsdp_cli.parse_variants("3")
+    with pytest.raises(SystemExit):
+        fsdp_cli.main(["--link-rate", "1gbit"])

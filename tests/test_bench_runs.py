@@ -226,6 +226,24 @@ def test_ddp_bench(tmp_path):
     assert "check: OK" in p.stdout
 
 
+def test_fsdp_bench(tmp_path):
+    """`python -m fairring_py.bench.fsdp`: FSDP2 and FSDP1 over fairring and gloo,
+    samples/s per run, losses and parameter shards equal to 1e-5 relative."""
+    out = str(tmp_path / "out")
+    p = _run(["--nodes", "2", "--ranks-per-node", "1", "--width", "64", "--depth", "2", "--seq", "8", "--batch", "4",
+              "--steps", "2", "--warmup", "1", "--out", out], module="fairring_py.bench.fsdp")
+    assert p.returncode == 0, p.stdout + p.stderr
+    with open(os.path.join(out, "fsdp.json")) as f:
+        res = json.load(f)
+    assert res["check"]["ok"] and res["meta"]["variants"] == ["fsdp2", "fsdp1"]
+    assert [(r["variant"], r["backend"]) for r in res["rows"]] == [
+        ("fsdp2", "fairring"), ("fsdp2", "gloo"), ("fsdp1", "fairring"), ("fsdp1", "gloo")]
+    assert all(r["samples_per_s"] > 0 for r in res["rows"])
+    for v in ("fsdp2", "fsdp1"):
+        assert res["check"][v]["loss_max_rel_diff"] <= 1e-5 and res["fairring_kinds"][v]
+    assert "fsdp2 check: OK" in p.stdout and "fsdp1 check: OK" in p.stdout
+
+
 def test_barrier_latency(tmp_path):
     """`--collective barrier`: one row per backend with its latency, the ratio to
     Fairring's, and the run's metadata; sizes are refused."""
