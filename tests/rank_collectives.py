@@ -252,7 +252,31 @@ def sec_reduce_scatter(rank, world, cfg):
             ck.add(f"reduce_scatter PREMUL_SUM(0.5) f32: {err}", native=True)
     except Exception as e:  # noqa: BLE001
         ck.add(f"reduce_scatter PREMUL_SUM(0.5) f32: raised {type(e).__name__}: {str(e)[:300]}", native=True)
-    return ck.result(digests=digests)
+    return ck.result(digests=digests, same_bits=_rs_bits_vs_all_reduce(rank, world, seed + 60000, cfg))
+
+
+def _rs_bits_vs_all_reduce(rank, world, seed, cfg):
+    """The design's fixed reduction order (local-rank order in a node, then node
+    order) is the all-reduce's: a native reduce-scatter of the same inputs should
+    give this rank's chunk of Fairring's all_reduce result bit for bit.  Native
+    only (gloo reduces in another order); a list of differences."""
+    diffs = []
+    cases = [(torch.float32, "SUM", 1031), (torch.bfloat16, "AVG", 4099), (torch.float16, "SUM", 13),
+             (torch.float64, "PRODUCT", 65537), (torch.float32, "SUM", cfg.get("big_n", BIG))]
+    for i, (dtype, op, n) in enumerate(cases):
+        x = make_input(seed + i, rank, n * world, dtype, op)
+        ar = x.clone()
+        out = torch.empty(n, dtype=dtype)
+        try:
+            dist.all_reduce(ar, op=op_of(op))
+            dist.reduce_scatter_tensor(out, x, op=op_of(op))
+        except Exception as e:  # noqa: BLE001
+            diffs.append(f"{_case_name(dtype, op, n)}: raised {type(e).__name__}: {str(e)[:200]}")
+            continue
+        if digest(out) != digest(_chunk(ar, rank, n)):
+            bad = int((_bits(out) != _bits(_chunk(ar, rank, n))).sum())
+            diffs.append(f"{_case_name(dtype, op, n)}: reduce_scatter differs from all_reduce's chunk in {bad} bytes")
+    return diffs
 
 
 # --------------------------------------------------------------------------

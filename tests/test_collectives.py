@@ -144,6 +144,17 @@ def test_native_gloo_gaps(topo):
         assert_clean(topo, sec, "native_only")
 
 
+@pytest.mark.parametrize("topo", list(TOPOLOGIES))
+def test_native_reduce_scatter_bits_match_all_reduce(topo):
+    """A reduce-scatter gives this rank's chunk of Fairring's all_reduce of the
+    same inputs, bit for bit (one fixed reduction order, as in DESIGN.md; float
+    SUM, AVG, PRODUCT, half types included).  On the delegated path gloo's order
+    differs."""
+    per_rank = section(topo, "reduce_scatter")
+    lines = [f"[{topo} rank {r}] {d}" for r, v in enumerate(per_rank) for d in v["same_bits"]]
+    assert not lines, "\n".join(lines)
+
+
 _mismatch_cache: dict = {}
 MISMATCH_TOPOLOGIES = {"1x2": ["a", "a"], "2x2": ["a", "a", "b", "b"]}
 MISMATCH_TIMEOUT_S = 20
