@@ -43,6 +43,10 @@ GLOO_GAPS = (torch.int16,)
 # (csrc/backend/backend.cpp, delegate("...")).
 NATIVE_RS, NATIVE_AG = "reduce_scatter", "all_gather"
 
+# torch 2.13 renamed reduce_scatter_tensor / all_gather_into_tensor (deprecated,
+# still what FSDP1 and DeepSpeed call) to reduce_scatter_single / all_gather_single.
+HAS_SINGLE = hasattr(dist, "reduce_scatter_single") and hasattr(dist, "all_gather_single")
+
 RS_SIZES = [1, 2, 3, 13, 1031]      # elements per rank (output size); primes and tiny
 AG_SIZES = [1, 3, 13, 1031, 4099]
 BIG = 262147                         # per rank, prime: several 1 MiB slices, uneven tail
@@ -104,6 +108,8 @@ def rs_case(rank, world, seed, dtype, op, n, ck, form="tensor", group=None, memb
             dist.reduce_scatter(o, list(inp.chunk(w)), op=op_of(op), group=group)
         elif form == "async":
             dist.reduce_scatter_tensor(o, inp, op=op_of(op), group=group, async_op=True).wait()
+        elif form == "single":  # torch 2.13's name for reduce_scatter_tensor
+            dist.reduce_scatter_single(o, inp, op=op_of(op), group=group)
         else:
             raise ValueError(form)
 
@@ -224,7 +230,7 @@ def sec_reduce_scatter(rank, world, cfg):
     ck, digests = Checker(), {}
     seed = cfg.get("seed", 1) * 1000 + 77
     sizes = cfg.get("rs_sizes", RS_SIZES)
-    forms = ["tensor", "list", "async"]
+    forms = ["tensor", "list", "async"] + (["single"] if HAS_SINGLE else [])
     for ci, (dtype, op) in enumerate(refs.matrix()):
         for si, n in enumerate(sizes):
             form = forms[(ci + si) % len(forms)]
@@ -306,6 +312,9 @@ def ag_case(rank, world, seed, dtype, n, ck, form="tensor", digests=None):
         elif form == "async":
             out = torch.empty(n * world, dtype=dtype)
             dist.all_gather_into_tensor(out, x, async_op=True).wait()
+        elif form == "single":  # torch 2.13's name for all_gather_into_tensor
+            out = torch.empty(n * world, dtype=dtype)
+            dist.all_gather_single(out, x)
         else:
             raise ValueError(form)
     except Exception as e:  # noqa: BLE001
@@ -411,7 +420,7 @@ def sec_all_gather(rank, world, cfg):
     ck, digests = Checker(), {}
     seed = cfg.get("seed", 1) * 1000 + 91
     sizes = cfg.get("ag_sizes", AG_SIZES)
-    forms = ["tensor", "list", "tensor-2d", "async"]
+    forms = ["tensor", "list", "tensor-2d", "async"] + (["single"] if HAS_SINGLE else [])
     for di, dtype in enumerate(refs.ALL_DTYPES):
         for si, n in enumerate(sizes):
             ag_case(rank, world, seed + di * 100 + si, dtype, n, ck, form=forms[(di + si) % len(forms)],
@@ -584,6 +593,9 @@ def sec_native(rank, world, cfg):
          True, NATIVE_RS),
         ("reduce_scatter_tensor AVG async", lambda: dist.reduce_scatter_tensor(
             torch.empty(n), x, op=dist.ReduceOp.AVG, async_op=True).wait(), True, NATIVE_RS),
+        *([("reduce_scatter_single", lambda: dist.reduce_scatter_single(torch.empty(n), x), True, NATIVE_RS),
+           ("all_gather_single", lambda: dist.all_gather_single(torch.empty(n * world), torch.ones(n)), True,
+            NATIVE_AG)] if HAS_SINGLE else []),
         ("reduce_scatter list, equal sizes", lambda: dist.reduce_scatter(
             torch.empty(n), [torch.ones(n) for _ in range(world)]), True, NATIVE_RS),
         ("reduce_scatter non-contiguous", lambda: dist.reduce_scatter_tensor(

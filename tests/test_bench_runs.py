@@ -106,8 +106,11 @@ def test_bench_reduce_scatter_all_gather(tmp_path, collective, nodes, k, infligh
     assert res["meta"]["collective"] == collective and res["meta"]["inflight"] == inflight
     for r in res["rows"]:
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] / 2)
-    title = {"reduce_scatter": "reduce_scatter_tensor float32 SUM", "all_gather": "all_gather_into_tensor float32"}
-    assert p.stdout.startswith(title[collective]) and "check: OK" in p.stdout
+    api = res["meta"]["api"]
+    assert api in {"reduce_scatter": ("reduce_scatter_single", "reduce_scatter_tensor"),
+                   "all_gather": ("all_gather_single", "all_gather_into_tensor")}[collective]
+    assert p.stdout.startswith(f"{api} float32") and "check: OK" in p.stdout
+    assert "deprecated" not in p.stderr
     assert ("2 reduce-scatters in flight" in p.stdout) == (inflight == 2)
 
 

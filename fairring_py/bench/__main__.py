@@ -34,9 +34,9 @@ def parser() -> argparse.ArgumentParser:
                                    "(x4 steps; default 4K:256M:4; scaling mode: 25M)")
     w.add_argument("--collective", choices=["all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"],
                    default="all_reduce",
-                   help="what to time (default all_reduce; reduce_scatter: reduce_scatter_tensor, SUM, size = "
-                        "each rank's full input; all_gather: all_gather_into_tensor, size = each rank's full "
-                        "output (both as nccl-tests; busbw = algbw x (P-1)/P); broadcast: from rank 0; "
+                   help="what to time (default all_reduce; reduce_scatter: reduce_scatter_single (was "
+                        "reduce_scatter_tensor), SUM, size = each rank's full input; all_gather: all_gather_single "
+                        "(was all_gather_into_tensor), size = each rank's full output (both as nccl-tests; busbw = algbw x (P-1)/P); broadcast: from rank 0; "
                         "barrier: latency per barrier, no sizes)")
     w.add_argument("--inflight", type=int, default=1,
                    help="operations issued async before waiting on them (DDP-like buckets; default 1)")

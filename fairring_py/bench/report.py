@@ -67,8 +67,8 @@ def table(summary: dict) -> str:
     collective = m.get("collective") or "all_reduce"
     title = {
         "broadcast": f"broadcast {m['dtype']} from rank 0",
-        "reduce_scatter": f"reduce_scatter_tensor {m['dtype']} {m['op']} (size: each rank's full input)",
-        "all_gather": f"all_gather_into_tensor {m['dtype']} (size: each rank's full output)",
+        "reduce_scatter": f"{m.get('api') or 'reduce_scatter'} {m['dtype']} {m['op']} (size: each rank's full input)",
+        "all_gather": f"{m.get('api') or 'all_gather'} {m['dtype']} (size: each rank's full output)",
     }.get(collective, f"all_reduce {m['dtype']} {m['op']}")
     plural = {"broadcast": "broadcasts", "reduce_scatter": "reduce-scatters", "all_gather": "all-gathers"}
     factor = {"broadcast": "", "reduce_scatter": " x (P-1)/P", "all_gather": " x (P-1)/P"}

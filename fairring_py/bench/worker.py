@@ -16,8 +16,9 @@ noise hits all of them alike.  Every result of every timed operation is
 compared exactly with an expectation computed on each rank without any
 collective.
 
-``--collective reduce_scatter`` times ``reduce_scatter_tensor`` (SUM) and
-``all_gather`` times ``all_gather_into_tensor``; a size is the full buffer per
+``--collective reduce_scatter`` times ``reduce_scatter_single`` (SUM) and
+``all_gather`` times ``all_gather_single`` (torch's ``reduce_scatter_tensor`` and
+``all_gather_into_tensor`` before 2.13, the same backend operations); a size is the full buffer per
 rank, as in nccl-tests: reduce_scatter's input (each rank gets size / P
 bytes) and all_gather's output (each rank sends size / P bytes).  A size that
 is not a multiple of 4 x P bytes is rounded down to one (the report gives the
@@ -120,6 +121,13 @@ class Workload:
             buf.fill_(float("nan"))
 
 
+# torch 2.13 deprecates reduce_scatter_tensor / all_gather_into_tensor (a
+# FutureWarning on every call site) for reduce_scatter_single / all_gather_single:
+# the same backend operations.  Use the new names where torch has them.
+REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 # ---------------------------------------------------------------- backends
 
 class TorchBackend:
@@ -129,9 +137,9 @@ class TorchBackend:
         if collective == "broadcast":  # from rank 0
             self.op = lambda b, **kw: dist.broadcast(b, src=0, **kw)
         elif collective == "reduce_scatter":
-            self.op = lambda b, **kw: dist.reduce_scatter_tensor(b, self.inp, **kw)
+            self.op = lambda b, **kw: REDUCE_SCATTER(b, self.inp, **kw)
         elif collective == "all_gather":
-            self.op = lambda b, **kw: dist.all_gather_into_tensor(b, self.inp, **kw)
+            self.op = lambda b, **kw: ALL_GATHER(b, self.inp, **kw)
         else:
             self.op = dist.all_reduce
 
@@ -323,6 +331,7 @@ def run_allreduce(ranks: Ranks, cfg: dict) -> int:
             collective=collective,
             dtype="float32",
             op="SUM" if collective in ("all_reduce", "reduce_scatter") else None,
+            api={"reduce_scatter": REDUCE_SCATTER.__name__, "all_gather": ALL_GATHER.__name__}.get(collective, collective),
             size_means={"reduce_scatter": "bytes of each rank's full input (it gets size / P)",
                         "all_gather": "bytes of each rank's full output (it sends size / P)"}.get(
                 collective, "bytes of each rank's tensor"),
