@@ -157,7 +157,7 @@ def test_native_reduce_scatter_bits_match_all_reduce(topo):
 
 _mismatch_cache: dict = {}
 MISMATCH_TOPOLOGIES = {"1x2": ["a", "a"], "2x2": ["a", "a", "b", "b"]}
-MISMATCH_TIMEOUT_S = 20
+MISMATCH_TIMEOUT_S = 10
 
 
 def mismatch_results(topo):

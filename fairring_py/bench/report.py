@@ -209,7 +209,7 @@ def scaling_table(rows: List[dict]) -> str:
     return "\n".join(out)
 
 
-def plot_scaling(rows: List[dict], path: str, title: str = "") -> Optional[str]:
+def plot_scaling(rows: List[dict], path: str, title: str = "", collective: str = "all_reduce") -> Optional[str]:
     plt = _pyplot()
     if plt is None:
         return None
@@ -230,7 +230,7 @@ def plot_scaling(rows: List[dict], path: str, title: str = "") -> Optional[str]:
     ax.set_xticks(nodes, [str(n) for n in nodes])
     ax.set_xlabel("nodes")
     ax.set_ylabel("time per byte (ns/B)")
-    ax.set_title(f"all_reduce time per byte vs number of nodes{title}")
+    ax.set_title(f"{collective} time per byte vs number of nodes{title}")
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -249,6 +249,6 @@ def emit_scaling(runs: List[dict], out_dir: str) -> None:
     m = runs[0]["meta"]
     title = f", {m['ranks_per_node']} rank(s)/node" + (
         f", {m['link_rate_Bps'] * 8 / 1e9:g} Gbit/s links" if m.get("link_rate_Bps") else "")
-    png = plot_scaling(rows, os.path.join(out_dir, "scaling.png"), title)
+    png = plot_scaling(rows, os.path.join(out_dir, "scaling.png"), title, m.get("collective") or "all_reduce")
     note = f", {png}" if png else " (plot skipped: matplotlib is not installed; pip install matplotlib)"
     print(f"wrote {os.path.join(out_dir, 'scaling.csv')}{note}", file=sys.stderr, flush=True)
