@@ -227,3 +227,25 @@ def test_fsdp_cli():
         fsdp_cli.parse_variants("3")
     with pytest.raises(SystemExit):
         fsdp_cli.main(["--link-rate", "1gbit"])
+
+
+@pytest.mark.parametrize("collective,api", [("reduce_scatter", "reduce_scatter_single"),
+                                            ("all_gather", "all_gather_single")])
+def test_report_of_reduce_scatter_all_gather(collective, api):
+    """The report's busbw and link bound follow the collective: (P-1)/P and (N-1)/N
+    of the full buffer."""
+    from fairring_py.bench import report
+
+    meta = {"world_size": 4, "nodes": 2, "ranks_per_node": 2, "link_rate_Bps": 125e6, "inflight": 1,
+            "collective": collective, "api": api, "dtype": "float32", "op": "SUM", "device": "cpu",
+            "fairring_topology": "2x2", "netns": True}
+    memcpy = {"bytes": 64 * MiB, "alone_Bps": 1e10, "concurrent_per_rank_Bps": 5e9}
+    results = [{"size": MiB, "reps": [1, 1], "samples": 2, "times": [[0.01, 0.01], [0.02, 0.02]], "error": "",
+                "checked": 4}]
+    s = report.summarize_run(meta, memcpy, ["fairring", "gloo"], results)
+    f, g = s["rows"]
+    assert f["algbw_GBps"] == pytest.approx(MiB / 0.01 / 1e9)
+    assert f["busbw_GBps"] == pytest.approx(0.75 * f["algbw_GBps"])
+    assert f["link_bound_s"] == pytest.approx(0.5 * MiB / 125e6) and g["speedup_vs_baseline"] == 1.0
+    text = report.table(s)
+    assert text.startswith(api) and "busbw = algbw x (P-1)/P" in text and "link bound = (N-1)/N" in text
