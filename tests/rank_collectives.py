@@ -15,7 +15,8 @@ Two kinds of findings are kept apart:
 - "native_only": what only Fairring's own reduce-scatter / all-gather can pass
   (issue 9): int16 (gloo's reduce_scatter and allgather raise "Invalid scalar
   type"), PREMUL_SUM (gloo refuses it), and that the ops ran natively (the kinds
-  in fairring_py.dump_recent).  The tests named test_native_* assert on these.
+  in fairring_py.dump_recent).  The tests named test_native_* assert on these;
+  they failed while these collectives were delegated (before bc0910e).
 Mismatches between ranks are checked by `mismatch_session`, in a launch of their
 own: on the delegated path a size or dtype mismatch aborts the process inside
 gloo, which would take every other section down with it.
@@ -226,6 +227,25 @@ def _rs_coalesced(rank, world, ck, seed):
                     ck.add(f"{label}, n={n}: {err}", dtype)
 
 
+def _rs_in_place(rank, world, ck, seed):
+    """The output is the rank's own block of the input (in place)."""
+    for i, (dtype, op, n) in enumerate([(torch.float32, "SUM", 1031), (torch.int32, "MAX", 13),
+                                        (torch.bfloat16, "AVG", 4099), (torch.float64, "SUM", BIG)]):
+        inputs = [make_input(seed + i, r, n * world, dtype, op) for r in range(world)]
+        buf = inputs[rank].clone()
+        out = buf[rank * n:(rank + 1) * n]
+        label = f"reduce_scatter in place (output = own block of the input) {_case_name(dtype, op, n)}"
+        try:
+            dist.reduce_scatter_tensor(out, buf, op=op_of(op))
+        except Exception as e:  # noqa: BLE001
+            ck.add(f"{label}: raised {type(e).__name__}: {str(e)[:300]}", dtype)
+            continue
+        err = compare(out.clone(), [_chunk(x, rank, n) for x in inputs], _chunk(reference(inputs, dtype, op), rank, n),
+                      dtype, op)
+        if err:
+            ck.add(f"{label}: {err}", dtype)
+
+
 def sec_reduce_scatter(rank, world, cfg):
     ck, digests = Checker(), {}
     seed = cfg.get("seed", 1) * 1000 + 77
@@ -240,6 +260,7 @@ def sec_reduce_scatter(rank, world, cfg):
         rs_case(rank, world, seed + 9000 + bi, dtype, op, cfg.get("big_n", BIG), ck, repeat=True, digests=digests)
     _rs_noncontig(rank, world, ck, seed + 20000)
     _rs_coalesced(rank, world, ck, seed + 30000)
+    _rs_in_place(rank, world, ck, seed + 35000)
     # Empty tensors: nothing to do, and the group still works afterwards.
     try:
         dist.reduce_scatter_tensor(torch.empty(0), torch.empty(0))
@@ -442,6 +463,19 @@ def sec_all_gather(rank, world, cfg):
         ck.add(f"all_gather special floats: raised {type(e).__name__}: {str(e)[:300]}")
     _ag_noncontig(rank, world, ck, seed + 20000)
     _ag_coalesced(rank, world, ck, seed + 30000)
+    # In place, as FSDP2 does: the input is the rank's own block of the output.
+    for i, (dtype, n) in enumerate([(torch.float32, 1031), (torch.uint8, 13), (torch.bfloat16, BIG)]):
+        inputs = _ag_inputs(seed + 35000 + i, world, n, dtype)
+        out = torch.full((n * world,), 3, dtype=dtype)
+        out[rank * n:(rank + 1) * n] = inputs[rank]
+        try:
+            dist.all_gather_into_tensor(out, out[rank * n:(rank + 1) * n])
+            if not torch.equal(out, torch.cat(inputs)):
+                ck.add(f"all_gather in place (input = own block of the output) {refs.dtype_name(dtype)}/n={n}: "
+                       "wrong result", dtype)
+        except Exception as e:  # noqa: BLE001
+            ck.add(f"all_gather in place {refs.dtype_name(dtype)}/n={n}: raised {type(e).__name__}: {str(e)[:300]}",
+                   dtype)
     try:
         dist.all_gather_into_tensor(torch.empty(0), torch.empty(0))
         ag_case(rank, world, seed + 40000, torch.float32, 1031, ck)
@@ -613,6 +647,8 @@ def sec_native(rank, world, cfg):
         ("all_gather non-contiguous", lambda: dist.all_gather_into_tensor(
             torch.empty(2 * n * world)[::2], torch.ones(2 * n)[::2]), True, NATIVE_AG),
         ("allgather_into_tensor_coalesced", lambda: _coalesced_ag(world), True, NATIVE_AG),
+        ("all_gather_into_tensor in place", lambda: _in_place_ag(rank, world), True, NATIVE_AG),
+        ("reduce_scatter_tensor in place", lambda: _in_place_rs(rank, world), True, NATIVE_RS),
         ("allgather_coalesced", lambda: _all_gather_coalesced(world), True, NATIVE_AG),
         # Uneven list forms stay on gloo (documented delegation).
         ("all_gather list, uneven sizes", lambda: _uneven_ag(rank, world), False, None),
@@ -621,6 +657,16 @@ def sec_native(rank, world, cfg):
     for label, fn, want_native, kind in cases:
         expect(label, fn, want_native, kind)
     return ck.result(kinds=kinds_seen)
+
+
+def _in_place_ag(rank, world):
+    out = torch.zeros(1031 * world)
+    dist.all_gather_into_tensor(out, out[rank * 1031:(rank + 1) * 1031])
+
+
+def _in_place_rs(rank, world):
+    buf = torch.ones(1031 * world)
+    dist.reduce_scatter_tensor(buf[rank * 1031:(rank + 1) * 1031], buf)
 
 
 def _coalesced_rs(world):

@@ -12,9 +12,10 @@ Two groups of tests:
   pass on the delegated (gloo) path too.
 - test_native_*: what only Fairring's own reduce-scatter / all-gather can pass:
   the ops ran natively (dump_recent kinds), int16 and PREMUL_SUM (gloo refuses
-  both), and a mismatch between ranks reported as an error on every rank (gloo
-  aborts the process, hangs, or returns different numbers on different ranks).
-  They fail until the C++ of issue 9 lands.
+  both, and more: see test_native_gloo_gaps), and a mismatch between ranks
+  reported as an error on every rank (gloo aborts the process, hangs, or returns
+  different numbers on different ranks).  They failed on the delegated path
+  (before bc0910e, where these collectives became native) and pass only natively.
 """
 from __future__ import annotations
 
