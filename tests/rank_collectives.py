@@ -14,7 +14,7 @@ Two kinds of findings are kept apart:
   path runs them (today: delegated to gloo).
 - "native_only": what only Fairring's own reduce-scatter / all-gather can pass
   (issue 9): int16 (gloo's reduce_scatter and allgather raise "Invalid scalar
-  type"), PREMUL_SUM (gloo refuses it), and that the ops ran natively (the kinds
+  type"), other gaps of gloo, and that the ops ran natively (the kinds
   in fairring_py.dump_recent).  The tests named test_native_* assert on these;
   they failed while these collectives were delegated (before bc0910e).
 Mismatches between ranks are checked by `mismatch_session`, in a launch of their
@@ -267,7 +267,8 @@ def sec_reduce_scatter(rank, world, cfg):
         rs_case(rank, world, seed + 40000, torch.float32, "SUM", 1031, ck)
     except Exception as e:  # noqa: BLE001
         ck.add(f"reduce_scatter of empty tensors: raised {type(e).__name__}: {str(e)[:300]}")
-    # PREMUL_SUM: torch hands it to the backend (gloo refuses it); native only.
+    # PREMUL_SUM: torch hands it to the backend (gloo refuses it); its own list.
+    premul = []
     try:
         n = 1031
         inputs = [make_input(seed + 50000, r, n * world, torch.float32, "SUM") for r in range(world)]
@@ -276,10 +277,11 @@ def sec_reduce_scatter(rank, world, cfg):
         ref = _chunk(reference(inputs, torch.float32, "SUM"), rank, n) * 0.5
         err = compare(out, [_chunk(x, rank, n) * 0.5 for x in inputs], ref, torch.float32, "SUM")
         if err:
-            ck.add(f"reduce_scatter PREMUL_SUM(0.5) f32: {err}", native=True)
+            premul.append(f"reduce_scatter PREMUL_SUM(0.5) f32: {err}")
     except Exception as e:  # noqa: BLE001
-        ck.add(f"reduce_scatter PREMUL_SUM(0.5) f32: raised {type(e).__name__}: {str(e)[:300]}", native=True)
-    return ck.result(digests=digests, same_bits=_rs_bits_vs_all_reduce(rank, world, seed + 60000, cfg))
+        premul.append(f"reduce_scatter PREMUL_SUM(0.5) f32: raised {type(e).__name__}: {str(e)[:300]}")
+    return ck.result(digests=digests, premul=premul,
+                     same_bits=_rs_bits_vs_all_reduce(rank, world, seed + 60000, cfg))
 
 
 def _rs_bits_vs_all_reduce(rank, world, seed, cfg):

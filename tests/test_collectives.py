@@ -12,7 +12,7 @@ Two groups of tests:
   pass on the delegated (gloo) path too.
 - test_native_*: what only Fairring's own reduce-scatter / all-gather can pass:
   the ops ran natively (dump_recent kinds), int16 and PREMUL_SUM (gloo refuses
-  both, and more: see test_native_gloo_gaps), and a mismatch between ranks
+  both; more in test_native_gloo_gaps), and a mismatch between ranks
   reported as an error on every rank (gloo aborts the process, hangs, or returns
   different numbers on different ranks).  They failed on the delegated path
   (before bc0910e, where these collectives became native) and pass only natively.
@@ -136,13 +136,22 @@ def test_native_ran_natively(topo):
 @pytest.mark.parametrize("topo", list(TOPOLOGIES))
 def test_native_gloo_gaps(topo):
     """What the delegated path gets wrong or refuses (gloo, torch 2.13): int16
-    reduce_scatter / all_gather ("Invalid scalar type"), PREMUL_SUM ("Cannot use
-    ReduceOp.PREMUL_SUM with Gloo"), the list-form reduce_scatter into a
+    reduce_scatter / all_gather ("Invalid scalar type"), the list-form reduce_scatter into a
     non-contiguous output (written as if contiguous: wrong numbers, memory
     outside the view overwritten), and a reduce_scatter Work without a future
     whose is_completed() stays False after wait()."""
     for sec in ("reduce_scatter", "all_gather") + (("inflight",) if "inflight" in TOPOLOGIES[topo][0] else ()):
         assert_clean(topo, sec, "native_only")
+
+
+@pytest.mark.parametrize("topo", list(TOPOLOGIES))
+def test_native_reduce_scatter_premul_sum(topo):
+    """reduce_scatter with PREMUL_SUM (torch passes it to the backend): each input
+    scaled, then summed.  gloo refuses it ("Cannot use
+    ReduceOp.PREMUL_SUM with Gloo"); issue 9 asks for it natively."""
+    per_rank = section(topo, "reduce_scatter")
+    lines = [f"[{topo} rank {r}] {d}" for r, v in enumerate(per_rank) for d in v["premul"]]
+    assert not lines, "\n".join(lines)
 
 
 @pytest.mark.parametrize("topo", list(TOPOLOGIES))
