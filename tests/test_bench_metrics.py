@@ -158,3 +158,94 @@ def test_mpi_without_mpi4py_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # import mpi4py now raises ImportError
     with pytest.raises(launch.LaunchError, match="--mpi needs (mpi4py|OpenMPI's mpirun)"):
         launch.run_mpirun({"job": "allreduce"}, 1, 2, timeout_s=5)
+
+
+def test_busbw_factor_per_collective():
+    # nccl-tests: reduce_scatter and all_gather (P-1)/P of the full buffer, broadcast 1
+    for c in ("reduce_scatter", "all_gather"):
+        assert metrics.busbw_factor(2, c) == 0.5
+        assert metrics.busbw_factor(4, c) == 0.75
+        assert metrics.busbw_factor(1, c) == 0.0
+        assert metrics.busbw(1e9, 1.0, 8, c) == pytest.approx(0.875e9)
+    assert metrics.busbw_factor(4, "broadcast") == 1.0
+    assert metrics.busbw_factor(4, "all_reduce") == metrics.busbw_factor(4) == 1.5
+    with pytest.raises(ValueError):
+        metrics.busbw_factor(4, "gather")
+
+
+def test_link_bound_reduce_scatter_all_gather():
+    # each node sends (reduce_scatter) or receives (all_gather) (N-1)/N of the full buffer once
+    assert metrics.link_bound_s(125e6, 2, 125e6, "reduce_scatter") == pytest.approx(0.5)
+    assert metrics.link_bound_s(25 * MiB, 4, 125e6, "all_gather") == pytest.approx(0.75 * 25 * MiB / 125e6)
+    assert metrics.link_bound_s(25 * MiB, 1, 125e6, "all_gather") == 0.0
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
+def test_cli_accepts_reduce_scatter_all_gather(collective):
+    p = bench_cli.parser()
+    args = p.parse_args(["--collective", collective, "--sizes", "4K,1M", "--inflight", "2"])
+    cfg = bench_cli.build_config(args, p)
+    assert cfg["collective"] == collective and cfg["job"] == "allreduce" and cfg["sizes"] == [4 * KiB, MiB]
+
+
+def test_workloads_of_reduce_scatter_and_all_gather():
+    """Sizes are the full buffer (input of reduce_scatter, output of all_gather),
+    rounded down to 4 x P bytes; outputs reset to NaN; expectations computed
+    without any collective."""
+    import torch
+
+    from fairring_py.bench import worker
+
+    cpu = torch.device("cpu")
+    world = 3
+    rs = [worker.Workload("reduce_scatter", r, world, 4096, cpu) for r in range(world)]
+    assert rs[0].size == 4092 and rs[0].inp.numel() == 1023 and rs[0].out_numel == 341
+    total = sum(w.inp for w in rs)
+    for r, w in enumerate(rs):
+        assert torch.equal(w.expected, total[r * 341:(r + 1) * 341])
+    ag = [worker.Workload("all_gather", r, world, 4096, cpu) for r in range(world)]
+    assert ag[1].size == 4092 and ag[1].inp.numel() == 341 and ag[1].out_numel == 1023
+    assert torch.equal(ag[1].expected, torch.cat([w.inp for w in ag]))
+    buf = ag[0].buffers(1)[0]
+    ag[0].reset(buf)
+    assert torch.isnan(buf).all() and worker.check([buf], ag[0].expected, "x", 0)
+    assert ag[0].check_input(0) == ""
+    ag[0].inp[5] += 1
+    assert "input was modified" in ag[0].check_input(0)
+    ar = worker.Workload("all_reduce", 0, world, 4096, cpu)
+    assert ar.size == 4096 and ar.in_place
+    with pytest.raises(SystemExit, match="too small"):
+        worker.Workload("all_gather", 0, 4, 8, cpu)
+
+
+def test_fsdp_cli():
+    from fairring_py.bench import fsdp as fsdp_cli
+
+    assert fsdp_cli.parse_variants("2,1") == ["fsdp2", "fsdp1"]
+    assert fsdp_cli.parse_variants("fsdp1") == ["fsdp1"]
+    with pytest.raises(ValueError, match="--fsdp"):
+        fsdp_cli.parse_variants("3")
+    with pytest.raises(SystemExit):
+        fsdp_cli.main(["--link-rate", "1gbit"])
+
+
+@pytest.mark.parametrize("collective,api", [("reduce_scatter", "reduce_scatter_single"),
+                                            ("all_gather", "all_gather_single")])
+def test_report_of_reduce_scatter_all_gather(collective, api):
+    """The report's busbw and link bound follow the collective: (P-1)/P and (N-1)/N
+    of the full buffer."""
+    from fairring_py.bench import report
+
+    meta = {"world_size": 4, "nodes": 2, "ranks_per_node": 2, "link_rate_Bps": 125e6, "inflight": 1,
+            "collective": collective, "api": api, "dtype": "float32", "op": "SUM", "device": "cpu",
+            "fairring_topology": "2x2", "netns": True}
+    memcpy = {"bytes": 64 * MiB, "alone_Bps": 1e10, "concurrent_per_rank_Bps": 5e9}
+    results = [{"size": MiB, "reps": [1, 1], "samples": 2, "times": [[0.01, 0.01], [0.02, 0.02]], "error": "",
+                "checked": 4}]
+    s = report.summarize_run(meta, memcpy, ["fairring", "gloo"], results)
+    f, g = s["rows"]
+    assert f["algbw_GBps"] == pytest.approx(MiB / 0.01 / 1e9)
+    assert f["busbw_GBps"] == pytest.approx(0.75 * f["algbw_GBps"])
+    assert f["link_bound_s"] == pytest.approx(0.5 * MiB / 125e6) and g["speedup_vs_baseline"] == 1.0
+    text = report.table(s)
+    assert text.startswith(api) and "busbw = algbw x (P-1)/P" in text and "link bound = (N-1)/N" in text

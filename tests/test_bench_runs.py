@@ -94,6 +94,26 @@ def test_bench_broadcast(tmp_path):
     assert p.stdout.startswith("broadcast float32 from rank 0") and "check: OK" in p.stdout
 
 
+@pytest.mark.parametrize("collective,nodes,k,inflight", [("reduce_scatter", 2, 1, 2), ("all_gather", 1, 2, 1)])
+def test_bench_reduce_scatter_all_gather(tmp_path, collective, nodes, k, inflight):
+    """`--collective reduce_scatter|all_gather`: sizes are each rank's full buffer,
+    results checked exactly, busbw = algbw x (P-1)/P (nccl-tests)."""
+    out = str(tmp_path / "out")
+    p = _run(["--collective", collective, "--nodes", str(nodes), "--ranks-per-node", str(k),
+              "--inflight", str(inflight), "--out", out] + QUICK)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = _check_outputs(out, ["fairring", "gloo"], 2, [4096, 96 * 1024])
+    assert res["meta"]["collective"] == collective and res["meta"]["inflight"] == inflight
+    for r in res["rows"]:
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] / 2)
+    api = res["meta"]["api"]
+    assert api in {"reduce_scatter": ("reduce_scatter_single", "reduce_scatter_tensor"),
+                   "all_gather": ("all_gather_single", "all_gather_into_tensor")}[collective]
+    assert p.stdout.startswith(f"{api} float32") and "check: OK" in p.stdout
+    assert "deprecated" not in p.stderr
+    assert ("2 reduce-scatters in flight" in p.stdout) == (inflight == 2)
+
+
 def test_bench_under_torchrun(tmp_path):
     out = str(tmp_path / "out")
     port = test_launch.free_port()
@@ -207,6 +227,24 @@ def test_ddp_bench(tmp_path):
     assert [r["backend"] for r in res["rows"]] == ["fairring", "gloo"]
     assert all(r["samples_per_s"] > 0 for r in res["rows"])
     assert "check: OK" in p.stdout
+
+
+def test_fsdp_bench(tmp_path):
+    """`python -m fairring_py.bench.fsdp`: FSDP2 and FSDP1 over fairring and gloo,
+    samples/s per run, losses and parameter shards equal to 1e-5 relative."""
+    out = str(tmp_path / "out")
+    p = _run(["--nodes", "2", "--ranks-per-node", "1", "--width", "64", "--depth", "2", "--seq", "8", "--batch", "4",
+              "--steps", "2", "--warmup", "1", "--out", out], module="fairring_py.bench.fsdp")
+    assert p.returncode == 0, p.stdout + p.stderr
+    with open(os.path.join(out, "fsdp.json")) as f:
+        res = json.load(f)
+    assert res["check"]["ok"] and res["meta"]["variants"] == ["fsdp2", "fsdp1"]
+    assert [(r["variant"], r["backend"]) for r in res["rows"]] == [
+        ("fsdp2", "fairring"), ("fsdp2", "gloo"), ("fsdp1", "fairring"), ("fsdp1", "gloo")]
+    assert all(r["samples_per_s"] > 0 for r in res["rows"])
+    for v in ("fsdp2", "fsdp1"):
+        assert res["check"][v]["loss_max_rel_diff"] <= 1e-5 and res["fairring_kinds"][v]
+    assert "fsdp2 check: OK" in p.stdout and "fsdp1 check: OK" in p.stdout
 
 
 def test_barrier_latency(tmp_path):

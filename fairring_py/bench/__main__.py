@@ -1,8 +1,9 @@
-"""Fairring all-reduce microbenchmark: fairring vs gloo (CPU) or nccl (CUDA),
+"""Fairring collectives microbenchmark (all-reduce by default): fairring vs gloo (CPU) or nccl (CUDA),
 optionally OpenMPI, interleaved in the same processes, over a sweep of sizes.
 
     python -m fairring_py.bench                          # 2 nodes x 2 ranks simulated here
     python -m fairring_py.bench --nodes 1 --ranks-per-node 2 --sizes 4K,25M --mpi
+    python -m fairring_py.bench --collective reduce_scatter --sizes 4K,1M,25M   # also all_gather
     python -m fairring_py.bench --netns --link-rate 1gbit --sizes 25M     # root: namespaces
     python -m fairring_py.bench --netns --link-rate 1gbit --scaling 2,3,4
     torchrun --nproc_per_node=8 ... -m fairring_py.bench --sizes 4K:256M:4  # real machines
@@ -31,11 +32,14 @@ def parser() -> argparse.ArgumentParser:
     w = p.add_argument_group("workload")
     w.add_argument("--sizes", help="bytes per rank: list '4K,25M', range '4K:256M' (x2 steps) or '4K:256M:4' "
                                    "(x4 steps; default 4K:256M:4; scaling mode: 25M)")
-    w.add_argument("--collective", choices=["all_reduce", "broadcast", "barrier"], default="all_reduce",
-                   help="what to time (default all_reduce; broadcast: from rank 0; barrier: latency per "
-                        "barrier, no sizes)")
+    w.add_argument("--collective", choices=["all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"],
+                   default="all_reduce",
+                   help="what to time (default all_reduce; reduce_scatter: reduce_scatter_single (was "
+                        "reduce_scatter_tensor), SUM, size = each rank's full input; all_gather: all_gather_single "
+                        "(was all_gather_into_tensor), size = each rank's full output (both as nccl-tests; busbw = algbw x (P-1)/P); broadcast: from rank 0; "
+                        "barrier: latency per barrier, no sizes)")
     w.add_argument("--inflight", type=int, default=1,
-                   help="all-reduces issued async before waiting on them (DDP-like buckets; default 1)")
+                   help="operations issued async before waiting on them (DDP-like buckets; default 1)")
     w.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="tensor device (cuda: fairring vs nccl)")
     w.add_argument("--mpi", action="store_true",

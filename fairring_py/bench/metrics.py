@@ -97,23 +97,42 @@ def algbw(nbytes: float, seconds: float) -> float:
     return nbytes / seconds if seconds > 0 else float("nan")
 
 
-def busbw_factor(world_size: int) -> float:
-    """nccl-tests' all-reduce factor 2(P-1)/P: the fraction of the data each
-    rank must send (and receive) in an optimal all-reduce."""
-    return 2.0 * (world_size - 1) / world_size if world_size > 0 else float("nan")
+# The sized collectives of the microbenchmark (barrier has no size).
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 
 
-def busbw(nbytes: float, seconds: float, world_size: int) -> float:
-    return algbw(nbytes, seconds) * busbw_factor(world_size)
+def busbw_factor(world_size: int, collective: str = "all_reduce") -> float:
+    """nccl-tests' bus-bandwidth factor: busbw = algbw x factor, the fraction of
+    the data each rank must send (and receive) in an optimal algorithm.
+    all_reduce 2(P-1)/P; reduce_scatter and all_gather (P-1)/P, with the size
+    being the full buffer (reduce_scatter's input, all_gather's output); broadcast 1."""
+    if world_size <= 0:
+        return float("nan")
+    if collective == "broadcast":
+        return 1.0
+    if collective in ("reduce_scatter", "all_gather"):
+        return (world_size - 1) / world_size
+    if collective != "all_reduce":
+        raise ValueError(f"no busbw factor for {collective!r}")
+    return 2.0 * (world_size - 1) / world_size
 
 
-def link_bound_s(nbytes: float, nodes: int, rate_bytes_per_s: float) -> float:
+def busbw(nbytes: float, seconds: float, world_size: int, collective: str = "all_reduce") -> float:
+    return algbw(nbytes, seconds) * busbw_factor(world_size, collective)
+
+
+def link_bound_s(nbytes: float, nodes: int, rate_bytes_per_s: float, collective: str = "all_reduce") -> float:
     """Least time to all-reduce ``nbytes`` across ``nodes`` nodes, each with one
     full-duplex link of the given rate: each node must send (and receive)
-    2(N-1)/N of the data, whatever the algorithm.  0 for a single node."""
+    2(N-1)/N of the data, whatever the algorithm.  For reduce_scatter and
+    all_gather of a full buffer of ``nbytes`` (per rank) it is (N-1)/N of it:
+    a node's reduced input must leave it except its own share, and a node must
+    receive every other node's share.  0 for a single node."""
     if nodes <= 1:
         return 0.0
-    return busbw_factor(nodes) * nbytes / rate_bytes_per_s
+    if collective == "broadcast":
+        raise ValueError("no link bound for broadcast here")
+    return busbw_factor(nodes, collective) * nbytes / rate_bytes_per_s
 
 
 def tcp_payload_fraction(mtu: int = 1500) -> float:

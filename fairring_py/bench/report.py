@@ -24,17 +24,19 @@ def summarize_run(meta: dict, memcpy: dict, backends: List[str], results: List[d
     baseline = backends[1]
     nodes = meta.get("nodes") or 1
     rate = meta.get("link_rate_Bps")
-    # nccl-tests' conventions: a broadcast's bus bandwidth is its algbw; its link
-    # bound (the root node sends every byte once) is not computed here.
-    broadcast = meta.get("collective") == "broadcast"
+    # nccl-tests' conventions: busbw = algbw x 2(P-1)/P for all_reduce, (P-1)/P for
+    # reduce_scatter and all_gather (size: the full buffer), 1 for broadcast.  A
+    # broadcast's link bound (the root node sends every byte once) is not computed here.
+    collective = meta.get("collective") or "all_reduce"
+    broadcast = collective == "broadcast"
     rows = []
     for res in results:
         nbytes = res["size"] * meta["inflight"]  # one timed unit: `inflight` operations
         stats = [metrics.summarize(ts) for ts in res["times"]]
         base_median = stats[backends.index(baseline)]["median"]
-        bound = metrics.link_bound_s(nbytes, nodes, rate) if rate and not broadcast else None
+        bound = metrics.link_bound_s(nbytes, nodes, rate, collective) if rate and not broadcast else None
         for name, st, reps in zip(backends, stats, res["reps"]):
-            bus = metrics.algbw(nbytes, st["median"]) if broadcast else metrics.busbw(nbytes, st["median"], world)
+            bus = metrics.busbw(nbytes, st["median"], world, collective)
             rows.append({
                 "size_bytes": res["size"], "backend": name, "inflight": meta["inflight"],
                 "reps": reps, "samples": res["samples"],
@@ -62,23 +64,31 @@ def table(summary: dict) -> str:
     m, mc = summary["meta"], summary["memcpy"]
     base = summary["baseline"]
     bounded = any(r["link_bound_s"] for r in summary["rows"])
-    broadcast = m.get("collective") == "broadcast"
+    collective = m.get("collective") or "all_reduce"
+    title = {
+        "broadcast": f"broadcast {m['dtype']} from rank 0",
+        "reduce_scatter": f"{m.get('api') or 'reduce_scatter'} {m['dtype']} {m['op']} (size: each rank's full input)",
+        "all_gather": f"{m.get('api') or 'all_gather'} {m['dtype']} (size: each rank's full output)",
+    }.get(collective, f"all_reduce {m['dtype']} {m['op']}")
+    plural = {"broadcast": "broadcasts", "reduce_scatter": "reduce-scatters", "all_gather": "all-gathers"}
+    factor = {"broadcast": "", "reduce_scatter": " x (P-1)/P", "all_gather": " x (P-1)/P"}
     out = [
-        (f"broadcast {m['dtype']} from rank 0" if broadcast else f"all_reduce {m['dtype']} {m['op']}")
+        title
         + f" on {m['device']}: {m['world_size']} ranks"
         + (f" = {m['nodes']} node(s) x {m['ranks_per_node']}" if m.get("nodes") else "")
         + f"; fairring topology {m['fairring_topology']}"
         + (f"; netns links {m['link_rate_Bps'] * 8 / 1e9:g} Gbit/s" if m.get("link_rate_Bps") else
            ("; netns, uncapped links" if m.get("netns") else ""))
-        + (f"; {m['inflight']} {'broadcasts' if broadcast else 'all-reduces'} in flight per timed unit"
+        + (f"; {m['inflight']} {plural.get(collective, 'all-reduces')} in flight per timed unit"
            if m["inflight"] > 1 else ""),
         f"memory copy ({metrics.fmt_size(mc['bytes'])} torch copy_): {mc['alone_Bps'] / GB:.2f} GB/s on one rank "
         f"alone, {mc['concurrent_per_rank_Bps'] / GB:.2f} GB/s per rank with all ranks copying (busbw% uses this)",
         "time: median (p10-p90) over samples of the slowest rank's time per op; busbw = algbw"
-        + ("" if broadcast else " x 2(P-1)/P"),
+        + factor.get(collective, " x 2(P-1)/P"),
     ]
     if m.get("link_rate_Bps"):
-        out.append(f"link bound = 2(N-1)/N x bytes / link rate; TCP over 1500-byte frames carries at most "
+        out.append(f"link bound = {'(N-1)/N' if collective in ('reduce_scatter', 'all_gather') else '2(N-1)/N'}"
+                   f" x bytes / link rate; TCP over 1500-byte frames carries at most "
                    f"{metrics.tcp_payload_fraction() * 100:.1f}% of the rate as payload, so bound/time stays below that")
     hdr = f"{'size':>9}  {'backend':<9}{'median ms':>11}{'p10-p90 ms':>19}{'algbw GB/s':>12}{'busbw GB/s':>12}" \
           f"{'busbw%cpy':>10}{'vs ' + base:>9}"
@@ -139,7 +149,7 @@ def plot_busbw(summary: dict, path: str) -> Optional[str]:
     ax.minorticks_off()
     ax.set_xlabel("bytes per rank")
     ax.set_ylabel("busbw (GB/s)")
-    ax.set_title(f"all_reduce busbw, {m['world_size']} ranks, fairring topology {m['fairring_topology']}")
+    ax.set_title(f"{m.get('collective') or 'all_reduce'} busbw, {m['world_size']} ranks, fairring topology {m['fairring_topology']}")
     ax.grid(True, which="both", alpha=0.3)
     ax.set_ylim(0, 1.45 * max([summary["memcpy"]["concurrent_per_rank_Bps"] / GB]
                              + [r["busbw_GBps"] for r in summary["rows"]]))
@@ -199,7 +209,7 @@ def scaling_table(rows: List[dict]) -> str:
     return "\n".join(out)
 
 
-def plot_scaling(rows: List[dict], path: str, title: str = "") -> Optional[str]:
+def plot_scaling(rows: List[dict], path: str, title: str = "", collective: str = "all_reduce") -> Optional[str]:
     plt = _pyplot()
     if plt is None:
         return None
@@ -220,7 +230,7 @@ def plot_scaling(rows: List[dict], path: str, title: str = "") -> Optional[str]:
     ax.set_xticks(nodes, [str(n) for n in nodes])
     ax.set_xlabel("nodes")
     ax.set_ylabel("time per byte (ns/B)")
-    ax.set_title(f"all_reduce time per byte vs number of nodes{title}")
+    ax.set_title(f"{collective} time per byte vs number of nodes{title}")
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -239,6 +249,6 @@ def emit_scaling(runs: List[dict], out_dir: str) -> None:
     m = runs[0]["meta"]
     title = f", {m['ranks_per_node']} rank(s)/node" + (
         f", {m['link_rate_Bps'] * 8 / 1e9:g} Gbit/s links" if m.get("link_rate_Bps") else "")
-    png = plot_scaling(rows, os.path.join(out_dir, "scaling.png"), title)
+    png = plot_scaling(rows, os.path.join(out_dir, "scaling.png"), title, m.get("collective") or "all_reduce")
     note = f", {png}" if png else " (plot skipped: matplotlib is not installed; pip install matplotlib)"
     print(f"wrote {os.path.join(out_dir, 'scaling.csv')}{note}", file=sys.stderr, flush=True)

@@ -3,7 +3,7 @@
 Reads the rank from the environment (torchrun's variables, or OpenMPI's under
 mpirun), joins a "fairring" process group plus gloo groups on the same ranks
 (launch.Ranks), and runs the job the config names: the all-reduce sweep
-below, or the DDP benchmark (ddp.py).  Rank 0 writes the report.
+below, or the DDP benchmark (ddp.py), or the FSDP benchmark (fsdp.py).  Rank 0 writes the report.
 
 How a sample is timed: all ranks leave a barrier (on a separate gloo "control"
 group), each times ``reps`` operations back to back (``reps`` per backend and
@@ -15,6 +15,15 @@ within each sample, in an order that rotates from sample to sample, so machine
 noise hits all of them alike.  Every result of every timed operation is
 compared exactly with an expectation computed on each rank without any
 collective.
+
+``--collective reduce_scatter`` times ``reduce_scatter_single`` (SUM) and
+``all_gather`` times ``all_gather_single`` (torch's ``reduce_scatter_tensor`` and
+``all_gather_into_tensor`` before 2.13, the same backend operations); a size is the full buffer per
+rank, as in nccl-tests: reduce_scatter's input (each rank gets size / P
+bytes) and all_gather's output (each rank sends size / P bytes).  A size that
+is not a multiple of 4 x P bytes is rounded down to one (the report gives the
+bytes actually moved).  The outputs are filled with NaN before every timed
+group, so an operation that writes nothing fails the check.
 """
 from __future__ import annotations
 
@@ -27,7 +36,7 @@ from typing import Dict
 import torch
 import torch.distributed as dist
 
-from . import ddp, metrics, report
+from . import ddp, fsdp, metrics, report
 from .launch import Ranks, run_meta, run_rank
 
 SEED = 1234
@@ -58,15 +67,85 @@ def make_expected(world: int, numel: int, device) -> torch.Tensor:
     return out.to(device)
 
 
+class Workload:
+    """What one size of a sized collective needs: the fixed per-rank input, the
+    output buffers' shape, the expected output (computed here, no collective),
+    and how to reset an output before a timed group.
+
+    all_reduce and broadcast work in place (the buffer is the input: reset
+    copies the input in); reduce_scatter and all_gather read ``inp`` (never
+    written) and write a separate output (reset fills it with NaN)."""
+
+    def __init__(self, collective: str, rank: int, world: int, size: int, device):
+        self.collective = collective
+        numel = size // 4
+        if collective == "reduce_scatter":
+            chunk = numel // world
+            full = chunk * world
+            self.inp = make_input(rank, full, device)
+            self.out_numel = chunk
+            self.expected = make_expected(world, full, device)[rank * chunk:(rank + 1) * chunk].clone()
+            self.size = full * 4
+        elif collective == "all_gather":
+            chunk = numel // world
+            self.inp = make_input(rank, chunk, device)
+            self.out_numel = chunk * world
+            self.expected = torch.cat([make_input(r, chunk, device) for r in range(world)])
+            self.size = chunk * world * 4
+        else:
+            self.inp = make_input(rank, numel, device)
+            self.out_numel = numel
+            self.expected = (make_input(0, numel, device) if collective == "broadcast"
+                             else make_expected(world, numel, device))
+            self.size = numel * 4
+        if self.out_numel == 0:
+            raise SystemExit(f"fairring bench: size {size} bytes is too small for {collective} on {world} ranks "
+                             f"(at least {4 * world} bytes)")
+        self.in_place = collective in ("all_reduce", "broadcast")
+        self.inp_ref = None if self.in_place else self.inp.clone()
+
+    def check_input(self, rank: int) -> str:
+        """reduce_scatter / all_gather must leave their input as it was."""
+        if self.inp_ref is None or torch.equal(self.inp, self.inp_ref):
+            return ""
+        bad = (self.inp != self.inp_ref).nonzero()[0].item()
+        return f"{self.collective}: the input was modified on rank {rank} (element {bad})"
+
+    def buffers(self, count: int):
+        return [torch.empty(self.out_numel, dtype=torch.float32, device=self.inp.device) for _ in range(count)]
+
+    def reset(self, buf) -> None:
+        if self.in_place:
+            buf.copy_(self.inp)
+        else:
+            buf.fill_(float("nan"))
+
+
+# torch 2.13 deprecates reduce_scatter_tensor / all_gather_into_tensor (a
+# FutureWarning on every call site) for reduce_scatter_single / all_gather_single:
+# the same backend operations.  Use the new names where torch has them.
+REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 # ---------------------------------------------------------------- backends
 
 class TorchBackend:
     def __init__(self, name, group, collective="all_reduce"):
-        self.name, self.group = name, group
-        # all_reduce, or broadcast from rank 0
-        self.op = (lambda b, **kw: dist.broadcast(b, src=0, **kw)) if collective == "broadcast" else dist.all_reduce
+        self.name, self.group, self.collective = name, group, collective
+        self.inp = None  # reduce_scatter / all_gather: set per size (Workload.inp)
+        if collective == "broadcast":  # from rank 0
+            self.op = lambda b, **kw: dist.broadcast(b, src=0, **kw)
+        elif collective == "reduce_scatter":
+            self.op = lambda b, **kw: REDUCE_SCATTER(b, self.inp, **kw)
+        elif collective == "all_gather":
+            self.op = lambda b, **kw: ALL_GATHER(b, self.inp, **kw)
+        else:
+            self.op = dist.all_reduce
 
-    def prepare(self, bufs):
+    def prepare(self, bufs, work=None):
+        if work is not None:
+            self.inp = work.inp
         return bufs
 
     def run(self, bufs, inflight):
@@ -87,23 +166,38 @@ class MpiBackend:
         from mpi4py import MPI
 
         self.MPI, self.comm, self.collective = MPI, comm, collective
+        self.inp = None
 
-    def prepare(self, bufs):
-        return [b.numpy() for b in bufs]  # views: MPI reduces the tensors in place
+    def prepare(self, bufs, work=None):
+        if work is not None:
+            self.inp = work.inp.numpy()
+        return [b.numpy() for b in bufs]  # views: MPI writes the tensors
+
+    def _start(self, a):
+        MPI, c = self.MPI, self.comm
+        if self.collective == "broadcast":
+            return c.Ibcast(a, root=0)
+        if self.collective == "reduce_scatter":
+            return c.Ireduce_scatter_block(self.inp, a, op=MPI.SUM)
+        if self.collective == "all_gather":
+            return c.Iallgather(self.inp, a)
+        return c.Iallreduce(MPI.IN_PLACE, a, op=MPI.SUM)
 
     def run(self, arrays, inflight):
         MPI = self.MPI
-        if self.collective == "broadcast":
-            for i in range(0, len(arrays), inflight):
-                MPI.Request.Waitall([self.comm.Ibcast(a, root=0) for a in arrays[i:i + inflight]])
-            return
         if inflight == 1:
             for a in arrays:
-                self.comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
+                if self.collective == "reduce_scatter":
+                    self.comm.Reduce_scatter_block(self.inp, a, op=MPI.SUM)
+                elif self.collective == "all_gather":
+                    self.comm.Allgather(self.inp, a)
+                elif self.collective == "broadcast":
+                    self.comm.Bcast(a, root=0)
+                else:
+                    self.comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
             return
         for i in range(0, len(arrays), inflight):
-            reqs = [self.comm.Iallreduce(MPI.IN_PLACE, a, op=MPI.SUM) for a in arrays[i:i + inflight]]
-            MPI.Request.Waitall(reqs)
+            MPI.Request.Waitall([self._start(a) for a in arrays[i:i + inflight]])
 
 
 # ---------------------------------------------------------------- measurements
@@ -148,9 +242,9 @@ def check(bufs, expected, name, rank) -> str:
     return ""
 
 
-def time_once(ranks, backend, bufs, prepared, inp, inflight):
+def time_once(ranks, backend, bufs, prepared, work, inflight):
     for b in bufs:
-        b.copy_(inp)
+        work.reset(b)
     ranks.sync()
     ranks.barrier()
     t0 = time.perf_counter()
@@ -162,23 +256,20 @@ def time_once(ranks, backend, bufs, prepared, inp, inflight):
 def sweep_size(ranks, backends, size, cfg) -> dict:
     """Time every backend at one size; returns per-backend samples (seconds per
     group of ``inflight`` operations, max over ranks) and the checks done."""
-    numel = size // 4
     inflight = cfg["inflight"]
-    inp = make_input(ranks.rank, numel, ranks.device)
-    if cfg.get("collective") == "broadcast":
-        expected = make_input(0, numel, ranks.device)  # rank 0's data everywhere
-    else:
-        expected = make_expected(ranks.world, numel, ranks.device)
+    work = Workload(cfg.get("collective") or "all_reduce", ranks.rank, ranks.world, size, ranks.device)
+    size, expected = work.size, work.expected  # bytes actually moved (rounded to 4 x P for rs/ag)
 
     # Warm-up, then calibration on the second group per backend (the first
     # may pay for first-touch memory and connections); both checked.
-    bufs = [torch.empty_like(inp) for _ in range(inflight)]
+    bufs = work.buffers(inflight)
     errors = []
     for _ in range(2):
         first = []
         for be in backends:
-            first.append(time_once(ranks, be, bufs, be.prepare(bufs), inp, inflight))
+            first.append(time_once(ranks, be, bufs, be.prepare(bufs, work), work, inflight))
             errors.append(check(bufs, expected, be.name, ranks.rank))
+            errors.append(work.check_input(ranks.rank) and f"{be.name}: {work.check_input(ranks.rank)}")
     slowest = ranks.max_over_ranks(first)
     # Every rank derives the same counts from the same agreed numbers.  Each
     # backend gets its own reps, so a fast one is not timed over a few
@@ -187,17 +278,18 @@ def sweep_size(ranks, backends, size, cfg) -> dict:
             for t in slowest]
     samples = metrics.choose_samples(sum(t * r for t, r in zip(slowest, reps)), cfg["time_per_size_s"],
                                      cfg["min_samples"], cfg["max_samples"])
-    bufs = [torch.empty_like(inp) for _ in range(max(reps) * inflight)]
+    bufs = work.buffers(max(reps) * inflight)
     mine = [bufs[:r * inflight] for r in reps]
-    prepared = [be.prepare(b) for be, b in zip(backends, mine)]
+    prepared = [be.prepare(b, work) for be, b in zip(backends, mine)]
     times = [[] for _ in backends]
     checked = 2 * len(backends) * inflight
     for s in range(samples):
         for j in range(len(backends)):
             i = (j + s) % len(backends)  # rotate the order every sample
-            t = time_once(ranks, backends[i], mine[i], prepared[i], inp, inflight)
+            t = time_once(ranks, backends[i], mine[i], prepared[i], work, inflight)
             times[i].append(t / reps[i])
             errors.append(check(mine[i], expected, backends[i].name, ranks.rank))
+            errors.append(work.check_input(ranks.rank) and f"{backends[i].name}: {work.check_input(ranks.rank)}")
             checked += len(mine[i])
     flat = ranks.max_over_ranks([t for ts in times for t in ts])
     times = [flat[i * samples:(i + 1) * samples] for i in range(len(backends))]
@@ -238,7 +330,11 @@ def run_allreduce(ranks: Ranks, cfg: dict) -> int:
             inflight=cfg["inflight"],
             collective=collective,
             dtype="float32",
-            op="SUM" if collective == "all_reduce" else None,
+            op="SUM" if collective in ("all_reduce", "reduce_scatter") else None,
+            api={"reduce_scatter": REDUCE_SCATTER.__name__, "all_gather": ALL_GATHER.__name__}.get(collective, collective),
+            size_means={"reduce_scatter": "bytes of each rank's full input (it gets size / P)",
+                        "all_gather": "bytes of each rank's full output (it sends size / P)"}.get(
+                collective, "bytes of each rank's tensor"),
             fairring_env={k: v for k, v in os.environ.items() if k.startswith("FAIRRING_")
                           and k != "FAIRRING_NODE_ID"},
             timing="per sample: barrier, reps groups back to back, max over ranks of the per-rank time / reps",
@@ -308,7 +404,8 @@ def run_barrier(ranks: Ranks, cfg: dict) -> int:
 
 def job_of(cfg: dict):
     """The function a rank runs for the config's job."""
-    return {"ddp": ddp.rank_main, "barrier": run_barrier}.get(cfg.get("job", "allreduce"), run_allreduce)
+    return {"ddp": ddp.rank_main, "fsdp": fsdp.rank_main, "barrier": run_barrier}.get(
+        cfg.get("job", "allreduce"), run_allreduce)
 
 
 def main(argv=None) -> int:
@@ -323,7 +420,7 @@ def main(argv=None) -> int:
 
 
 def run_config(cfg: dict) -> int:
-    """Run the job the config names: "ddp" (ddp.py), "barrier" or the all-reduce sweep."""
+    """Run the job the config names: "ddp" (ddp.py), "fsdp" (fsdp.py), "barrier" or the sweep."""
     return run_rank(cfg, job_of(cfg))
 
 

@@ -1,0 +1,276 @@
+"""Sharded-training benchmark: samples/s of a small transformer trained with
+FSDP2 (``fully_shard`` on a DeviceMesh over the group) and FSDP1
+(``FullyShardedDataParallel``), over fairring vs gloo (nccl with --device cuda),
+in the same processes, on a simulated cluster.
+
+    python -m fairring_py.bench.fsdp                          # 2 nodes x 2 ranks, FSDP2 and FSDP1, CPU
+    python -m fairring_py.bench.fsdp --fsdp 2 --width 512 --depth 6 --steps 30
+    python -m fairring_py.bench.fsdp --nodes 1 --ranks-per-node 2
+    python -m fairring_py.bench.fsdp --netns --link-rate 1gbit   # root: namespaces
+
+Each rank builds the same model (same seed) once per backend and variant,
+shards it over the fairring group or the baseline group (each encoder layer
+its own FSDP unit, then the root), and trains both on the same synthetic
+batches with SGD, alternating which goes first at every step.  FSDP's traffic
+is all-gathers of parameters (forward and backward) and reduce-scatters of
+gradients: ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` on CPU.
+A step (forward, backward, optimizer step) is timed between barriers of a
+separate gloo group, as the slowest rank sees it; samples/s = global batch /
+median step time.  Checks: the losses of the two runs (every rank, every step)
+and their local parameter shards agree to --rtol relative (a different
+reduction order may change the last bits only).  The report also lists how
+the fairring group ran its last collectives (fairring_py.dump_recent: native
+kinds, or "... (gloo)" where delegated).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import io
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from . import ddp, launch, metrics, netns
+
+SEED = 8765
+VARIANTS = ("fsdp2", "fsdp1")
+
+
+def _layer_types(model):
+    return {type(m) for m in model.modules() if isinstance(m, torch.nn.TransformerEncoderLayer)} or {torch.nn.Linear}
+
+
+def shard(variant: str, model: torch.nn.Module, group, device) -> torch.nn.Module:
+    """Wrap ``model`` for FSDP over ``group``: each layer a unit, then the root."""
+    if variant == "fsdp2":
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = DeviceMesh.from_group(group, device.type)
+        units = [m for m in model.modules() if type(m) in _layer_types(model)]
+        for m in units:
+            fully_shard(m, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+    if variant == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        return FSDP(model, process_group=group, auto_wrap_policy=ModuleWrapPolicy(_layer_types(model)),
+                    device_id=device, use_orig_params=True)
+    raise ValueError(f"unknown FSDP variant {variant!r}")
+
+
+def local_shards(model) -> torch.Tensor:
+    """This rank's part of the parameters, flattened (a DTensor's local shard for
+    FSDP2, the flat-parameter view for FSDP1; identical layouts over both groups)."""
+    parts = []
+    for p in model.parameters():
+        t = p.to_local() if hasattr(p, "to_local") else p
+        parts.append(t.detach().reshape(-1).float().cpu())
+    return torch.cat(parts) if parts else torch.zeros(0)
+
+
+def _recent(group=None):
+    import fairring_py
+
+    return fairring_py.dump_recent(group, file=io.StringIO())
+
+
+def last_seq(group=None) -> int:
+    try:
+        recs = _recent(group)
+    except Exception:  # informational only
+        return -1
+    return recs[-1]["seq"] if recs else -1
+
+
+def fairring_kinds(since: int, group=None) -> dict:
+    """How many of the fairring group's collectives after sequence number
+    ``since`` ran as each kind (of the last 64 it keeps)."""
+    try:
+        recs = _recent(group)
+    except Exception as e:  # informational only
+        return {f"unknown ({e})": 0}
+    return dict(collections.Counter(r["kind"] for r in recs if r["seq"] > since))
+
+
+def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
+    dev = ranks.device
+    names = ["fairring", ranks.baseline_name]
+    groups = [ranks.fairring, ranks.baseline]
+    cfg = dict(cfg, model="transformer")
+    summary_rows, checks, kinds = [], {}, {}
+    all_ok = True
+    for variant in cfg["variants"]:
+        replicas, opts = [], []
+        for g in groups:
+            torch.manual_seed(SEED)
+            m = shard(variant, ddp.make_model(cfg).to(dev), g, dev)
+            replicas.append(m)
+            opts.append(torch.optim.SGD(m.parameters(), lr=cfg["lr"]))
+        nparams = sum(p.numel() for p in ddp.make_model(cfg).parameters())
+        times = [[] for _ in replicas]
+        losses = [[] for _ in replicas]
+        seq0 = last_seq()
+        for step in range(cfg["warmup"] + cfg["steps"]):
+            x, y = ddp.make_batch(cfg, ranks.rank, step, dev)
+            for j in range(len(replicas)):
+                i = (j + step) % len(replicas)
+                ranks.sync()
+                ranks.barrier()
+                t0 = time.perf_counter()
+                loss = torch.nn.functional.mse_loss(replicas[i](x), y)
+                opts[i].zero_grad(set_to_none=True)
+                loss.backward()
+                opts[i].step()
+                ranks.sync()
+                if step >= cfg["warmup"]:
+                    times[i].append(time.perf_counter() - t0)
+                losses[i].append(loss.item())
+        kinds[variant] = fairring_kinds(seq0)
+        flat = ranks.max_over_ranks([t for ts in times for t in ts])
+        n = cfg["steps"]
+        times = [flat[i * n:(i + 1) * n] for i in range(len(replicas))]
+        loss_rel = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses[0], losses[1]))
+        shards = [local_shards(r) for r in replicas]
+        scale = ranks.max_over_ranks([shards[1].abs().max().item() if shards[1].numel() else 0.0])[0] or 1.0
+        diff = (shards[0] - shards[1]).abs().max().item() if shards[0].numel() else 0.0
+        loss_rel, param_rel = ranks.max_over_ranks([loss_rel, diff / scale])
+        ok = loss_rel <= cfg["rtol"] and param_rel <= cfg["rtol"] and all(
+            torch.isfinite(torch.tensor(ls)).all() for ls in losses)
+        all_ok = all_ok and ok
+        checks[variant] = {"ok": ok, "loss_max_rel_diff": loss_rel, "param_max_rel_diff": param_rel,
+                           "rtol": cfg["rtol"], "final_loss": {nm: ls[-1] for nm, ls in zip(names, losses)}}
+        global_batch = cfg["batch"] * ranks.world
+        rows = []
+        for name, ts in zip(names, times):
+            st = metrics.summarize(ts)
+            rows.append({"variant": variant, "backend": name, "median_step_s": st["median"], "p10_step_s": st["p10"],
+                         "p90_step_s": st["p90"], "samples_per_s": global_batch / st["median"]})
+        for r in rows:
+            r["speedup_vs_baseline"] = r["samples_per_s"] / rows[1]["samples_per_s"]
+        summary_rows += rows
+        del replicas, opts
+    if ranks.rank == 0:
+        summary = {
+            "meta": launch.run_meta(
+                ranks, cfg, model="transformer", width=cfg["width"], depth=cfg["depth"], seq=cfg["seq"],
+                params=nparams, batch_per_rank=cfg["batch"], steps=cfg["steps"], warmup=cfg["warmup"],
+                variants=list(cfg["variants"])),
+            "rows": summary_rows,
+            "check": {"ok": all_ok, **checks},
+            "fairring_kinds": kinds,
+        }
+        print(fsdp_table(summary), flush=True)
+        if cfg.get("out"):
+            os.makedirs(cfg["out"], exist_ok=True)
+            path = os.path.join(cfg["out"], "fsdp.json")
+            with open(path, "w") as f:
+                json.dump(summary, f, indent=1)
+            print(f"wrote {path}", file=sys.stderr, flush=True)
+    return 0 if all_ok else 1
+
+
+def fsdp_table(s: dict) -> str:
+    m = s["meta"]
+    base = s["rows"][1]["backend"]
+    out = [f"FSDP, transformer ({m['params'] / 1e6:.2f} M params: width {m['width']}, depth {m['depth']}, "
+           f"seq {m['seq']}), batch {m['batch_per_rank']}/rank, {m['world_size']} ranks, "
+           f"fairring topology {m['fairring_topology']}"
+           + (f", netns links {m['link_rate_Bps'] * 8 / 1e9:g} Gbit/s" if m.get("link_rate_Bps") else ""),
+           f"{m['steps']} timed steps after {m['warmup']} warm-up; step time = slowest rank's, median (p10-p90)",
+           f"{'variant':<8}{'backend':<10}{'step ms':>10}{'p10-p90 ms':>19}{'samples/s':>12}{'vs ' + base:>10}"]
+    for r in s["rows"]:
+        spread = f"{r['p10_step_s'] * 1e3:.1f}-{r['p90_step_s'] * 1e3:.1f}"
+        out.append(f"{r['variant']:<8}{r['backend']:<10}{r['median_step_s'] * 1e3:>10.1f}{spread:>19}"
+                   f"{r['samples_per_s']:>12.1f}{r['speedup_vs_baseline']:>9.2f}x")
+    for v in m["variants"]:
+        c = s["check"][v]
+        kinds = ", ".join(f"{k} x{n}" for k, n in sorted(s["fairring_kinds"].get(v, {}).items()))
+        out.append(f"{v} check: {'OK' if c['ok'] else 'FAILED'} (fairring vs {base}: losses differ by at most "
+                   f"{c['loss_max_rel_diff']:.1e} relative, parameter shards by {c['param_max_rel_diff']:.1e}; "
+                   f"limit {c['rtol']:.0e})")
+        out.append(f"{v} fairring group's collectives while training (of its last 64): {kinds}")
+    return "\n".join(out)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m fairring_py.bench.fsdp", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--ranks-per-node", type=int, default=2)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--fsdp", default="2,1", help="variants, comma-separated: 2 (fully_shard), 1 "
+                                                 "(FullyShardedDataParallel); default 2,1")
+    p.add_argument("--width", type=int, default=256, help="d_model (default 256)")
+    p.add_argument("--depth", type=int, default=4, help="encoder layers (default 4)")
+    p.add_argument("--seq", type=int, default=32, help="sequence length (default 32)")
+    p.add_argument("--batch", type=int, default=8, help="samples per rank per step (default 8)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--rtol", type=float, default=1e-5,
+                   help="largest relative difference of losses and parameter shards between the runs (default 1e-5)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    p.add_argument("--netns", action="store_true", help="root: each node in its own network namespace")
+    p.add_argument("--link-rate", help="cap each node's link, e.g. 1gbit (needs --netns)")
+    p.add_argument("--out", default="bench_out", help="directory for fsdp.json (default bench_out)")
+    p.add_argument("--timeout", type=float, default=1800)
+    return p
+
+
+def parse_variants(text: str) -> list:
+    out = []
+    for v in str(text).split(","):
+        v = v.strip().lower().removeprefix("fsdp")
+        if v not in ("1", "2"):
+            raise ValueError(f"--fsdp takes 1 and/or 2 (e.g. 2,1), got {text!r}")
+        if f"fsdp{v}" not in out:
+            out.append(f"fsdp{v}")
+    return out
+
+
+def main(argv=None) -> int:
+    p = parser()
+    a = p.parse_args(argv)
+    if a.link_rate and not a.netns:
+        p.error("--link-rate needs --netns")
+    if min(a.nodes, a.ranks_per_node, a.width, a.depth, a.seq, a.batch, a.steps) < 1 or a.warmup < 0:
+        p.error("sizes and counts must be >= 1 (--warmup >= 0)")
+    if a.width % 64 and a.width > 64:
+        p.error("--width must be a multiple of 64 (one attention head per 64)")
+    try:
+        rate = metrics.parse_rate(a.link_rate) if a.link_rate else None
+        variants = parse_variants(a.fsdp)
+    except ValueError as e:
+        p.error(str(e))
+    cfg = {"job": "fsdp", "device": a.device, "variants": variants, "width": a.width, "depth": a.depth,
+           "seq": a.seq, "batch": a.batch, "steps": a.steps, "warmup": a.warmup, "lr": a.lr, "rtol": a.rtol,
+           "threads": a.threads, "nodes": a.nodes, "ranks_per_node": a.ranks_per_node, "netns": a.netns,
+           "link_rate_Bps": rate, "out": a.out}
+    if launch.external_launcher() == "torchrun":
+        cfg.update(nodes=None, ranks_per_node=None)
+        return launch.run_rank(cfg, rank_main)
+    launch.exit_on_signals()
+    try:
+        if a.netns:
+            netns.check_usable(link_rate=bool(rate))
+            with netns.Cluster(a.nodes, rate) as cluster:
+                launch.run_ranks(cfg, a.nodes, a.ranks_per_node, a.timeout, cluster=cluster)
+        else:
+            launch.run_ranks(cfg, a.nodes, a.ranks_per_node, a.timeout)
+    except (launch.LaunchError, netns.NetnsError) as e:
+        print(f"fairring bench.fsdp: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
