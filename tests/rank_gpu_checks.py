@@ -268,7 +268,69 @@ def sec_group_cycles(rank, world, cfg):
     return {"failures": failures}
 
 
-SECTIONS = {"poll_then_launch": sec_poll_then_launch, "big_slices": sec_big_slices,
+def sec_collectives(rank, world, cfg):
+    """reduce_scatter, all_gather and broadcast of CUDA tensors, natively
+    (dump_recent says "(CUDA)"): reduce_scatter within the dtype's tolerance
+    of the float64 reference and the same bits as Fairring's CPU
+    reduce_scatter in the same group; all_gather and broadcast exact; a
+    non-contiguous output and an in-place all_gather (FSDP's form)."""
+    import io
+
+    import fairring_py
+
+    dev = _device(rank)
+    failures = Failures()
+    for ci, (dtype, op) in enumerate(refs.matrix()):
+        if dtype not in (torch.float32, torch.bfloat16, torch.int64) or op not in ("SUM", "AVG", "MAX"):
+            continue
+        for n in cfg["sizes"]:
+            name = f"reduce_scatter {refs.dtype_name(dtype)}/{op}/n={n}"
+            inputs = [make_input(70_000 + ci * 100 + n % 97, r, n * world, dtype, op) for r in range(world)]
+            out = torch.empty(n, dtype=dtype, device=dev)
+            try:
+                dist.reduce_scatter_tensor(out, inputs[rank].to(dev), op=op_of(op))
+                got = out.cpu()
+            except Exception as e:  # noqa: BLE001
+                failures.add(f"{name}: raised {type(e).__name__}: {str(e)[:300]}")
+                continue
+            mine = slice(rank * n, (rank + 1) * n)
+            err = compare(got, [i[mine] for i in inputs], reference(inputs, dtype, op)[mine], dtype, op)
+            if err:
+                failures.add(f"{name}: {err}")
+            cpu = torch.empty(n, dtype=dtype)
+            dist.reduce_scatter_tensor(cpu, inputs[rank], op=op_of(op))
+            if digest(cpu) != digest(got):
+                failures.add(f"{name}: CUDA result differs from the CPU reduce_scatter's bits")
+    for n in cfg["sizes"]:
+        for dtype in (torch.float32, torch.uint8, torch.float64):
+            mine = (torch.arange(n) * (rank + 1)).to(dtype)
+            want = torch.cat([(torch.arange(n) * (r + 1)).to(dtype) for r in range(world)])
+            out = torch.full((world * n,), 7, dtype=dtype, device=dev)
+            dist.all_gather_into_tensor(out, mine.to(dev))
+            if not torch.equal(out.cpu(), want):
+                failures.add(f"all_gather {refs.dtype_name(dtype)}/n={n}: wrong result")
+            inplace = torch.zeros(world * n, dtype=dtype, device=dev)
+            inplace[rank * n:(rank + 1) * n] = mine.to(dev)
+            dist.all_gather_into_tensor(inplace, inplace[rank * n:(rank + 1) * n])
+            if not torch.equal(inplace.cpu(), want):
+                failures.add(f"in-place all_gather {refs.dtype_name(dtype)}/n={n}: wrong result")
+            root = n % world
+            t = (torch.arange(n) + 3).to(dtype).to(dev) if rank == root else torch.zeros(n, dtype=dtype, device=dev)
+            dist.broadcast(t, src=root)
+            if not torch.equal(t.cpu(), (torch.arange(n) + 3).to(dtype)):
+                failures.add(f"broadcast {refs.dtype_name(dtype)}/n={n} from {root}: wrong result")
+    strided = torch.zeros(world * 5, 3, device=dev)[:, 1]
+    dist.all_gather_into_tensor(strided, torch.full((5,), float(rank), device=dev))
+    if not torch.equal(strided.cpu(), torch.arange(world).repeat_interleave(5).float()):
+        failures.add(f"all_gather into a non-contiguous output: {strided.cpu().tolist()}")
+    kinds = {r["kind"] for r in fairring_py.dump_recent(file=io.StringIO())}
+    for k in ("reduce_scatter (CUDA)", "all_gather (CUDA)", "broadcast (CUDA)"):
+        if k not in kinds:
+            failures.add(f"no {k} in the group's recent collectives: {sorted(kinds)}")
+    return {"failures": failures}
+
+
+SECTIONS = {"collectives": sec_collectives, "poll_then_launch": sec_poll_then_launch, "big_slices": sec_big_slices,
             "slow_producer": sec_slow_producer, "group_cycles": sec_group_cycles,
             "nccl_shared_gpu": sec_nccl_shared_gpu, "correctness": sec_correctness, "streams": sec_streams, "errors": sec_errors, "ddp": sec_ddp}
 

@@ -14,14 +14,15 @@ from gpu_support import requires_gpu
 SIZES = [1, 13, 1031, 4099, 65537, 262147]
 
 TOPOLOGIES = {
-    "1x2": (["a", "a"], {}, ["correctness", "streams", "errors", "ddp"], {"sizes": SIZES}),
-    "2x1": (["a", "b"], {}, ["correctness", "streams"], {"sizes": SIZES}),
-    "2x2": (["a", "a", "b", "b"], {}, ["correctness", "streams", "errors", "ddp"], {"sizes": SIZES}),
+    "1x2": (["a", "a"], {}, ["correctness", "streams", "errors", "ddp", "collectives"], {"sizes": SIZES}),
+    "2x1": (["a", "b"], {}, ["correctness", "streams", "collectives"], {"sizes": SIZES}),
+    "2x2": (["a", "a", "b", "b"], {}, ["correctness", "streams", "errors", "ddp", "collectives"], {"sizes": SIZES}),
     # NCCL between nodes: every rank on its own GPU (skipped with fewer GPUs).
-    "2x1-nccl": (["a", "b"], {"FAIRRING_GPU_TRANSPORT": "nccl"}, ["correctness", "streams"], {"sizes": SIZES}),
+    "2x1-nccl": (["a", "b"], {"FAIRRING_GPU_TRANSPORT": "nccl"}, ["correctness", "streams", "collectives"],
+                 {"sizes": SIZES}),
     "2x2-slice4K": (["a", "a", "b", "b"],
                     {"FAIRRING_SLICE_SIZE": "4K", "FAIRRING_PARALLELISM": "2", "FAIRRING_TOTAL_MEMORY": "1M"},
-                    ["correctness", "streams"], {"sizes": [1, 1031, 65537, 262147]}),
+                    ["correctness", "streams", "collectives"], {"sizes": [1, 1031, 65537, 262147]}),
 }
 
 # Checks aimed at what a desk review found (issue 10), on their own sessions.
@@ -73,6 +74,16 @@ def test_correct_and_bit_identical_across_ranks(name):
     for rank, o in enumerate(out[1:], 1):
         diff = [k for k in first if o["digests"].get(k) != first[k]]
         assert not diff, f"rank {rank} differs from rank 0 on {diff[:10]}"
+
+
+COLLECTIVES = [n for n, t in TOPOLOGIES.items() if "collectives" in t[2]]
+
+
+@requires_gpu
+@pytest.mark.parametrize("name", COLLECTIVES)
+def test_reduce_scatter_all_gather_broadcast(name):
+    _skip_unless_gpus_for(name)
+    _section(name, "collectives")
 
 
 @requires_gpu
