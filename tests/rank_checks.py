@@ -703,17 +703,24 @@ SECTIONS = {
 }
 
 
-def session(rank, world, sections, cfg):
+def run_sections(table, rank, world, sections, cfg, **on_error):
+    """Runs the named sections of `table` in order; a section that raises
+    reports it as a failure (plus the `on_error` fields)."""
     out = {}
     for name in sections:
         t0 = time.monotonic()
         try:
-            res = SECTIONS[name](rank, world, cfg)
+            res = table[name](rank, world, cfg)
         except Exception as e:  # noqa: BLE001
-            res = {"failures": [f"section {name} raised {type(e).__name__}: {e}\n{traceback.format_exc()}"]}
+            res = {"failures": [f"section {name} raised {type(e).__name__}: {e}\n{traceback.format_exc()}"],
+                   **on_error}
         res["seconds"] = round(time.monotonic() - t0, 2)
         out[name] = res
     return out
+
+
+def session(rank, world, sections, cfg):
+    return run_sections(SECTIONS, rank, world, sections, cfg)
 
 
 def options_by_rank(rank, world):

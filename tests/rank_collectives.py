@@ -26,14 +26,13 @@ from __future__ import annotations
 import datetime
 import io
 import time
-import traceback
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 import refs
-from rank_checks import Failures, _case_name, _run_case
+from rank_checks import Failures, _case_name, _run_case, run_sections
 from refs import compare, digest, make_input, op_of, reference
 
 # dtypes gloo's reduce_scatter / allgather do not take (RuntimeError "Invalid scalar
@@ -787,14 +786,4 @@ SECTIONS = {
 
 
 def session(rank, world, sections, cfg):
-    out = {}
-    for name in sections:
-        t0 = time.monotonic()
-        try:
-            res = SECTIONS[name](rank, world, cfg)
-        except Exception as e:  # noqa: BLE001
-            res = {"failures": [f"section {name} raised {type(e).__name__}: {e}\n{traceback.format_exc()}"],
-                   "native_only": []}
-        res["seconds"] = round(time.monotonic() - t0, 2)
-        out[name] = res
-    return out
+    return run_sections(SECTIONS, rank, world, sections, cfg, native_only=[])

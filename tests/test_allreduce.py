@@ -101,15 +101,18 @@ def assert_no_failures(name, sec):
     return per_rank
 
 
-@pytest.mark.parametrize("topo", list(TOPOLOGIES))
-def test_correctness(topo):
-    per_rank = assert_no_failures(topo, "correctness")
-    # every rank got bit-identical results
+def assert_same_bits(topo, per_rank, at_least, what="result"):
+    """Every rank's result digests are rank 0's (and there are enough of them)."""
     d0 = per_rank[0]["digests"]
-    assert len(d0) > 100
+    assert len(d0) > at_least
     for r, v in enumerate(per_rank[1:], 1):
         diff = [k for k in d0 if v["digests"].get(k) != d0[k]]
-        assert not diff, f"{topo}: rank {r} result bits differ from rank 0 for {diff[:20]}"
+        assert not diff, f"{topo}: {what} bits on rank {r} differ from rank 0's for {diff[:20]}"
+
+
+@pytest.mark.parametrize("topo", list(TOPOLOGIES))
+def test_correctness(topo):
+    assert_same_bits(topo, assert_no_failures(topo, "correctness"), 100)
 
 
 @pytest.mark.parametrize("topo", list(TOPOLOGIES))

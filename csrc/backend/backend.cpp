@@ -495,7 +495,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter_tensor_coalesced(
   c10::intrusive_ptr<c10d::Work> last;
   for (size_t i = 0; i < inputs.size(); ++i) {
     last = submit_blockwise(Collective::kReduceScatter, {inputs[i]}, {outputs[i]}, opts.reduceOp,
-                            c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED);
+                            c10d::OpType::COALESCED);
   }
   return last;
 }

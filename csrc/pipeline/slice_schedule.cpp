@@ -146,6 +146,19 @@ bool SliceSchedule::acquire(Slice& s, const TimePoint* until) {
   return true;
 }
 
+void SliceSchedule::input_published(Slice& s) {
+  mover_.done(node_.slot(s.seq), PeerStep::kInputReady);
+  node_.publish_input(s.id());
+}
+
+bool SliceSchedule::inputs_in(Slice& s, const TimePoint* until) {
+  for (int x = 0; x < k_; ++x) {
+    if (x != me_ && !node_.wait_input(s.id(), x, until)) return false;
+  }
+  node_.check_match(s.id());
+  return true;
+}
+
 void SliceSchedule::publish_input(Slice& s) {
   // Peers read our input for their chunks only: our own chunk we reduce
   // straight from the tensor, so it is not copied.  A replicated slice is
@@ -160,15 +173,11 @@ void SliceSchedule::publish_input(Slice& s) {
   if (s.plan.slice.count > tail) {
     mover_.copy(slot, in + tail * esize, tensor + tail * esize, (s.plan.slice.count - tail) * esize, false);
   }
-  mover_.done(slot, PeerStep::kInputReady);
-  node_.publish_input(s.id());
+  input_published(s);
 }
 
 bool SliceSchedule::reduce_chunk(Slice& s, const TimePoint* until) {
-  for (int x = 0; x < k_; ++x) {
-    if (x != me_ && !node_.wait_input(s.id(), x, until)) return false;
-  }
-  node_.check_match(s.id());
+  if (!inputs_in(s, until)) return false;
   // A replicated slice is reduced whole, straight into the tensor: the
   // result is complete, nothing to gather.  Otherwise our chunk, if the
   // plan gave us one (a small slice has fewer chunks than ranks).
@@ -281,15 +290,11 @@ void SliceSchedule::stage_blocks(Slice& s) {
                   s.plan.slice.count * esize, false);
     }
   }
-  mover_.done(slot, PeerStep::kInputReady);
-  node_.publish_input(s.id());
+  input_published(s);
 }
 
 bool SliceSchedule::reduce_blocks(Slice& s, const TimePoint* until) {
-  for (int x = 0; x < k_; ++x) {
-    if (x != me_ && !node_.wait_input(s.id(), x, until)) return false;
-  }
-  node_.check_match(s.id());
+  if (!inputs_in(s, until)) return false;
   const PipelineOp& op = *s.op;
   const int slot = node_.slot(s.seq);
   const int64_t esize = c10::elementSize(op.dtype);
@@ -315,8 +320,7 @@ void SliceSchedule::publish_block(Slice& s) {
   // No input area to share, but every other phase list waits for every
   // peer's input before check_match: a peer that issued another collective
   // must get there and see the mismatch, not wait for an input that never comes.
-  mover_.done(slot, PeerStep::kInputReady);
-  node_.publish_input(s.id());
+  input_published(s);
 }
 
 void SliceSchedule::exchange_blocks(Slice& s) {
@@ -394,15 +398,11 @@ void SliceSchedule::publish_root(Slice& s) {
     mover_.copy(slot, mover_.input_area(slot, me_), tensor_at(s),
                 s.plan.slice.count * c10::elementSize(s.op->dtype), false);
   }
-  mover_.done(slot, PeerStep::kInputReady);
-  node_.publish_input(s.id());
+  input_published(s);
 }
 
 bool SliceSchedule::exchange_root(Slice& s, const TimePoint* until) {
-  for (int x = 0; x < k_; ++x) {
-    if (x != me_ && !node_.wait_input(s.id(), x, until)) return false;
-  }
-  if (k_ > 1) node_.check_match(s.id());
+  if (k_ > 1 && !inputs_in(s, until)) return false;
   const PipelineOp& op = *s.op;
   const int slot = node_.slot(s.seq);
   mirrors_[slot] = Mirror{};

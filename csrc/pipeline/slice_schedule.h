@@ -93,6 +93,10 @@ class SliceSchedule {
  private:
   bool run(Slice& s, const TimePoint* until, bool front_half);
   bool acquire(Slice& s, const TimePoint* until);
+  // Our input is in the slot (for the peers); every peer's is, and every
+  // peer claimed the slot for the same collective (else the mismatch error).
+  void input_published(Slice& s);
+  bool inputs_in(Slice& s, const TimePoint* until);
   void publish_input(Slice& s);
   bool reduce_chunk(Slice& s, const TimePoint* until);
   void exchange(Slice& s);

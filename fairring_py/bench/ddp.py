@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import launch, metrics, netns
+from . import launch, metrics
 
 SEED = 4321
 # Largest relative parameter difference between the fairring and baseline
@@ -195,21 +195,7 @@ def main(argv=None) -> int:
            "batch": a.batch, "steps": a.steps, "warmup": a.warmup, "bucket_cap_mb": a.bucket_cap_mb, "lr": a.lr,
            "threads": a.threads, "nodes": a.nodes, "ranks_per_node": a.ranks_per_node, "netns": a.netns,
            "link_rate_Bps": rate, "out": a.out}
-    if launch.external_launcher() == "torchrun":
-        cfg.update(nodes=None, ranks_per_node=None)
-        return launch.run_rank(cfg, rank_main)
-    launch.exit_on_signals()
-    try:
-        if a.netns:
-            netns.check_usable(link_rate=bool(rate))
-            with netns.Cluster(a.nodes, rate) as cluster:
-                launch.run_ranks(cfg, a.nodes, a.ranks_per_node, a.timeout, cluster=cluster)
-        else:
-            launch.run_ranks(cfg, a.nodes, a.ranks_per_node, a.timeout)
-    except (launch.LaunchError, netns.NetnsError) as e:
-        print(f"fairring bench.ddp: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return launch.run_job(cfg, rank_main, a.nodes, a.ranks_per_node, a.timeout, a.netns, rate, "bench.ddp")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from . import ddp, launch, metrics, netns
+from . import ddp, launch, metrics
 
 SEED = 8765
 VARIANTS = ("fsdp2", "fsdp1")
@@ -255,21 +255,7 @@ def main(argv=None) -> int:
            "seq": a.seq, "batch": a.batch, "steps": a.steps, "warmup": a.warmup, "lr": a.lr, "rtol": a.rtol,
            "threads": a.threads, "nodes": a.nodes, "ranks_per_node": a.ranks_per_node, "netns": a.netns,
            "link_rate_Bps": rate, "out": a.out}
-    if launch.external_launcher() == "torchrun":
-        cfg.update(nodes=None, ranks_per_node=None)
-        return launch.run_rank(cfg, rank_main)
-    launch.exit_on_signals()
-    try:
-        if a.netns:
-            netns.check_usable(link_rate=bool(rate))
-            with netns.Cluster(a.nodes, rate) as cluster:
-                launch.run_ranks(cfg, a.nodes, a.ranks_per_node, a.timeout, cluster=cluster)
-        else:
-            launch.run_ranks(cfg, a.nodes, a.ranks_per_node, a.timeout)
-    except (launch.LaunchError, netns.NetnsError) as e:
-        print(f"fairring bench.fsdp: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return launch.run_job(cfg, rank_main, a.nodes, a.ranks_per_node, a.timeout, a.netns, rate, "bench.fsdp")
 
 
 if __name__ == "__main__":

@@ -283,6 +283,30 @@ class Ranks:
             torch.cuda.synchronize()
 
 
+def run_job(cfg: dict, rank_main, nodes: int, ranks_per_node: int, timeout_s: float, use_netns: bool,
+            link_rate: Optional[float], prog: str) -> int:
+    """The end of a training job's main(): this process is one rank under
+    torchrun, or it launches the ranks here (in network namespaces with
+    `use_netns`, links capped at `link_rate` bytes/s)."""
+    from . import netns
+
+    if external_launcher() == "torchrun":
+        cfg.update(nodes=None, ranks_per_node=None)
+        return run_rank(cfg, rank_main)
+    exit_on_signals()
+    try:
+        if use_netns:
+            netns.check_usable(link_rate=bool(link_rate))
+            with netns.Cluster(nodes, link_rate) as cluster:
+                run_ranks(cfg, nodes, ranks_per_node, timeout_s, cluster=cluster)
+        else:
+            run_ranks(cfg, nodes, ranks_per_node, timeout_s)
+    except (LaunchError, netns.NetnsError) as e:
+        print(f"fairring {prog}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def run_rank(cfg: dict, job: Callable[[Ranks, dict], int]) -> int:
     """Run ``job(ranks, cfg)`` as this rank: join the groups, print any failure
     to stderr, leave the groups.  Returns the rank's exit code."""
