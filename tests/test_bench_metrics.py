@@ -178,6 +178,9 @@ def test_link_bound_reduce_scatter_all_gather():
     assert metrics.link_bound_s(125e6, 2, 125e6, "reduce_scatter") == pytest.approx(0.5)
     assert metrics.link_bound_s(25 * MiB, 4, 125e6, "all_gather") == pytest.approx(0.75 * 25 * MiB / 125e6)
     assert metrics.link_bound_s(25 * MiB, 1, 125e6, "all_gather") == 0.0
+    # every other node receives all of a broadcast
+    assert metrics.link_bound_s(125e6, 2, 125e6, "broadcast") == pytest.approx(1.0)
+    assert metrics.link_bound_s(125e6, 4, 125e6, "broadcast") == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])

@@ -127,11 +127,13 @@ def link_bound_s(nbytes: float, nodes: int, rate_bytes_per_s: float, collective:
     2(N-1)/N of the data, whatever the algorithm.  For reduce_scatter and
     all_gather of a full buffer of ``nbytes`` (per rank) it is (N-1)/N of it:
     a node's reduced input must leave it except its own share, and a node must
-    receive every other node's share.  0 for a single node."""
+    receive every other node's share.  For broadcast it is all of it: every
+    other node must receive every byte (and the root's node send it at least
+    once).  0 for a single node."""
     if nodes <= 1:
         return 0.0
     if collective == "broadcast":
-        raise ValueError("no link bound for broadcast here")
+        return nbytes / rate_bytes_per_s
     return busbw_factor(nodes, collective) * nbytes / rate_bytes_per_s
 
 

@@ -25,16 +25,14 @@ def summarize_run(meta: dict, memcpy: dict, backends: List[str], results: List[d
     nodes = meta.get("nodes") or 1
     rate = meta.get("link_rate_Bps")
     # nccl-tests' conventions: busbw = algbw x 2(P-1)/P for all_reduce, (P-1)/P for
-    # reduce_scatter and all_gather (size: the full buffer), 1 for broadcast.  A
-    # broadcast's link bound (the root node sends every byte once) is not computed here.
+    # reduce_scatter and all_gather (size: the full buffer), 1 for broadcast.
     collective = meta.get("collective") or "all_reduce"
-    broadcast = collective == "broadcast"
     rows = []
     for res in results:
         nbytes = res["size"] * meta["inflight"]  # one timed unit: `inflight` operations
         stats = [metrics.summarize(ts) for ts in res["times"]]
         base_median = stats[backends.index(baseline)]["median"]
-        bound = metrics.link_bound_s(nbytes, nodes, rate, collective) if rate and not broadcast else None
+        bound = metrics.link_bound_s(nbytes, nodes, rate, collective) if rate else None
         for name, st, reps in zip(backends, stats, res["reps"]):
             bus = metrics.busbw(nbytes, st["median"], world, collective)
             rows.append({
