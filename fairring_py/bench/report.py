@@ -85,8 +85,8 @@ def table(summary: dict) -> str:
         + factor.get(collective, " x 2(P-1)/P"),
     ]
     if m.get("link_rate_Bps"):
-        out.append(f"link bound = {'(N-1)/N' if collective in ('reduce_scatter', 'all_gather') else '2(N-1)/N'}"
-                   f" x bytes / link rate; TCP over 1500-byte frames carries at most "
+        share = {"reduce_scatter": "(N-1)/N x ", "all_gather": "(N-1)/N x ", "broadcast": ""}.get(collective, "2(N-1)/N x ")
+        out.append(f"link bound = {share}bytes / link rate; TCP over 1500-byte frames carries at most "
                    f"{metrics.tcp_payload_fraction() * 100:.1f}% of the rate as payload, so bound/time stays below that")
     hdr = f"{'size':>9}  {'backend':<9}{'median ms':>11}{'p10-p90 ms':>19}{'algbw GB/s':>12}{'busbw GB/s':>12}" \
           f"{'busbw%cpy':>10}{'vs ' + base:>9}"
