@@ -82,7 +82,8 @@ def sec_correctness(rank, world, cfg):
 
 
 def sec_unsupported(rank, world, cfg):
-    """Unsupported (op, dtype) pairs raise RuntimeError naming op and dtype."""
+    """Unsupported (op, dtype) pairs raise RuntimeError naming op and dtype;
+    PREMUL_SUM on floats works."""
     failures = Failures()
     dtype_names = {
         torch.int32: ("int32", "int", "Int"),
@@ -99,7 +100,7 @@ def sec_unsupported(rank, world, cfg):
     ]
     try:
         premul = dist._make_nccl_premul_sum(2.0)
-        cases.append(("PREMUL_SUM", torch.float32, premul, "PREMUL_SUM"))
+        cases.append(("PREMUL_SUM", torch.int32, premul, "PREMUL_SUM"))  # floating types only
     except Exception as e:  # noqa: BLE001
         failures.add(f"cannot build PREMUL_SUM op in this torch: {e}")
     for label, dtype, op, opname in cases:
@@ -117,6 +118,11 @@ def sec_unsupported(rank, world, cfg):
             failures.add(f"{label} on {dtype}: raised {type(e).__name__} (expected RuntimeError): {str(e)[:300]}")
             continue
         failures.add(f"{label} on {dtype}: did not raise")
+    # PREMUL_SUM itself is supported: each rank's tensor times the factor, summed.
+    t = torch.full((17,), float(rank + 1))
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum(2.0))
+    if not torch.equal(t, torch.full((17,), float(world * (world + 1)))):
+        failures.add(f"PREMUL_SUM(2.0) all_reduce of rank + 1: got {t[:3].tolist()}")
     return {"failures": failures}
 
 

@@ -314,6 +314,11 @@ void RailStage::loop() {
       maybe_finish();
 
       const auto now = Clock::now();
+      // What is being waited for: the oldest slice in flight's collective.
+      const std::string op = active_.empty() ? std::string("a collective")
+                                             : std::string(collective_name(static_cast<Collective>(
+                                                   active_.front()->task.key.collective))) +
+                                                   " #" + std::to_string(active_.front()->task.key.op_seq);
       for (Channel* ch : chans) {
         const std::string peer = std::to_string(ch->peer_rank());
         const bool alive = now - ch->last_peer_alive < alive_window;
@@ -325,7 +330,7 @@ void RailStage::loop() {
           throw std::runtime_error(
               "timed out: rank " + peer + " sent nothing for " +
               seconds(std::chrono::duration<double>(now - ch->last_recv_progress).count()) +
-              " while this rank waited for its part of an all_reduce" +
+              " while this rank waited for its part of " + op +
               (alive ? why_alive
                      : " (is rank " + peer + " stalled, did it skip the collective, or is the network between us down?)"));
         }
@@ -338,7 +343,7 @@ void RailStage::loop() {
           throw std::runtime_error(
               "timed out: rank " + peer + " took none of the data this rank sent it for " +
               seconds(std::chrono::duration<double>(now - ch->last_send_progress).count()) +
-              " during an all_reduce" +
+              " during " + op +
               (alive ? why_alive : " (is rank " + peer + " stalled, or is the network between us down?)"));
         }
       }

@@ -438,17 +438,20 @@ bool SliceSchedule::gather_root(Slice& s, const TimePoint* until) {
   const int slot = node_.slot(s.seq);
   const int64_t esize = c10::elementSize(op.dtype);
   const bool large = op.numel * esize >= kLargeOpBytes;
+  // Between nodes, every chunk's exchange carried every node's key (sent
+  // after its node's check_match), so once they are over no node ran another
+  // collective; on the root's node they are also done reading the root's area.
+  if (rail_) {
+    for (int x = 0; x < s.plan.num_chunks(); ++x) {
+      if (!node_.wait_chunk(s.id(), x, until)) return false;
+    }
+  }
   if (topo_.node == root_node) {
-    // Our rail must be done reading the root's area before we release it.
-    if (rail_ && owns_chunk(s) && !node_.wait_chunk(s.id(), me_, until)) return false;
     if (me_ != root_local) {
       mover_.after(slot, root_local, PeerStep::kInputReady);
       mover_.copy(slot, tensor_at(s), mover_.input_area(slot, root_local), s.plan.slice.count * esize, large);
     }
     return true;
-  }
-  for (int x = 0; x < s.plan.num_chunks(); ++x) {
-    if (!node_.wait_chunk(s.id(), x, until)) return false;
   }
   if (k_ == 1) return true;  // the rail wrote into the tensor
   for (int x = 0; x < s.plan.num_chunks(); ++x) {
