@@ -61,8 +61,11 @@ def make_expected(world: int, numel: int, device) -> torch.Tensor:
 # ---------------------------------------------------------------- backends
 
 class TorchBackend:
-    def __init__(self, name, group, collective="all_reduce"):
+    def __init__(self, name, group, collective="all_reduce", exact=True):
         self.name, self.group = name, group
+        # False for compressed rails: results are rounded, so their error is
+        # measured instead of compared exactly.
+        self.exact = exact
         # all_reduce, or broadcast from rank 0
         self.op = (lambda b, **kw: dist.broadcast(b, src=0, **kw)) if collective == "broadcast" else dist.all_reduce
 
@@ -148,6 +151,28 @@ def check(bufs, expected, name, rank) -> str:
     return ""
 
 
+def magnitudes(world: int, numel: int, device) -> torch.Tensor:
+    """sum over ranks of |input|, per element: what the error of compressed
+    rails is relative to (README, "Compressed rails": the sum may cancel)."""
+    out = torch.zeros(numel, dtype=torch.float64)
+    for r in range(world):
+        out += make_input(r, numel, "cpu").double().abs()
+    return out.to(device)
+
+
+def max_rel_error(bufs, expected, mag) -> float:
+    """max over elements of |result - exact| / sum_r |input_r| (the
+    expectation is integer-valued float32, exact); nan if a result is NaN."""
+    e = expected.double()
+    worst = 0.0
+    for b in bufs:
+        d = (b.double() - e).abs()
+        if bool(torch.isnan(d).any()):
+            return float("nan")
+        worst = max(worst, float((d / mag).max()))
+    return worst
+
+
 def time_once(ranks, backend, bufs, prepared, inp, inflight):
     for b in bufs:
         b.copy_(inp)
@@ -174,11 +199,20 @@ def sweep_size(ranks, backends, size, cfg) -> dict:
     # may pay for first-touch memory and connections); both checked.
     bufs = [torch.empty_like(inp) for _ in range(inflight)]
     errors = []
+    rel_err = [0.0 for _ in backends]
+    mag = None if all(be.exact for be in backends) else magnitudes(ranks.world, numel, ranks.device)
+
+    def verify(i, bufs_):
+        if backends[i].exact:
+            errors.append(check(bufs_, expected, backends[i].name, ranks.rank))
+        else:
+            rel_err[i] = max(rel_err[i], max_rel_error(bufs_, expected, mag))
+
     for _ in range(2):
         first = []
-        for be in backends:
+        for i, be in enumerate(backends):
             first.append(time_once(ranks, be, bufs, be.prepare(bufs), inp, inflight))
-            errors.append(check(bufs, expected, be.name, ranks.rank))
+            verify(i, bufs)
     slowest = ranks.max_over_ranks(first)
     # Every rank derives the same counts from the same agreed numbers.  Each
     # backend gets its own reps, so a fast one is not timed over a few
@@ -197,19 +231,26 @@ def sweep_size(ranks, backends, size, cfg) -> dict:
             i = (j + s) % len(backends)  # rotate the order every sample
             t = time_once(ranks, backends[i], mine[i], prepared[i], inp, inflight)
             times[i].append(t / reps[i])
-            errors.append(check(mine[i], expected, backends[i].name, ranks.rank))
+            verify(i, mine[i])
             checked += len(mine[i])
     flat = ranks.max_over_ranks([t for ts in times for t in ts])
     times = [flat[i * samples:(i + 1) * samples] for i in range(len(backends))]
     error = next((e for e in errors if e), "")
+    rel_err = ranks.max_over_ranks(rel_err)
     return {"size": size, "reps": reps, "samples": samples, "times": times, "error": error,
-            "checked": checked}
+            "checked": checked,
+            "max_rel_err": [None if be.exact else r for be, r in zip(backends, rel_err)]}
 
 
 def run_allreduce(ranks: Ranks, cfg: dict) -> int:
     collective = cfg.get("collective", "all_reduce")
-    backends = [TorchBackend("fairring", ranks.fairring, collective),
+    from fairring_py.options import resolve
+
+    plain_wire = resolve().wire_dtype  # FAIRRING_WIRE_DTYPE of the plain group
+    backends = [TorchBackend("fairring", ranks.fairring, collective, exact=plain_wire == "none"),
                 TorchBackend(ranks.baseline_name, ranks.baseline, collective)]
+    # After the baseline (backends[1], the reference of every ratio).
+    backends += [TorchBackend(f"fairring-{w}", g, collective, exact=False) for w, g in ranks.wire_groups]
     if ranks.mpi_comm is not None:
         if ranks.device.type != "cpu":
             raise SystemExit("fairring bench: --mpi measures CPU tensors only")
