@@ -171,8 +171,9 @@ def wire_session(rank, world, fmt, nodes):
                     if not torch.equal(x, want):
                         failures.append(f"{name}: single node result differs from the exact float sum")
                     continue
-                # README, "Compressed rails": |r - S| <= u|S| + (1+u)(u + (N+K) u_in) sum|x_i|
-                bound = u * exact.abs() + (1 + u) * (u + (world + 2) * unit_in) * mag + 1e-300
+                # README, "Compressed rails": |r - S| <= u|S| + (1+u)^2 (u + (N+K) u_in) M
+                k = world // nodes
+                bound = u * exact.abs() + (1 + u) ** 2 * (u + (nodes + k) * unit_in) * mag + 1e-300
                 err = (x.double() - exact).abs()
                 if bool((err > bound).any()):
                     i = int(torch.argmax(err / bound))
@@ -203,7 +204,8 @@ def wire_session(rank, world, fmt, nodes):
             sl = slice(rank * per_rank, (rank + 1) * per_rank)
             exact = sum(t[sl].double() for t in ins)
             mag = sum(t[sl].double().abs() for t in ins)
-            bound = (u + (world + 2) * unit_in) * mag + 1e-300
+            k = world // nodes
+            bound = (1 + u) ** 2 * (u + (nodes + k) * unit_in) * mag + 1e-300  # no result rounding
             err = (out.double() - exact).abs()
             name = f"reduce_scatter {dtype} n={per_rank}"
             if bool((err > bound).any()):

@@ -148,8 +148,12 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
     send.header = header_for(t, WireKind::kContribution, bytes);
     send.data = where;
     if (wire) {
-      send.data = wire_buf(wire_out_, t, r.node);
-      codec_.encode(dtype, where, count, wire_buf(wire_out_, t, r.node));
+      char* msg = wire_buf(wire_out_, t, r.node);
+      if (bytes > wire_out_[0][r.node].size()) {
+        throw std::logic_error("fairring: shard larger than its wire buffer (plan bound violated)");
+      }
+      codec_.encode(dtype, where, count, msg);
+      send.data = msg;
     }
     send.on_done = [this, s] { --s->sends_pending; };
     ++s->sends_pending;
@@ -173,7 +177,7 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
     s->served = false;
     s->staging = &staging_[t.slice_seq % staging_.size()];
     for (int i : contributors) {
-      if (bytes > (*s->staging)[i].size()) {
+      if (static_cast<uint64_t>(bytes_of(served, elem)) > (*s->staging)[i].size()) {
         throw std::logic_error("fairring: shard larger than its staging buffer (plan bound violated)");
       }
       char* into = wire ? wire_buf(wire_contrib_, t, i) : (*s->staging)[i].data();
