@@ -85,6 +85,7 @@ class TorchBackend:
 
 class MpiBackend:
     name = "mpi"
+    exact = True
 
     def __init__(self, comm, collective="all_reduce"):
         from mpi4py import MPI
