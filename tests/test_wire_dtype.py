@@ -217,13 +217,17 @@ def wire_session(rank, world, fmt, nodes):
 
 
 TOPOS = {"1x2": ["a", "a"], "2x1": ["a", "b"], "2x2": ["a", "a", "b", "b"], "3x1": ["a", "b", "c"]}
-CASES = [("1x2", "bf16"), ("2x1", "bf16"), ("2x2", "bf16"), ("3x1", "bf16"), ("2x2", "fp16"), ("3x1", "fp16")]
+# Small slices and two slots: many slices per op, so every per-slot wire
+# buffer is reused while others are in flight.
+SMALL = {"FAIRRING_SLICE_SIZE": "64K", "FAIRRING_PARALLELISM": "2", "FAIRRING_TOTAL_MEMORY": "4M"}
+CASES = [("1x2", "bf16", {}), ("2x1", "bf16", {}), ("2x2", "bf16", {}), ("3x1", "bf16", {}), ("2x2", "fp16", {}),
+         ("3x1", "fp16", {}), ("2x2", "bf16", SMALL)]
 
 
-@pytest.mark.parametrize("topo,fmt", CASES, ids=[f"{t}-{f}" for t, f in CASES])
-def test_compressed_collectives(topo, fmt):
+@pytest.mark.parametrize("topo,fmt,env", CASES, ids=[f"{t}-{f}" + ("-small-slices" if e else "") for t, f, e in CASES])
+def test_compressed_collectives(topo, fmt, env):
     ids = TOPOS[topo]
-    res = launch.run_ranks(wire_session, ids, args=(fmt, len(set(ids))), env={"FAIRRING_WIRE_DTYPE": fmt},
+    res = launch.run_ranks(wire_session, ids, args=(fmt, len(set(ids))), env={"FAIRRING_WIRE_DTYPE": fmt, **env},
                            timeout_s=150)
     problems = [f"rank {r.rank}: {f}" for r in res for f in r.value["failures"]]
     first = res[0].value["digests"]
