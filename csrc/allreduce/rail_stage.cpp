@@ -58,10 +58,15 @@ RailStage::RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callb
       if (n != topo_.node) slot[n].resize(max_shard_bytes);
     }
   }
-  if (wire != WireDtype::kNone) {
+  if (wire != WireDtype::kNone) {  // wire_bytes_per_slot() counts these
     for (auto* bufs : {&wire_out_, &wire_contrib_, &wire_result_}) {
-      bufs->assign(slots, std::vector<std::vector<char>>(topo_.num_nodes,
-                                                         std::vector<char>(WireCodec::buffer_bytes(max_shard_bytes))));
+      bufs->resize(slots);
+      for (auto& slot : *bufs) {
+        slot.resize(topo_.num_nodes);
+        for (int n = 0; n < topo_.num_nodes; ++n) {
+          if (n != topo_.node || bufs == &wire_out_) slot[n].resize(WireCodec::buffer_bytes(max_shard_bytes));
+        }
+      }
     }
   }
   const std::vector<int> rail = topo_.rail();

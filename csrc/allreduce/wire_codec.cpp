@@ -46,6 +46,11 @@ const char* wire_dtype_name(WireDtype w) {
   return "none";
 }
 
+int64_t wire_bytes_per_slot(const std::string& wire_dtype, int64_t max_shard_bytes, int num_nodes) {
+  if (wire_dtype == "none" || num_nodes < 2) return 0;
+  return (3 * static_cast<int64_t>(num_nodes) - 2) * WireCodec::buffer_bytes(max_shard_bytes);
+}
+
 bool WireCodec::applies(const RailTask& t) const {
   if (w_ == WireDtype::kNone) return false;
   const c10::ScalarType d = t.dtype();

@@ -33,6 +33,11 @@ enum class WireDtype : uint32_t { kNone = 0, kBf16 = 1, kFp16 = 2 };
 WireDtype wire_dtype_from_name(const std::string& name);
 const char* wire_dtype_name(WireDtype w);
 
+// Host memory a RailStage allocates per slot for compressed rails (0 for
+// "none"): to each node (and the server's result), from each other node's
+// contribution and result.
+int64_t wire_bytes_per_slot(const std::string& wire_dtype, int64_t max_shard_bytes, int num_nodes);
+
 class WireCodec {
  public:
   static constexpr int64_t kPrefixBytes = 8;
