@@ -37,7 +37,7 @@ inline float f64_to_f32_odd(double d) {
 // dst[i] = round(src[i] * scale) in the wire format (fp16: float16, else bfloat16).
 inline void narrow_f32_impl(uint16_t* dst, const float* src, int64_t n, bool fp16, float scale) {
   if (!fp16) {
-    for (int64_t j = 0; j < n; ++j) dst[j] = detail::f32_to_bf16(src[j]);
+    for (int64_t j = 0; j < n; ++j) dst[j] = detail::f32_to_bf16(src[j] * scale);
     return;
   }
   int64_t j = 0;
@@ -51,7 +51,7 @@ inline void narrow_f32_impl(uint16_t* dst, const float* src, int64_t n, bool fp1
 // dst[i] = widen(src[i]) * inv_scale.
 inline void widen_f32_impl(float* dst, const uint16_t* src, int64_t n, bool fp16, float inv_scale) {
   if (!fp16) {
-    for (int64_t j = 0; j < n; ++j) dst[j] = detail::bf16_to_f32(src[j]);
+    for (int64_t j = 0; j < n; ++j) dst[j] = detail::bf16_to_f32(src[j]) * inv_scale;
     return;
   }
   int64_t j = 0;
