@@ -85,6 +85,7 @@ def collect(environ=None) -> dict:
             "parallelism": resolved.parallelism,
             "socket_ifname": resolved.socket_ifname or "(address of the hostname)",
             "gpu_transport": resolved.gpu_transport,
+            "wire_dtype": resolved.wire_dtype,
         }
         # Ranks with the same key form a node; the others' keys are only known
         # once a group exists, so this shows this process's.

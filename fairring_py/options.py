@@ -29,6 +29,7 @@ ENV = {
     "node_id": "FAIRRING_NODE_ID",
     "socket_ifname": "FAIRRING_SOCKET_IFNAME",
     "gpu_transport": "FAIRRING_GPU_TRANSPORT",
+    "wire_dtype": "FAIRRING_WIRE_DTYPE",
 }
 
 # How CUDA all-reduces cross nodes.  "tcp": the reduced chunks go through
@@ -36,6 +37,11 @@ ENV = {
 # point-to-point on rail communicators, device to device (needs a CUDA build,
 # NCCL at run time and every rank on its own GPU).
 GPU_TRANSPORTS = ("tcp", "nccl")
+
+# What the rails between nodes carry for floating SUM/AVG all-reduces and
+# reduce-scatters: "none" (the input dtype), "bf16" or "fp16" (README,
+# "Compressed rails").  Must be the same on every rank.
+WIRE_DTYPES = ("none", "bf16", "fp16")
 
 MIN_SLICE, MAX_SLICE = LIMITS["slice_size"]
 MAX_PARALLELISM = LIMITS["parallelism"][1]
@@ -54,6 +60,7 @@ class Options:
     node_id:       name of this rank's node; overrides detection (FAIRRING_NODE_ID)
     socket_ifname: network interface for the TCP listener (FAIRRING_SOCKET_IFNAME)
     gpu_transport: how CUDA all-reduces cross nodes: "tcp" or "nccl" (FAIRRING_GPU_TRANSPORT, default tcp)
+    wire_dtype:    what the rails between nodes carry: "none", "bf16" or "fp16" (FAIRRING_WIRE_DTYPE, default none)
     """
 
     slice_size: Optional[int | str] = None
@@ -62,6 +69,7 @@ class Options:
     node_id: Optional[str] = None
     socket_ifname: Optional[str] = None
     gpu_transport: Optional[str] = None
+    wire_dtype: Optional[str] = None
 
 
 def parse_size(value, name: str, hi: int | None = None) -> int:
@@ -111,6 +119,7 @@ class Resolved:
     node_id: Optional[str]
     socket_ifname: str
     gpu_transport: str = "tcp"
+    wire_dtype: str = DEFAULTS["wire_dtype"]
 
 
 def resolve(pg_options=None, environ=None) -> Resolved:
@@ -166,7 +175,13 @@ def resolve(pg_options=None, environ=None) -> Resolved:
                 f"{name}=nccl needs fairring_py._C built with CUDA (this build has CPU tensors only); "
                 "rebuild with FAIRRING_BUILD_CUDA=1 against a CUDA torch, or use tcp"
             )
-    return Resolved(slice_size, total_memory, parallelism, node_id, ifname, gpu_transport)
+    wire_dtype = DEFAULTS["wire_dtype"]
+    if "wire_dtype" in raw:
+        v, name = raw["wire_dtype"]
+        wire_dtype = str(v).strip().lower()
+        if wire_dtype not in WIRE_DTYPES:
+            raise ValueError(f"{name} must be one of {', '.join(WIRE_DTYPES)}, got {v!r}")
+    return Resolved(slice_size, total_memory, parallelism, node_id, ifname, gpu_transport, wire_dtype)
 
 
 def _built_with_cuda() -> bool:

@@ -49,13 +49,24 @@ void check_match(const WireHeader& got, const WireHeader& want, int peer, int se
 }  // namespace
 
 RailStage::RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callbacks callbacks,
-                     std::chrono::milliseconds timeout, int slots, int64_t max_shard_bytes)
-    : topo_(topo), reduce_(std::move(reduce)), callbacks_(std::move(callbacks)), timeout_(timeout) {
+                     std::chrono::milliseconds timeout, int slots, int64_t max_shard_bytes, WireDtype wire)
+    : topo_(topo), reduce_(std::move(reduce)), callbacks_(std::move(callbacks)), timeout_(timeout), codec_(wire) {
   staging_.resize(slots);
   for (auto& slot : staging_) {
     slot.resize(topo_.num_nodes);
     for (int n = 0; n < topo_.num_nodes; ++n) {
       if (n != topo_.node) slot[n].resize(max_shard_bytes);
+    }
+  }
+  if (wire != WireDtype::kNone) {  // wire_bytes_per_slot() counts these
+    for (auto* bufs : {&wire_out_, &wire_contrib_, &wire_result_}) {
+      bufs->resize(slots);
+      for (auto& slot : *bufs) {
+        slot.resize(topo_.num_nodes);
+        for (int n = 0; n < topo_.num_nodes; ++n) {
+          if (n != topo_.node || bufs == &wire_out_) slot[n].resize(WireCodec::buffer_bytes(max_shard_bytes));
+        }
+      }
     }
   }
   const std::vector<int> rail = topo_.rail();
@@ -126,21 +137,38 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
   const bool results_back = collective != Collective::kReduceScatter;
   const RailPlan plan = plan_rail(t.shards, topo_.node, topo_.num_nodes);
   const auto now = Clock::now();
+  // Compressed rails: the messages are encoded/decoded next to the data
+  // (wire_codec.h says which values are rounded).
+  const bool wire = codec_.applies(t);
+  const c10::ScalarType dtype = t.dtype();
 
   // Client side: our piece of each other node's shard goes to its server, the
   // reduced shard comes back into place.
   for (const RemoteShard& r : plan.remote) {
     Channel& ch = *clients_[r.node];
-    const uint64_t bytes = static_cast<uint64_t>(bytes_of(r.shard, elem));
+    const int64_t count = r.shard.count;
+    const uint64_t bytes = wire ? WireCodec::message_bytes(count) : static_cast<uint64_t>(bytes_of(r.shard, elem));
     char* where = t.shard_at(r.node);
     Channel::Send send;
     send.header = header_for(t, WireKind::kContribution, bytes);
     send.data = where;
+    if (wire) {
+      char* msg = wire_buf(wire_out_, t, r.node);
+      if (bytes > wire_out_[0][r.node].size()) {
+        throw std::logic_error("fairring: shard larger than its wire buffer (plan bound violated)");
+      }
+      codec_.encode(dtype, where, count, msg);
+      send.data = msg;
+    }
     send.on_done = [this, s] { --s->sends_pending; };
     ++s->sends_pending;
     ch.post_send(std::move(send));
     if (results_back) {
-      expect(ch, *s, WireKind::kResult, bytes, where, [s] { --s->results_missing; }, now);
+      char* into = wire ? wire_buf(wire_result_, t, r.node) : where;
+      expect(ch, *s, WireKind::kResult, bytes, into, [this, s, wire, into, where, count, dtype] {
+               if (wire) codec_.decode(dtype, into, count, where);
+               --s->results_missing;
+             }, now);
       ++s->results_missing;
     }
   }
@@ -149,15 +177,18 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
   if (plan.serves) {
     const Range served = plan.served;
     const std::vector<int> contributors = plan.contributors;
-    const uint64_t bytes = static_cast<uint64_t>(bytes_of(served, elem));
+    const uint64_t bytes =
+        wire ? WireCodec::message_bytes(served.count) : static_cast<uint64_t>(bytes_of(served, elem));
     s->served = false;
     s->staging = &staging_[t.slice_seq % staging_.size()];
     for (int i : contributors) {
-      if (bytes > (*s->staging)[i].size()) {
+      if (static_cast<uint64_t>(bytes_of(served, elem)) > (*s->staging)[i].size()) {
         throw std::logic_error("fairring: shard larger than its staging buffer (plan bound violated)");
       }
-      expect(*servers_[i], *s, WireKind::kContribution, bytes, (*s->staging)[i].data(),
-             [this, s, bytes, served, contributors, results_back] {
+      char* into = wire ? wire_buf(wire_contrib_, t, i) : (*s->staging)[i].data();
+      expect(*servers_[i], *s, WireKind::kContribution, bytes, into,
+             [this, s, bytes, served, contributors, results_back, wire, into, i, dtype] {
+               if (wire) codec_.decode(dtype, into, served.count, (*s->staging)[i].data());
                if (--s->contributions_missing > 0) return;
                // All pieces are in: reduce in node order, send back.
                const RailTask& t = s->task;
@@ -168,10 +199,18 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
                  inputs[n] = (n == topo_.node) ? own : (*s->staging)[n].data();
                }
                reduce_(t.dtype(), t.op(), out, inputs.data(), topo_.num_nodes, served.count, t.divisor);
+               const char* result = out;
+               if (wire && results_back) {
+                 // Rounded once; our own copy gets the very bits we send.
+                 char* msg = wire_buf(wire_out_, t, topo_.node);
+                 codec_.encode(dtype, out, served.count, msg);
+                 codec_.decode(dtype, msg, served.count, out);
+                 result = msg;
+               }
                for (int n : results_back ? contributors : std::vector<int>{}) {
                  Channel::Send send;
                  send.header = header_for(t, WireKind::kResult, bytes);
-                 send.data = out;
+                 send.data = result;
                  send.on_done = [s] { --s->sends_pending; };
                  ++s->sends_pending;
                  servers_[n]->post_send(std::move(send));
@@ -370,7 +409,8 @@ std::unique_ptr<RailStage> connect_rail(const c10::intrusive_ptr<c10d::Store>& s
   mesh = std::make_unique<TcpMesh>(store, topo.rank, peers, secret, config.socket_ifname, config.timeout);
   mesh->connect();
   return std::make_unique<RailStage>(topo, *mesh, reduce_cpu, std::move(callbacks), config.timeout,
-                                     config.parallelism, max_shard_bytes(params, topo.ranks_per_node, topo.num_nodes));
+                                     config.parallelism, max_shard_bytes(params, topo.ranks_per_node, topo.num_nodes),
+                                     wire_dtype_from_name(config.wire_dtype));
 }
 
 }  // namespace fairring

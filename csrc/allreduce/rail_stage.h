@@ -19,6 +19,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include "allreduce/plan.h"
+#include "allreduce/wire_codec.h"
 #include "common/op_key.h"
 #include "pipeline/rail_exchange.h"
 #include "common/reduce_op.h"
@@ -48,7 +49,8 @@ class RailStage : public RailExchange {
 
   // `slots` slices can be in flight; no shard is larger than `max_shard_bytes`.
   RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callbacks callbacks,
-            std::chrono::milliseconds timeout, int slots, int64_t max_shard_bytes);
+            std::chrono::milliseconds timeout, int slots, int64_t max_shard_bytes,
+            WireDtype wire = WireDtype::kNone);
   ~RailStage() override;
 
   void post(RailTask task) override;
@@ -77,6 +79,14 @@ class RailStage : public RailExchange {
   int wake_fd_ = -1;
   // Where the server receives the peers' shards: [slot][node], allocated once.
   std::vector<std::vector<std::vector<char>>> staging_;
+  // Compressed rails (wire_codec.h), [slot][node], allocated once if a wire
+  // dtype is set: our messages to each node (at our own node: the server's
+  // rounded result), the contributions and the results as they arrive.
+  WireCodec codec_;
+  std::vector<std::vector<std::vector<char>>> wire_out_, wire_contrib_, wire_result_;
+  char* wire_buf(std::vector<std::vector<std::vector<char>>>& bufs, const RailTask& t, int node) {
+    return bufs[t.slice_seq % bufs.size()][node].data();
+  }
 
   std::mutex mu_;
   std::deque<RailTask> incoming_;

@@ -135,7 +135,7 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
   // Which ranks share a machine, and the settings that must agree between
   // ranks (they fix the shared-memory layout and the slices).
   const std::string settings = "FAIRRING_SLICE_SIZE=" + std::to_string(config_.slice_size) +
-      ", FAIRRING_PARALLELISM=" + std::to_string(config_.parallelism);
+      ", FAIRRING_PARALLELISM=" + std::to_string(config_.parallelism) + ", FAIRRING_WIRE_DTYPE=" + config_.wire_dtype;
   store->set("node/" + std::to_string(rank), bytes_of(node_key));
   check_same_settings(store, "settings", rank, size, settings);
   std::vector<std::string> keys(size);
@@ -163,8 +163,9 @@ void FairringBackend::log_setup() const {
   if (debug_level() < kLogSetup) return;
   const int rank = getRank();
   FAIRRING_LOG(rank, "group of %d ranks: FAIRRING_SLICE_SIZE=%lld FAIRRING_TOTAL_MEMORY=%lld FAIRRING_PARALLELISM=%d "
-               "FAIRRING_GPU_TRANSPORT=%s, timeout %lld ms", getSize(), static_cast<long long>(config_.slice_size),
-               static_cast<long long>(config_.total_memory), config_.parallelism, config_.gpu_transport.c_str(),
+               "FAIRRING_GPU_TRANSPORT=%s FAIRRING_WIRE_DTYPE=%s, timeout %lld ms", getSize(),
+               static_cast<long long>(config_.slice_size), static_cast<long long>(config_.total_memory),
+               config_.parallelism, config_.gpu_transport.c_str(), config_.wire_dtype.c_str(),
                static_cast<long long>(config_.timeout.count()));
   auto list = [](const std::vector<int>& v) {
     std::string s;

@@ -23,6 +23,9 @@ void validate(const Config& c) {
   if (c.gpu_transport != "tcp" && c.gpu_transport != "nccl") {
     throw std::invalid_argument("FAIRRING_GPU_TRANSPORT must be tcp or nccl, got " + c.gpu_transport);
   }
+  if (c.wire_dtype != "none" && c.wire_dtype != "bf16" && c.wire_dtype != "fp16") {
+    throw std::invalid_argument("FAIRRING_WIRE_DTYPE must be none, bf16 or fp16, got " + c.wire_dtype);
+  }
   if (c.timeout.count() <= 0) {
     throw std::invalid_argument("the process group's timeout must be positive, got " +
                                 std::to_string(c.timeout.count()) + " ms");

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/reduce_op.h"
+#include "kernels/convert_cpu.h"
 #include "kernels/reduce_cpu.h"
 #include "kernels/reduce_cpu_internal.h"
 
@@ -77,6 +78,33 @@ void reduce_for_test(
   }
 }
 
+HalfFormat parse_half_format(const std::string& name) {
+  if (name == "bf16") return HalfFormat::kBFloat16;
+  if (name == "fp16") return HalfFormat::kFloat16;
+  TORCH_CHECK_VALUE(false, "unknown wire format '", name, "' (expected bf16 or fp16)");
+}
+
+at::Tensor wire_narrow_for_test(const at::Tensor& src, const std::string& fmt, int64_t scale_exp) {
+  check_tensor(src, "src", src);
+  const HalfFormat f = parse_half_format(fmt);
+  at::Tensor out = at::empty({src.numel()}, src.options().dtype(at::kShort));
+  pybind11::gil_scoped_release no_gil;
+  narrow_cpu(src.scalar_type(), f, src.data_ptr(), reinterpret_cast<uint16_t*>(out.data_ptr()), src.numel(),
+             static_cast<int>(scale_exp));
+  return out;
+}
+
+at::Tensor wire_widen_for_test(const at::Tensor& src, const std::string& fmt, at::ScalarType dtype, int64_t scale_exp) {
+  check_tensor(src, "src", src);
+  TORCH_CHECK_VALUE(src.scalar_type() == at::kShort, "src must be int16 (the wire bits)");
+  const HalfFormat f = parse_half_format(fmt);
+  at::Tensor out = at::empty({src.numel()}, src.options().dtype(dtype));
+  pybind11::gil_scoped_release no_gil;
+  widen_cpu(dtype, f, reinterpret_cast<const uint16_t*>(src.data_ptr()), out.data_ptr(), src.numel(),
+            static_cast<int>(scale_exp));
+  return out;
+}
+
 }  // namespace
 
 void register_kernel_bindings(pybind11::module& m) {
@@ -91,6 +119,13 @@ void register_kernel_bindings(pybind11::module& m) {
       "kernel, then divided by `divisor` if it is > 0 (floating types only). All "
       "tensors must be contiguous CPU tensors of one dtype and size; out may be "
       "one of the inputs.");
+  m.def("_wire_narrow_for_test", &wire_narrow_for_test, pybind11::arg("src"), pybind11::arg("fmt"),
+        pybind11::arg("scale_exp") = 0,
+        "Test hook: the wire bits (int16) of a contiguous float32/float64 CPU tensor times 2^scale_exp, "
+        "in 'bf16' or 'fp16', with the rails' conversion kernel.");
+  m.def("_wire_widen_for_test", &wire_widen_for_test, pybind11::arg("src"), pybind11::arg("fmt"),
+        pybind11::arg("dtype"), pybind11::arg("scale_exp") = 0,
+        "Test hook: int16 wire bits in 'bf16' or 'fp16' widened to `dtype` (float32/float64), times 2^-scale_exp.");
   m.def(
       "_reduce_isa_for_test",
       [](const std::string& isa) -> std::string {

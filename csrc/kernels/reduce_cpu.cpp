@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -15,12 +16,14 @@
 
 #include "common/dtype_name.h"
 #include "common/reduce_op.h"
+#include "kernels/convert_cpu.h"
 #include "kernels/reduce_cpu_internal.h"
 
 // The baseline instantiation of the kernels (see reduce_impl.h).
 namespace fairring {
 namespace kernels_generic {
 #include "kernels/reduce_impl.h"
+#include "kernels/convert_impl.h"
 }  // namespace kernels_generic
 }  // namespace fairring
 
@@ -152,6 +155,39 @@ void reduce_cpu(
   }
 #endif
   kernels_generic::reduce_impl(dtype, op, out, inputs, num_inputs, count, divisor);
+}
+
+namespace {
+void check_wire_dtype(c10::ScalarType t) {
+  TORCH_CHECK(t == c10::ScalarType::Float || t == c10::ScalarType::Double,
+              "wire conversion: float32 or float64 only, got ", dtype_name(t));
+}
+}  // namespace
+
+void narrow_cpu(c10::ScalarType src_dtype, HalfFormat fmt, const void* src, uint16_t* dst, int64_t n, int scale_exp) {
+  check_wire_dtype(src_dtype);
+  const bool fp16 = fmt == HalfFormat::kFloat16;
+#if FAIRRING_HAVE_AVX2_KERNELS
+  if (current_isa() == Isa::kAvx2) return kernels_avx2::narrow_impl(src_dtype, fp16, src, dst, n, scale_exp);
+#endif
+  kernels_generic::narrow_impl(src_dtype, fp16, src, dst, n, scale_exp);
+}
+
+void widen_cpu(c10::ScalarType dst_dtype, HalfFormat fmt, const uint16_t* src, void* dst, int64_t n, int scale_exp) {
+  check_wire_dtype(dst_dtype);
+  const bool fp16 = fmt == HalfFormat::kFloat16;
+#if FAIRRING_HAVE_AVX2_KERNELS
+  if (current_isa() == Isa::kAvx2) return kernels_avx2::widen_impl(dst_dtype, fp16, src, dst, n, scale_exp);
+#endif
+  kernels_generic::widen_impl(dst_dtype, fp16, src, dst, n, scale_exp);
+}
+
+double max_abs_finite_cpu(c10::ScalarType dtype, const void* src, int64_t n) {
+  check_wire_dtype(dtype);
+#if FAIRRING_HAVE_AVX2_KERNELS
+  if (current_isa() == Isa::kAvx2) return kernels_avx2::max_abs_impl(dtype, src, n);
+#endif
+  return kernels_generic::max_abs_impl(dtype, src, n);
 }
 
 const char* reduce_cpu_isa() {

@@ -12,6 +12,8 @@
 #include <c10/core/ScalarType.h>
 #include <immintrin.h>
 
+#include <cmath>
+
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -31,6 +33,7 @@
 namespace fairring {
 namespace kernels_avx2 {
 #include "kernels/reduce_impl.h"
+#include "kernels/convert_impl.h"
 }  // namespace kernels_avx2
 }  // namespace fairring
 #undef FAIRRING_REDUCE_IMPL_F16C

@@ -28,6 +28,9 @@ void reduce_impl(
     int num_inputs,
     int64_t count,
     int64_t divisor);
+void narrow_impl(c10::ScalarType src_dtype, bool fp16, const void* src, uint16_t* dst, int64_t n, int scale_exp);
+void widen_impl(c10::ScalarType dst_dtype, bool fp16, const uint16_t* src, void* dst, int64_t n, int scale_exp);
+double max_abs_impl(c10::ScalarType dtype, const void* src, int64_t n);
 }  // namespace kernels_generic
 
 #if FAIRRING_HAVE_AVX2_KERNELS
@@ -41,6 +44,9 @@ void reduce_impl(
     int num_inputs,
     int64_t count,
     int64_t divisor);
+void narrow_impl(c10::ScalarType src_dtype, bool fp16, const void* src, uint16_t* dst, int64_t n, int scale_exp);
+void widen_impl(c10::ScalarType dst_dtype, bool fp16, const uint16_t* src, void* dst, int64_t n, int scale_exp);
+double max_abs_impl(c10::ScalarType dtype, const void* src, int64_t n);
 }  // namespace kernels_avx2
 #endif
 

@@ -5,6 +5,7 @@ optionally OpenMPI, interleaved in the same processes, over a sweep of sizes.
     python -m fairring_py.bench --nodes 1 --ranks-per-node 2 --sizes 4K,25M --mpi
     python -m fairring_py.bench --collective reduce_scatter --sizes 4K,1M,25M   # also all_gather
     python -m fairring_py.bench --netns --link-rate 1gbit --sizes 25M     # root: namespaces
+    python -m fairring_py.bench --netns --link-rate 1gbit --sizes 25M --wire-dtype bf16  # + compressed rails
     python -m fairring_py.bench --netns --link-rate 1gbit --scaling 2,3,4
     torchrun --nproc_per_node=8 ... -m fairring_py.bench --sizes 4K:256M:4  # real machines
 
@@ -42,6 +43,11 @@ def parser() -> argparse.ArgumentParser:
                    help="operations issued async before waiting on them (DDP-like buckets; default 1)")
     w.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="tensor device (cuda: fairring vs nccl)")
+    w.add_argument("--wire-dtype",
+                   help="also time fairring with compressed rails: 'bf16', 'fp16' or 'bf16,fp16'; each is one more "
+                        "backend (fairring-bf16, ...: a fairring group with Options(wire_dtype=...)) in the same run, "
+                        "reported with its max relative error instead of the exact check (the plain 'fairring' "
+                        "keeps FAIRRING_WIRE_DTYPE, default none)")
     w.add_argument("--mpi", action="store_true",
                    help="also time OpenMPI's MPI_Allreduce (mpi4py); launches the ranks with mpirun")
     c = p.add_argument_group("cluster simulation (root only)")
@@ -82,6 +88,11 @@ def build_config(args, p) -> dict:
         p.error("--inflight, --min-samples, --max-reps must be >= 1 and --max-samples >= --min-samples")
     if args.collective == "barrier" and (args.sizes or args.scaling or args.inflight != 1):
         p.error("--collective barrier takes no --sizes, --scaling or --inflight")
+    wire = [w.strip().lower() for w in args.wire_dtype.split(",")] if args.wire_dtype else []
+    if any(w not in ("bf16", "fp16") for w in wire) or len(set(wire)) != len(wire):
+        p.error(f"--wire-dtype takes bf16, fp16 or bf16,fp16, got {args.wire_dtype!r}")
+    if wire and args.collective != "all_reduce":
+        p.error("--wire-dtype applies to --collective all_reduce only")
     try:
         default_sizes = "25M" if args.scaling else "4K:256M:4"
         sizes = metrics.parse_sizes(args.sizes or default_sizes)
@@ -96,6 +107,7 @@ def build_config(args, p) -> dict:
         "inflight": args.inflight,
         "device": args.device,
         "mpi": args.mpi,
+        "wire_dtypes": wire,
         "netns": args.netns,
         "link_rate_Bps": rate,
         "scaling": scaling,

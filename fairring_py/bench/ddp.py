@@ -5,6 +5,13 @@ the same processes, on a simulated cluster.
     python -m fairring_py.bench.ddp                         # 2 nodes x 2 ranks, MLP, CPU
     python -m fairring_py.bench.ddp --model transformer --steps 30
     python -m fairring_py.bench.ddp --netns --link-rate 1gbit   # root: namespaces
+    python -m fairring_py.bench.ddp --netns --link-rate 1gbit --wire-dtype bf16  # + compressed rails
+
+With --wire-dtype, more replicas train in the same run: over a fairring group
+with compressed rails (fairring-bf16, ...), and over the baseline with the
+logic of DDP's bf16_compress_hook (gloo+hook; DDP refuses the hook itself on CPU); each reports its final loss (mean over
+ranks) and its parameters' largest relative difference from the fp32 fairring
+replica.  Only the fairring and baseline replicas are held to REPLICA_RTOL.
 
 Each rank builds two identical replicas (same seed), wraps one in DDP over the
 fairring group and one over the baseline group, and trains both on the same
@@ -60,6 +67,21 @@ def flat_params(model) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).float().cpu() for p in model.parameters()])
 
 
+def bf16_hook(pg, bucket):
+    """torch's default_hooks.bf16_compress_hook, which DDP refuses on CPU
+    (it asks for NCCL): the bucket, divided by the world size, all-reduced in
+    bfloat16, written back."""
+    buf = bucket.buffer()
+    compressed = buf.to(torch.bfloat16).div_(dist.get_world_size(pg))
+    fut = dist.all_reduce(compressed, group=pg, async_op=True).get_future()
+
+    def decompress(f):
+        buf.copy_(f.value()[0])
+        return buf
+
+    return fut.then(decompress)
+
+
 def same_on_all_ranks(ranks, flat: torch.Tensor) -> bool:
     ref = flat.clone()
     dist.broadcast(ref, src=0, group=ranks.control)
@@ -72,9 +94,20 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
     model = make_model(cfg).to(dev)
     names = ["fairring", ranks.baseline_name]
     groups = [ranks.fairring, ranks.baseline]
+    for w, g in ranks.wire_groups:  # --wire-dtype: compressed rails
+        names.append(f"fairring-{w}")
+        groups.append(g)
     ids = [dev.index] if dev.type == "cuda" else None
     replicas = [DDP(copy.deepcopy(model), process_group=g, bucket_cap_mb=cfg["bucket_cap_mb"], device_ids=ids)
                 for g in groups]
+    if ranks.wire_groups:
+        # DDP's own compression on the baseline, for comparison: every partial sum in bf16.
+        names.append(f"{ranks.baseline_name}+hook")
+        groups.append(ranks.baseline)
+        replicas.append(DDP(copy.deepcopy(model), process_group=ranks.baseline, bucket_cap_mb=cfg["bucket_cap_mb"],
+                            device_ids=ids))
+        replicas[-1].register_comm_hook(ranks.baseline, bf16_hook)
+    final_loss = [0.0 for _ in replicas]
     opts = [torch.optim.SGD(r.parameters(), lr=cfg["lr"]) for r in replicas]
     nparams = sum(p.numel() for p in model.parameters())
     times = [[] for _ in replicas]
@@ -92,6 +125,7 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
             ranks.sync()
             if step >= cfg["warmup"]:
                 times[i].append(time.perf_counter() - t0)
+            final_loss[i] = loss.item()
     flat = ranks.max_over_ranks([t for ts in times for t in ts])
     n = cfg["steps"]
     times = [flat[i * n:(i + 1) * n] for i in range(len(replicas))]
@@ -101,6 +135,11 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
     scale = params[1].abs().max().item() or 1.0
     replica_rel_diff = (params[0] - params[1]).abs().max().item() / scale
     ok = all(identical_across_ranks) and replica_rel_diff <= REPLICA_RTOL
+    # The loss of the last step, mean over ranks (each rank's own batch).
+    loss_t = torch.tensor(final_loss, dtype=torch.float64)
+    dist.all_reduce(loss_t, group=ranks.control)
+    final_loss = (loss_t / ranks.world).tolist()
+    param_diff = [(p - params[0]).abs().max().item() / scale for p in params]
     if ranks.rank == 0:
         global_batch = cfg["batch"] * ranks.world
         rows = []
@@ -108,6 +147,10 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
             st = metrics.summarize(ts)
             rows.append({"backend": name, "median_step_s": st["median"], "p10_step_s": st["p10"],
                          "p90_step_s": st["p90"], "samples_per_s": global_batch / st["median"]})
+        for r, l, d in zip(rows, final_loss, param_diff):
+            r["final_loss"] = l
+            r["loss_rel_vs_fairring"] = abs(l - final_loss[0]) / abs(final_loss[0]) if final_loss[0] else None
+            r["param_max_rel_diff_vs_fairring"] = d
         for r in rows:
             r["speedup_vs_baseline"] = r["samples_per_s"] / rows[1]["samples_per_s"]
         rate, nodes = cfg.get("link_rate_Bps"), cfg.get("nodes") or 1
@@ -143,11 +186,15 @@ def ddp_table(s: dict) -> str:
            f"{m['steps']} timed steps after {m['warmup']} warm-up; step time = slowest rank's, median (p10-p90)"
            + (f"; link bound of the gradient all-reduce {m['grad_link_bound_s'] * 1e3:.1f} ms/step"
               if m.get("grad_link_bound_s") else ""),
-           f"{'backend':<10}{'step ms':>10}{'p10-p90 ms':>19}{'samples/s':>12}{'vs ' + s['rows'][1]['backend']:>10}"]
+           f"{'backend':<15}{'step ms':>10}{'p10-p90 ms':>19}{'samples/s':>12}{'vs ' + s['rows'][1]['backend']:>10}"
+           f"{'final loss':>12}{'vs fairring':>12}{'params vs fr':>13}"]
     for r in s["rows"]:
         spread = f"{r['p10_step_s'] * 1e3:.1f}-{r['p90_step_s'] * 1e3:.1f}"
-        out.append(f"{r['backend']:<10}{r['median_step_s'] * 1e3:>10.1f}{spread:>19}{r['samples_per_s']:>12.1f}"
-                   f"{r['speedup_vs_baseline']:>9.2f}x")
+        rel = r.get("loss_rel_vs_fairring")
+        out.append(f"{r['backend']:<15}{r['median_step_s'] * 1e3:>10.1f}{spread:>19}{r['samples_per_s']:>12.1f}"
+                   f"{r['speedup_vs_baseline']:>9.2f}x{r.get('final_loss', float('nan')):>12.6f}"
+                   f"{(rel * 100 if rel is not None else float('nan')):>11.3f}%"
+                   f"{r.get('param_max_rel_diff_vs_fairring', float('nan')):>13.1e}")
     c = s["check"]
     same = ", ".join(f"{k} {'bit-identical' if v else 'DIFFERENT'} across ranks"
                      for k, v in c["identical_across_ranks"].items())
@@ -173,6 +220,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bucket-cap-mb", type=float, default=2.0, help="DDP bucket size (default 2, so several buckets)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    p.add_argument("--wire-dtype", help="also train over fairring with compressed rails ('bf16', 'fp16' or "
+                                        "'bf16,fp16') and over the baseline with DDP's bf16_compress_hook")
     p.add_argument("--netns", action="store_true", help="root: each node in its own network namespace")
     p.add_argument("--link-rate", help="cap each node's link, e.g. 1gbit (needs --netns)")
     p.add_argument("--out", default="bench_out", help="directory for ddp.json (default bench_out)")
@@ -187,6 +236,9 @@ def main(argv=None) -> int:
         p.error("--link-rate needs --netns")
     if min(a.nodes, a.ranks_per_node, a.width, a.depth, a.seq, a.batch, a.steps) < 1 or a.warmup < 0:
         p.error("sizes and counts must be >= 1 (--warmup >= 0)")
+    wire = [w.strip().lower() for w in a.wire_dtype.split(",")] if a.wire_dtype else []
+    if any(w not in ("bf16", "fp16") for w in wire) or len(set(wire)) != len(wire):
+        p.error(f"--wire-dtype takes bf16, fp16 or bf16,fp16, got {a.wire_dtype!r}")
     try:
         rate = metrics.parse_rate(a.link_rate) if a.link_rate else None
     except ValueError as e:
@@ -194,7 +246,7 @@ def main(argv=None) -> int:
     cfg = {"job": "ddp", "device": a.device, "model": a.model, "width": a.width, "depth": a.depth, "seq": a.seq,
            "batch": a.batch, "steps": a.steps, "warmup": a.warmup, "bucket_cap_mb": a.bucket_cap_mb, "lr": a.lr,
            "threads": a.threads, "nodes": a.nodes, "ranks_per_node": a.ranks_per_node, "netns": a.netns,
-           "link_rate_Bps": rate, "out": a.out}
+           "link_rate_Bps": rate, "out": a.out, "wire_dtypes": wire}
     return launch.run_job(cfg, rank_main, a.nodes, a.ranks_per_node, a.timeout, a.netns, rate, "bench.ddp")
 
 

@@ -247,6 +247,13 @@ class Ranks:
         self.control = dist.new_group(backend="gloo", timeout=timeout)
         self.baseline_name = "nccl" if self.device.type == "cuda" else "gloo"
         self.baseline = dist.new_group(backend=self.baseline_name, timeout=timeout)
+        # Compressed rails (--wire-dtype): one more fairring group per wire dtype.
+        self.wire_groups = []
+        for w in config.get("wire_dtypes") or []:
+            import fairring_py
+
+            g = dist.new_group(backend="fairring", timeout=timeout, pg_options=fairring_py.Options(wire_dtype=w))
+            self.wire_groups.append((w, g))
 
     def _from_mpi(self, config: dict) -> None:
         try:

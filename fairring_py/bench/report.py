@@ -14,7 +14,7 @@ from . import metrics
 GB = 1e9
 CSV_FIELDS = ["size_bytes", "backend", "inflight", "reps", "samples", "median_s", "p10_s", "p90_s", "min_s",
               "max_s", "algbw_GBps", "busbw_GBps", "busbw_of_memcpy", "speedup_vs_baseline", "link_bound_s",
-              "bound_over_time"]
+              "bound_over_time", "max_rel_err"]
 
 
 def summarize_run(meta: dict, memcpy: dict, backends: List[str], results: List[dict],
@@ -33,7 +33,8 @@ def summarize_run(meta: dict, memcpy: dict, backends: List[str], results: List[d
         stats = [metrics.summarize(ts) for ts in res["times"]]
         base_median = stats[backends.index(baseline)]["median"]
         bound = metrics.link_bound_s(nbytes, nodes, rate, collective) if rate else None
-        for name, st, reps in zip(backends, stats, res["reps"]):
+        rel = res.get("max_rel_err") or [None] * len(backends)
+        for name, st, reps, err in zip(backends, stats, res["reps"], rel):
             bus = metrics.busbw(nbytes, st["median"], world, collective)
             rows.append({
                 "size_bytes": res["size"], "backend": name, "inflight": meta["inflight"],
@@ -46,6 +47,9 @@ def summarize_run(meta: dict, memcpy: dict, backends: List[str], results: List[d
                 "speedup_vs_baseline": base_median / st["median"],
                 "link_bound_s": bound,
                 "bound_over_time": (bound / st["median"]) if bound else None,
+                # Compressed rails: max |result - exact| / sum_r |input_r|
+                # (busbw counts the uncompressed float32 bytes).
+                "max_rel_err": err,
             })
     checked = sum(r["checked"] for r in results)
     return {
@@ -88,23 +92,33 @@ def table(summary: dict) -> str:
         share = {"reduce_scatter": "(N-1)/N x ", "all_gather": "(N-1)/N x ", "broadcast": ""}.get(collective, "2(N-1)/N x ")
         out.append(f"link bound = {share}bytes / link rate; TCP over 1500-byte frames carries at most "
                    f"{metrics.tcp_payload_fraction() * 100:.1f}% of the rate as payload, so bound/time stays below that")
-    hdr = f"{'size':>9}  {'backend':<9}{'median ms':>11}{'p10-p90 ms':>19}{'algbw GB/s':>12}{'busbw GB/s':>12}" \
+    compressed = any(r.get("max_rel_err") is not None for r in summary["rows"])
+    if compressed:
+        out.append("fairring-bf16/-fp16: compressed rails (FAIRRING_WIRE_DTYPE); their busbw counts the float32 "
+                   "bytes (uncompressed-equivalent), their results are not exact: max rel err = max over elements "
+                   "and ranks of |result - exact| / sum over ranks of |input| (README, Compressed rails)")
+    hdr = f"{'size':>9}  {'backend':<14}{'median ms':>11}{'p10-p90 ms':>19}{'algbw GB/s':>12}{'busbw GB/s':>12}" \
           f"{'busbw%cpy':>10}{'vs ' + base:>9}"
     if bounded:
         hdr += f"{'bound ms':>10}{'bound/time':>11}"
+    if compressed:
+        hdr += f"{'max rel err':>13}"
     out.append(hdr)
     last = None
     for r in summary["rows"]:
         size = metrics.fmt_size(r["size_bytes"]) if r["size_bytes"] != last else ""
         last = r["size_bytes"]
         spread = f"{r['p10_s'] * 1e3:.3f}-{r['p90_s'] * 1e3:.3f}"
-        line = (f"{size:>9}  {r['backend']:<9}{r['median_s'] * 1e3:>11.3f}{spread:>19}{r['algbw_GBps']:>12.3f}"
+        line = (f"{size:>9}  {r['backend']:<14}{r['median_s'] * 1e3:>11.3f}{spread:>19}{r['algbw_GBps']:>12.3f}"
                 f"{r['busbw_GBps']:>12.3f}{r['busbw_of_memcpy'] * 100:>9.1f}%{r['speedup_vs_baseline']:>8.2f}x")
         if bounded:
             line += f"{r['link_bound_s'] * 1e3:>10.3f}{r['bound_over_time'] * 100:>10.1f}%"
+        if compressed and r.get("max_rel_err") is not None:
+            line += f"{r['max_rel_err']:>13.2e}"
         out.append(line)
     c = summary["check"]
-    out.append(f"check: OK ({c['results_checked_per_rank']} results compared exactly on every rank)" if c["ok"]
+    out.append(f"check: OK ({c['results_checked_per_rank']} results compared exactly on every rank"
+               + (", but those of compressed rails" if compressed else "") + ")" if c["ok"]
                else f"check: FAILED on {c['failed_ranks']} rank(s): {'; '.join(c['errors'][:3])}")
     return "\n".join(out)
 

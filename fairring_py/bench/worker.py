@@ -77,7 +77,7 @@ class Workload:
     written) and write a separate output (reset fills it with NaN)."""
 
     def __init__(self, collective: str, rank: int, world: int, size: int, device):
-        self.collective = collective
+        self.collective, self.rank, self.world = collective, rank, world
         numel = size // 4
         if collective == "reduce_scatter":
             chunk = numel // world
@@ -103,6 +103,18 @@ class Workload:
                              f"(at least {4 * world} bytes)")
         self.in_place = collective in ("all_reduce", "broadcast")
         self.inp_ref = None if self.in_place else self.inp.clone()
+
+    def magnitudes(self) -> torch.Tensor:
+        """Per element of the expected output, the sum over ranks of |input|:
+        what the error of compressed rails is relative to (README, "Compressed
+        rails": the sum may cancel).  For the reducing collectives."""
+        full = self.out_numel * (self.world if self.collective == "reduce_scatter" else 1)
+        out = torch.zeros(full, dtype=torch.float64)
+        for r in range(self.world):
+            out += make_input(r, full, "cpu").double().abs()
+        if self.collective == "reduce_scatter":
+            out = out[self.rank * self.out_numel:(self.rank + 1) * self.out_numel]
+        return out.to(self.inp.device)
 
     def check_input(self, rank: int) -> str:
         """reduce_scatter / all_gather must leave their input as it was."""
@@ -131,8 +143,11 @@ ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_te
 # ---------------------------------------------------------------- backends
 
 class TorchBackend:
-    def __init__(self, name, group, collective="all_reduce"):
+    def __init__(self, name, group, collective="all_reduce", exact=True):
         self.name, self.group, self.collective = name, group, collective
+        # False for compressed rails: results are rounded, so their error is
+        # measured instead of compared exactly.
+        self.exact = exact
         self.inp = None  # reduce_scatter / all_gather: set per size (Workload.inp)
         if collective == "broadcast":  # from rank 0
             self.op = lambda b, **kw: dist.broadcast(b, src=0, **kw)
@@ -161,6 +176,7 @@ class TorchBackend:
 
 class MpiBackend:
     name = "mpi"
+    exact = True
 
     def __init__(self, comm, collective="all_reduce"):
         from mpi4py import MPI
@@ -242,6 +258,19 @@ def check(bufs, expected, name, rank) -> str:
     return ""
 
 
+def max_rel_error(bufs, expected, mag) -> float:
+    """max over elements of |result - exact| / sum_r |input_r| (the
+    expectation is integer-valued float32, exact); nan if a result is NaN."""
+    e = expected.double()
+    worst = 0.0
+    for b in bufs:
+        d = (b.double() - e).abs()
+        if bool(torch.isnan(d).any()):
+            return float("nan")
+        worst = max(worst, float((d / mag).max()))
+    return worst
+
+
 def time_once(ranks, backend, bufs, prepared, work, inflight):
     for b in bufs:
         work.reset(b)
@@ -264,12 +293,21 @@ def sweep_size(ranks, backends, size, cfg) -> dict:
     # may pay for first-touch memory and connections); both checked.
     bufs = work.buffers(inflight)
     errors = []
+    rel_err = [0.0 for _ in backends]
+    mag = None if all(be.exact for be in backends) else work.magnitudes()
+
+    def verify(i, bufs_):
+        if backends[i].exact:
+            errors.append(check(bufs_, expected, backends[i].name, ranks.rank))
+        else:
+            rel_err[i] = max(rel_err[i], max_rel_error(bufs_, expected, mag))
+        errors.append(work.check_input(ranks.rank) and f"{backends[i].name}: {work.check_input(ranks.rank)}")
+
     for _ in range(2):
         first = []
-        for be in backends:
+        for i, be in enumerate(backends):
             first.append(time_once(ranks, be, bufs, be.prepare(bufs, work), work, inflight))
-            errors.append(check(bufs, expected, be.name, ranks.rank))
-            errors.append(work.check_input(ranks.rank) and f"{be.name}: {work.check_input(ranks.rank)}")
+            verify(i, bufs)
     slowest = ranks.max_over_ranks(first)
     # Every rank derives the same counts from the same agreed numbers.  Each
     # backend gets its own reps, so a fast one is not timed over a few
@@ -288,20 +326,26 @@ def sweep_size(ranks, backends, size, cfg) -> dict:
             i = (j + s) % len(backends)  # rotate the order every sample
             t = time_once(ranks, backends[i], mine[i], prepared[i], work, inflight)
             times[i].append(t / reps[i])
-            errors.append(check(mine[i], expected, backends[i].name, ranks.rank))
-            errors.append(work.check_input(ranks.rank) and f"{backends[i].name}: {work.check_input(ranks.rank)}")
+            verify(i, mine[i])
             checked += len(mine[i])
     flat = ranks.max_over_ranks([t for ts in times for t in ts])
     times = [flat[i * samples:(i + 1) * samples] for i in range(len(backends))]
     error = next((e for e in errors if e), "")
+    rel_err = ranks.max_over_ranks(rel_err)
     return {"size": size, "reps": reps, "samples": samples, "times": times, "error": error,
-            "checked": checked}
+            "checked": checked,
+            "max_rel_err": [None if be.exact else r for be, r in zip(backends, rel_err)]}
 
 
 def run_allreduce(ranks: Ranks, cfg: dict) -> int:
     collective = cfg.get("collective", "all_reduce")
-    backends = [TorchBackend("fairring", ranks.fairring, collective),
+    from fairring_py.options import resolve
+
+    plain_wire = resolve().wire_dtype  # FAIRRING_WIRE_DTYPE of the plain group
+    backends = [TorchBackend("fairring", ranks.fairring, collective, exact=plain_wire == "none"),
                 TorchBackend(ranks.baseline_name, ranks.baseline, collective)]
+    # After the baseline (backends[1], the reference of every ratio).
+    backends += [TorchBackend(f"fairring-{w}", g, collective, exact=False) for w, g in ranks.wire_groups]
     if ranks.mpi_comm is not None:
         if ranks.device.type != "cpu":
             raise SystemExit("fairring bench: --mpi measures CPU tensors only")
