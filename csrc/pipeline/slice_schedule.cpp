@@ -214,14 +214,19 @@ void SliceSchedule::exchange(Slice& s) {
     publish_chunk(s.seq);
     return;
   }
-  RailTask t;
-  t.slice_seq = s.seq;
-  t.slot = slot;
-  t.key = op.key();
+  RailTask t = rail_task(s);
   t.chunk = chunk;
   t.shards = s.plan.shards[me_];
   t.divisor = divisor(s);
   rail_->post(std::move(t));
+}
+
+RailTask SliceSchedule::rail_task(const Slice& s) const {
+  RailTask t;
+  t.slice_seq = s.seq;
+  t.slot = node_.slot(s.seq);
+  t.key = s.op->key();
+  return t;
 }
 
 void SliceSchedule::publish_chunk(uint64_t slice_seq) {
@@ -342,10 +347,7 @@ void SliceSchedule::exchange_blocks(Slice& s) {
     publish_chunk(s.seq);
     return;
   }
-  RailTask t;
-  t.slice_seq = s.seq;
-  t.slot = slot;
-  t.key = op.key();
+  RailTask t = rail_task(s);
   t.shards = s.plan.shards[me_];
   t.divisor = divisor(s);
   for (int j = 0; j < topo_.num_nodes; ++j) {
@@ -420,10 +422,7 @@ bool SliceSchedule::exchange_root(Slice& s, const TimePoint* until) {
     chunk = k_ == 1 ? tensor_at(s) : mover_.output_area(slot, me_);
   }
   chunk += own.offset * esize;
-  RailTask t;
-  t.slice_seq = s.seq;
-  t.slot = slot;
-  t.key = op.key();
+  RailTask t = rail_task(s);
   // Shared by the root's node; the other nodes' shards are empty.
   t.shards.assign(topo_.num_nodes, Range{0, 0});
   t.shards[root_node].count = own.count;

@@ -102,6 +102,8 @@ class SliceSchedule {
   void exchange(Slice& s);
   bool gather(Slice& s, const TimePoint* until);
   void release(Slice& s);
+  // A rail task of the slice (its number, slot and key); the phase adds the data.
+  RailTask rail_task(const Slice& s) const;
   void stage_blocks(Slice& s);
   bool reduce_blocks(Slice& s, const TimePoint* until);
   void publish_block(Slice& s);

@@ -55,6 +55,32 @@ def make_model(cfg: dict) -> torch.nn.Module:
     return torch.nn.Sequential(*layers[:-1])
 
 
+def timed_steps(ranks, cfg, replicas, opts, dev):
+    """Trains the replicas in turn on the same batches (the order rotates every
+    step, so machine noise hits them alike); returns, per replica, the times of
+    the steps after warm-up as the slowest rank saw them, and every step's loss."""
+    times = [[] for _ in replicas]
+    losses = [[] for _ in replicas]
+    for step in range(cfg["warmup"] + cfg["steps"]):
+        x, y = make_batch(cfg, ranks.rank, step, dev)
+        for j in range(len(replicas)):
+            i = (j + step) % len(replicas)
+            ranks.sync()
+            ranks.barrier()
+            t0 = time.perf_counter()
+            loss = torch.nn.functional.mse_loss(replicas[i](x), y)
+            opts[i].zero_grad(set_to_none=True)
+            loss.backward()
+            opts[i].step()
+            ranks.sync()
+            if step >= cfg["warmup"]:
+                times[i].append(time.perf_counter() - t0)
+            losses[i].append(loss.item())
+    flat = ranks.max_over_ranks([t for ts in times for t in ts])
+    n = cfg["steps"]
+    return [flat[i * n:(i + 1) * n] for i in range(len(replicas))], losses
+
+
 def make_batch(cfg: dict, rank: int, step: int, device):
     g = torch.Generator().manual_seed(SEED + 1000003 * step + rank)
     shape = (cfg["batch"], cfg["seq"], cfg["width"]) if cfg["model"] == "transformer" else (cfg["batch"], cfg["width"])
@@ -107,28 +133,10 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
         replicas.append(DDP(copy.deepcopy(model), process_group=ranks.baseline, bucket_cap_mb=cfg["bucket_cap_mb"],
                             device_ids=ids))
         replicas[-1].register_comm_hook(ranks.baseline, bf16_hook)
-    final_loss = [0.0 for _ in replicas]
     opts = [torch.optim.SGD(r.parameters(), lr=cfg["lr"]) for r in replicas]
     nparams = sum(p.numel() for p in model.parameters())
-    times = [[] for _ in replicas]
-    for step in range(cfg["warmup"] + cfg["steps"]):
-        x, y = make_batch(cfg, ranks.rank, step, dev)
-        for j in range(len(replicas)):
-            i = (j + step) % len(replicas)
-            ranks.sync()
-            ranks.barrier()
-            t0 = time.perf_counter()
-            loss = torch.nn.functional.mse_loss(replicas[i](x), y)
-            opts[i].zero_grad(set_to_none=True)
-            loss.backward()
-            opts[i].step()
-            ranks.sync()
-            if step >= cfg["warmup"]:
-                times[i].append(time.perf_counter() - t0)
-            final_loss[i] = loss.item()
-    flat = ranks.max_over_ranks([t for ts in times for t in ts])
-    n = cfg["steps"]
-    times = [flat[i * n:(i + 1) * n] for i in range(len(replicas))]
+    times, losses = timed_steps(ranks, cfg, replicas, opts, dev)
+    final_loss = [ls[-1] for ls in losses]
 
     params = [flat_params(r.module) for r in replicas]
     identical_across_ranks = [same_on_all_ranks(ranks, p) for p in params]
@@ -162,7 +170,7 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
             "meta": launch.run_meta(
                 ranks, cfg, model=cfg["model"], width=cfg["width"], depth=cfg["depth"], seq=cfg["seq"],
                 params=nparams, grad_bytes=nparams * 4, batch_per_rank=cfg["batch"],
-                bucket_cap_mb=cfg["bucket_cap_mb"], steps=n, warmup=cfg["warmup"], grad_link_bound_s=bound),
+                bucket_cap_mb=cfg["bucket_cap_mb"], steps=cfg["steps"], warmup=cfg["warmup"], grad_link_bound_s=bound),
             "rows": rows,
             "check": {"ok": ok, "identical_across_ranks": dict(zip(names, identical_across_ranks)),
                       "replica_max_rel_diff": replica_rel_diff, "rtol": REPLICA_RTOL},

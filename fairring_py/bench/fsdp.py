@@ -30,7 +30,6 @@ import io
 import json
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -115,28 +114,9 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
             replicas.append(m)
             opts.append(torch.optim.SGD(m.parameters(), lr=cfg["lr"]))
         nparams = sum(p.numel() for p in ddp.make_model(cfg).parameters())
-        times = [[] for _ in replicas]
-        losses = [[] for _ in replicas]
         seq0 = last_seq()
-        for step in range(cfg["warmup"] + cfg["steps"]):
-            x, y = ddp.make_batch(cfg, ranks.rank, step, dev)
-            for j in range(len(replicas)):
-                i = (j + step) % len(replicas)
-                ranks.sync()
-                ranks.barrier()
-                t0 = time.perf_counter()
-                loss = torch.nn.functional.mse_loss(replicas[i](x), y)
-                opts[i].zero_grad(set_to_none=True)
-                loss.backward()
-                opts[i].step()
-                ranks.sync()
-                if step >= cfg["warmup"]:
-                    times[i].append(time.perf_counter() - t0)
-                losses[i].append(loss.item())
+        times, losses = ddp.timed_steps(ranks, cfg, replicas, opts, dev)
         kinds[variant] = fairring_kinds(seq0)
-        flat = ranks.max_over_ranks([t for ts in times for t in ts])
-        n = cfg["steps"]
-        times = [flat[i * n:(i + 1) * n] for i in range(len(replicas))]
         loss_rel = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses[0], losses[1]))
         shards = [local_shards(r) for r in replicas]
         scale = ranks.max_over_ranks([shards[1].abs().max().item() if shards[1].numel() else 0.0])[0] or 1.0
