@@ -239,11 +239,13 @@ def test_fsdp_bench(tmp_path):
     with open(os.path.join(out, "fsdp.json")) as f:
         res = json.load(f)
     assert res["check"]["ok"] and res["meta"]["variants"] == ["fsdp2", "fsdp1"]
+    # The third run of each variant is over torch's fake group (compute only).
     assert [(r["variant"], r["backend"]) for r in res["rows"]] == [
-        ("fsdp2", "fairring"), ("fsdp2", "gloo"), ("fsdp1", "fairring"), ("fsdp1", "gloo")]
+        (v, b) for v in ("fsdp2", "fsdp1") for b in ("fairring", "gloo", "compute only")]
     assert all(r["samples_per_s"] > 0 for r in res["rows"])
     for v in ("fsdp2", "fsdp1"):
         assert res["check"][v]["loss_max_rel_diff"] <= 1e-5 and res["fairring_kinds"][v]
+        assert f"{v} communication per step (step minus compute only): fairring " in p.stdout
     assert "fsdp2 check: OK" in p.stdout and "fsdp1 check: OK" in p.stdout
 
 

@@ -21,6 +21,14 @@ and their local parameter shards agree to --rtol relative (a different
 reduction order may change the last bits only).  The report also lists how
 the fairring group ran its last collectives (fairring_py.dump_recent: native
 kinds, or "... (gloo)" where delegated).
+
+A third run trains the same model over torch's "fake" process group, whose
+collectives move nothing (its parameters and losses are meaningless): its step
+time is the step's compute and FSDP's own work alone, so "step minus compute
+only" estimates each backend's communication per step.  That says how much of
+a step a faster backend can win back: on a machine where compute dominates,
+the step's speedup stays well below the collectives'.  (--no-compute-only
+skips it; it is skipped where torch lacks the fake group.)
 """
 from __future__ import annotations
 
@@ -65,6 +73,16 @@ def shard(variant: str, model: torch.nn.Module, group, device) -> torch.nn.Modul
     raise ValueError(f"unknown FSDP variant {variant!r}")
 
 
+def compute_only_group():
+    """torch's "fake" process group (collectives that move nothing), or None
+    where this torch lacks it.  Collective: every rank calls it."""
+    try:
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401  registers "fake"
+    except Exception:
+        return None
+    return dist.new_group(backend="fake")
+
+
 def local_shards(model) -> torch.Tensor:
     """This rank's part of the parameters, flattened (a DTensor's local shard for
     FSDP2, the flat-parameter view for FSDP1; identical layouts over both groups)."""
@@ -103,6 +121,10 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
     dev = ranks.device
     names = ["fairring", ranks.baseline_name]
     groups = [ranks.fairring, ranks.baseline]
+    fake = compute_only_group() if cfg["compute_only"] else None
+    if fake is not None:
+        names.append("compute only")
+        groups.append(fake)
     cfg = dict(cfg, model="transformer")
     summary_rows, checks, kinds = [], {}, {}
     all_ok = True
@@ -117,16 +139,17 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
         seq0 = last_seq()
         times, losses = ddp.timed_steps(ranks, cfg, replicas, opts, dev)
         kinds[variant] = fairring_kinds(seq0)
+        # The compute-only run (if any) is last; its losses are meaningless.
         loss_rel = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses[0], losses[1]))
         shards = [local_shards(r) for r in replicas]
         scale = ranks.max_over_ranks([shards[1].abs().max().item() if shards[1].numel() else 0.0])[0] or 1.0
         diff = (shards[0] - shards[1]).abs().max().item() if shards[0].numel() else 0.0
         loss_rel, param_rel = ranks.max_over_ranks([loss_rel, diff / scale])
         ok = loss_rel <= cfg["rtol"] and param_rel <= cfg["rtol"] and all(
-            torch.isfinite(torch.tensor(ls)).all() for ls in losses)
+            torch.isfinite(torch.tensor(ls)).all() for ls in losses[:2])
         all_ok = all_ok and ok
         checks[variant] = {"ok": ok, "loss_max_rel_diff": loss_rel, "param_max_rel_diff": param_rel,
-                           "rtol": cfg["rtol"], "final_loss": {nm: ls[-1] for nm, ls in zip(names, losses)}}
+                           "rtol": cfg["rtol"], "final_loss": {nm: ls[-1] for nm, ls in zip(names[:2], losses)}}
         global_batch = cfg["batch"] * ranks.world
         rows = []
         for name, ts in zip(names, times):
@@ -142,7 +165,7 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
             "meta": launch.run_meta(
                 ranks, cfg, model="transformer", width=cfg["width"], depth=cfg["depth"], seq=cfg["seq"],
                 params=nparams, batch_per_rank=cfg["batch"], steps=cfg["steps"], warmup=cfg["warmup"],
-                variants=list(cfg["variants"])),
+                variants=list(cfg["variants"]), baseline=names[1]),
             "rows": summary_rows,
             "check": {"ok": all_ok, **checks},
             "fairring_kinds": kinds,
@@ -159,18 +182,24 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
 
 def fsdp_table(s: dict) -> str:
     m = s["meta"]
-    base = s["rows"][1]["backend"]
+    base = m["baseline"]
     out = [f"FSDP, transformer ({m['params'] / 1e6:.2f} M params: width {m['width']}, depth {m['depth']}, "
            f"seq {m['seq']}), batch {m['batch_per_rank']}/rank, {m['world_size']} ranks, "
            f"fairring topology {m['fairring_topology']}"
            + (f", netns links {m['link_rate_Bps'] * 8 / 1e9:g} Gbit/s" if m.get("link_rate_Bps") else ""),
            f"{m['steps']} timed steps after {m['warmup']} warm-up; step time = slowest rank's, median (p10-p90)",
-           f"{'variant':<8}{'backend':<10}{'step ms':>10}{'p10-p90 ms':>19}{'samples/s':>12}{'vs ' + base:>10}"]
+           f"{'variant':<8}{'backend':<14}{'step ms':>10}{'p10-p90 ms':>19}{'samples/s':>12}{'vs ' + base:>10}"]
     for r in s["rows"]:
         spread = f"{r['p10_step_s'] * 1e3:.1f}-{r['p90_step_s'] * 1e3:.1f}"
-        out.append(f"{r['variant']:<8}{r['backend']:<10}{r['median_step_s'] * 1e3:>10.1f}{spread:>19}"
+        out.append(f"{r['variant']:<8}{r['backend']:<14}{r['median_step_s'] * 1e3:>10.1f}{spread:>19}"
                    f"{r['samples_per_s']:>12.1f}{r['speedup_vs_baseline']:>9.2f}x")
     for v in m["variants"]:
+        step = {r["backend"]: r["median_step_s"] * 1e3 for r in s["rows"] if r["variant"] == v}
+        if "compute only" in step:
+            comm = {b: step[b] - step["compute only"] for b in ("fairring", base)}
+            ratio = f"{comm[base] / comm['fairring']:.2f}x" if comm["fairring"] > 0 else "n/a"
+            out.append(f"{v} communication per step (step minus compute only): fairring {comm['fairring']:.1f} ms, "
+                       f"{base} {comm[base]:.1f} ms ({ratio}); compute only {step['compute only']:.1f} ms")
         c = s["check"][v]
         kinds = ", ".join(f"{k} x{n}" for k, n in sorted(s["fairring_kinds"].get(v, {}).items()))
         out.append(f"{v} check: {'OK' if c['ok'] else 'FAILED'} (fairring vs {base}: losses differ by at most "
@@ -199,6 +228,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rtol", type=float, default=1e-5,
                    help="largest relative difference of losses and parameter shards between the runs (default 1e-5)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    p.add_argument("--no-compute-only", dest="compute_only", action="store_false",
+                   help="skip the run over torch's fake group that times the step without communication")
     p.add_argument("--netns", action="store_true", help="root: each node in its own network namespace")
     p.add_argument("--link-rate", help="cap each node's link, e.g. 1gbit (needs --netns)")
     p.add_argument("--out", default="bench_out", help="directory for fsdp.json (default bench_out)")
@@ -234,7 +265,7 @@ def main(argv=None) -> int:
     cfg = {"job": "fsdp", "device": a.device, "variants": variants, "width": a.width, "depth": a.depth,
            "seq": a.seq, "batch": a.batch, "steps": a.steps, "warmup": a.warmup, "lr": a.lr, "rtol": a.rtol,
            "threads": a.threads, "nodes": a.nodes, "ranks_per_node": a.ranks_per_node, "netns": a.netns,
-           "link_rate_Bps": rate, "out": a.out}
+           "link_rate_Bps": rate, "out": a.out, "compute_only": a.compute_only}
     return launch.run_job(cfg, rank_main, a.nodes, a.ranks_per_node, a.timeout, a.netns, rate, "bench.fsdp")
 
 
