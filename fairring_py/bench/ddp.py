@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import os
 import sys
 import time
 
@@ -175,13 +173,7 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
             "check": {"ok": ok, "identical_across_ranks": dict(zip(names, identical_across_ranks)),
                       "replica_max_rel_diff": replica_rel_diff, "rtol": REPLICA_RTOL},
         }
-        print(ddp_table(summary), flush=True)
-        if cfg.get("out"):
-            os.makedirs(cfg["out"], exist_ok=True)
-            path = os.path.join(cfg["out"], "ddp.json")
-            with open(path, "w") as f:
-                json.dump(summary, f, indent=1)
-            print(f"wrote {path}", file=sys.stderr, flush=True)
+        launch.publish(summary, ddp_table(summary), cfg.get("out"), "ddp.json")
     return 0 if ok else 1
 
 
@@ -189,9 +181,7 @@ def ddp_table(s: dict) -> str:
     m = s["meta"]
     out = [f"DDP {m['model']} ({m['params'] / 1e6:.2f} M params, {metrics.fmt_size(m['grad_bytes'])} of gradients, "
            f"bucket_cap_mb={m['bucket_cap_mb']}), batch {m['batch_per_rank']}/rank, {m['world_size']} ranks, "
-           f"fairring topology {m['fairring_topology']}"
-           + (f", netns links {m['link_rate_Bps'] * 8 / 1e9:g} Gbit/s" if m.get("link_rate_Bps") else ""),
-           f"{m['steps']} timed steps after {m['warmup']} warm-up; step time = slowest rank's, median (p10-p90)"
+           f"fairring topology {m['fairring_topology']}" + launch.steps_heading(m)
            + (f"; link bound of the gradient all-reduce {m['grad_link_bound_s'] * 1e3:.1f} ms/step"
               if m.get("grad_link_bound_s") else ""),
            f"{'backend':<15}{'step ms':>10}{'p10-p90 ms':>19}{'samples/s':>12}{'vs ' + s['rows'][1]['backend']:>10}"
@@ -211,51 +201,67 @@ def ddp_table(s: dict) -> str:
     return "\n".join(out)
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m fairring_py.bench.ddp", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+def training_parser(prog: str, doc: str, out_file: str, width: int, width_help: str, batch: int, steps: int,
+                    warmup: int) -> argparse.ArgumentParser:
+    """The command line the training benchmarks share (this one and
+    bench.fsdp); each adds its own options."""
+    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc.split("\n\n", 1)[1])
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--ranks-per-node", type=int, default=2)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--model", choices=["mlp", "transformer"], default="mlp")
-    p.add_argument("--width", type=int, default=1024, help="hidden size (default 1024)")
+    p.add_argument("--width", type=int, default=width, help=f"{width_help} (default {width})")
     p.add_argument("--depth", type=int, default=4, help="layers (default 4)")
     p.add_argument("--seq", type=int, default=32, help="transformer sequence length (default 32)")
-    p.add_argument("--batch", type=int, default=32, help="samples per rank per step (default 32)")
-    p.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--bucket-cap-mb", type=float, default=2.0, help="DDP bucket size (default 2, so several buckets)")
+    p.add_argument("--batch", type=int, default=batch, help=f"samples per rank per step (default {batch})")
+    p.add_argument("--steps", type=int, default=steps, help=f"timed steps (default {steps})")
+    p.add_argument("--warmup", type=int, default=warmup)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
-    p.add_argument("--wire-dtype", help="also train over fairring with compressed rails ('bf16', 'fp16' or "
-                                        "'bf16,fp16') and over the baseline with DDP's bf16_compress_hook")
     p.add_argument("--netns", action="store_true", help="root: each node in its own network namespace")
     p.add_argument("--link-rate", help="cap each node's link, e.g. 1gbit (needs --netns)")
-    p.add_argument("--out", default="bench_out", help="directory for ddp.json (default bench_out)")
+    p.add_argument("--out", default="bench_out", help=f"directory for {out_file} (default bench_out)")
     p.add_argument("--timeout", type=float, default=1800)
+    return p
+
+
+def training_cfg(p: argparse.ArgumentParser, a: argparse.Namespace, job: str) -> dict:
+    """The shared options, checked, as the job's config."""
+    if a.link_rate and not a.netns:
+        p.error("--link-rate needs --netns")
+    if min(a.nodes, a.ranks_per_node, a.width, a.depth, a.seq, a.batch, a.steps) < 1 or a.warmup < 0:
+        p.error("sizes and counts must be >= 1 (--warmup >= 0)")
+    try:
+        rate = metrics.parse_rate(a.link_rate) if a.link_rate else None
+    except ValueError as e:
+        p.error(str(e))
+    return {"job": job, "device": a.device, "width": a.width, "depth": a.depth, "seq": a.seq, "batch": a.batch,
+            "steps": a.steps, "warmup": a.warmup, "lr": a.lr, "threads": a.threads, "nodes": a.nodes,
+            "ranks_per_node": a.ranks_per_node, "netns": a.netns, "link_rate_Bps": rate, "out": a.out}
+
+
+def run_training(cfg: dict, rank_main, a: argparse.Namespace, name: str) -> int:
+    return launch.run_job(cfg, rank_main, a.nodes, a.ranks_per_node, a.timeout, a.netns, cfg["link_rate_Bps"], name)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = training_parser("python -m fairring_py.bench.ddp", __doc__, "ddp.json", 1024, "hidden size", 32, 20, 3)
+    p.add_argument("--model", choices=["mlp", "transformer"], default="mlp")
+    p.add_argument("--bucket-cap-mb", type=float, default=2.0, help="DDP bucket size (default 2, so several buckets)")
+    p.add_argument("--wire-dtype", help="also train over fairring with compressed rails ('bf16', 'fp16' or "
+                                        "'bf16,fp16') and over the baseline with DDP's bf16_compress_hook")
     return p
 
 
 def main(argv=None) -> int:
     p = parser()
     a = p.parse_args(argv)
-    if a.link_rate and not a.netns:
-        p.error("--link-rate needs --netns")
-    if min(a.nodes, a.ranks_per_node, a.width, a.depth, a.seq, a.batch, a.steps) < 1 or a.warmup < 0:
-        p.error("sizes and counts must be >= 1 (--warmup >= 0)")
+    cfg = training_cfg(p, a, "ddp")
     wire = [w.strip().lower() for w in a.wire_dtype.split(",")] if a.wire_dtype else []
     if any(w not in ("bf16", "fp16") for w in wire) or len(set(wire)) != len(wire):
         p.error(f"--wire-dtype takes bf16, fp16 or bf16,fp16, got {a.wire_dtype!r}")
-    try:
-        rate = metrics.parse_rate(a.link_rate) if a.link_rate else None
-    except ValueError as e:
-        p.error(str(e))
-    cfg = {"job": "ddp", "device": a.device, "model": a.model, "width": a.width, "depth": a.depth, "seq": a.seq,
-           "batch": a.batch, "steps": a.steps, "warmup": a.warmup, "bucket_cap_mb": a.bucket_cap_mb, "lr": a.lr,
-           "threads": a.threads, "nodes": a.nodes, "ranks_per_node": a.ranks_per_node, "netns": a.netns,
-           "link_rate_Bps": rate, "out": a.out, "wire_dtypes": wire}
-    return launch.run_job(cfg, rank_main, a.nodes, a.ranks_per_node, a.timeout, a.netns, rate, "bench.ddp")
+    cfg.update(model=a.model, bucket_cap_mb=a.bucket_cap_mb, wire_dtypes=wire)
+    return run_training(cfg, rank_main, a, "bench.ddp")
 
 
 if __name__ == "__main__":

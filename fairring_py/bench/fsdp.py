@@ -35,8 +35,6 @@ from __future__ import annotations
 import argparse
 import collections
 import io
-import json
-import os
 import sys
 
 import torch
@@ -170,13 +168,7 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
             "check": {"ok": all_ok, **checks},
             "fairring_kinds": kinds,
         }
-        print(fsdp_table(summary), flush=True)
-        if cfg.get("out"):
-            os.makedirs(cfg["out"], exist_ok=True)
-            path = os.path.join(cfg["out"], "fsdp.json")
-            with open(path, "w") as f:
-                json.dump(summary, f, indent=1)
-            print(f"wrote {path}", file=sys.stderr, flush=True)
+        launch.publish(summary, fsdp_table(summary), cfg.get("out"), "fsdp.json")
     return 0 if all_ok else 1
 
 
@@ -185,9 +177,7 @@ def fsdp_table(s: dict) -> str:
     base = m["baseline"]
     out = [f"FSDP, transformer ({m['params'] / 1e6:.2f} M params: width {m['width']}, depth {m['depth']}, "
            f"seq {m['seq']}), batch {m['batch_per_rank']}/rank, {m['world_size']} ranks, "
-           f"fairring topology {m['fairring_topology']}"
-           + (f", netns links {m['link_rate_Bps'] * 8 / 1e9:g} Gbit/s" if m.get("link_rate_Bps") else ""),
-           f"{m['steps']} timed steps after {m['warmup']} warm-up; step time = slowest rank's, median (p10-p90)",
+           f"fairring topology {m['fairring_topology']}" + launch.steps_heading(m),
            f"{'variant':<8}{'backend':<14}{'step ms':>10}{'p10-p90 ms':>19}{'samples/s':>12}{'vs ' + base:>10}"]
     for r in s["rows"]:
         spread = f"{r['p10_step_s'] * 1e3:.1f}-{r['p90_step_s'] * 1e3:.1f}"
@@ -210,30 +200,13 @@ def fsdp_table(s: dict) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m fairring_py.bench.fsdp", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--nodes", type=int, default=2)
-    p.add_argument("--ranks-per-node", type=int, default=2)
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p = ddp.training_parser("python -m fairring_py.bench.fsdp", __doc__, "fsdp.json", 256, "d_model", 8, 10, 2)
     p.add_argument("--fsdp", default="2,1", help="variants, comma-separated: 2 (fully_shard), 1 "
                                                  "(FullyShardedDataParallel); default 2,1")
-    p.add_argument("--width", type=int, default=256, help="d_model (default 256)")
-    p.add_argument("--depth", type=int, default=4, help="encoder layers (default 4)")
-    p.add_argument("--seq", type=int, default=32, help="sequence length (default 32)")
-    p.add_argument("--batch", type=int, default=8, help="samples per rank per step (default 8)")
-    p.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--rtol", type=float, default=1e-5,
                    help="largest relative difference of losses and parameter shards between the runs (default 1e-5)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     p.add_argument("--no-compute-only", dest="compute_only", action="store_false",
                    help="skip the run over torch's fake group that times the step without communication")
-    p.add_argument("--netns", action="store_true", help="root: each node in its own network namespace")
-    p.add_argument("--link-rate", help="cap each node's link, e.g. 1gbit (needs --netns)")
-    p.add_argument("--out", default="bench_out", help="directory for fsdp.json (default bench_out)")
-    p.add_argument("--timeout", type=float, default=1800)
     return p
 
 
@@ -251,22 +224,15 @@ def parse_variants(text: str) -> list:
 def main(argv=None) -> int:
     p = parser()
     a = p.parse_args(argv)
-    if a.link_rate and not a.netns:
-        p.error("--link-rate needs --netns")
-    if min(a.nodes, a.ranks_per_node, a.width, a.depth, a.seq, a.batch, a.steps) < 1 or a.warmup < 0:
-        p.error("sizes and counts must be >= 1 (--warmup >= 0)")
+    cfg = ddp.training_cfg(p, a, "fsdp")
     if a.width % 64 and a.width > 64:
         p.error("--width must be a multiple of 64 (one attention head per 64)")
     try:
-        rate = metrics.parse_rate(a.link_rate) if a.link_rate else None
         variants = parse_variants(a.fsdp)
     except ValueError as e:
         p.error(str(e))
-    cfg = {"job": "fsdp", "device": a.device, "variants": variants, "width": a.width, "depth": a.depth,
-           "seq": a.seq, "batch": a.batch, "steps": a.steps, "warmup": a.warmup, "lr": a.lr, "rtol": a.rtol,
-           "threads": a.threads, "nodes": a.nodes, "ranks_per_node": a.ranks_per_node, "netns": a.netns,
-           "link_rate_Bps": rate, "out": a.out, "compute_only": a.compute_only}
-    return launch.run_job(cfg, rank_main, a.nodes, a.ranks_per_node, a.timeout, a.netns, rate, "bench.fsdp")
+    cfg.update(variants=variants, rtol=a.rtol, compute_only=a.compute_only)
+    return ddp.run_training(cfg, rank_main, a, "bench.fsdp")
 
 
 if __name__ == "__main__":

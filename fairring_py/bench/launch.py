@@ -379,3 +379,24 @@ def run_meta(ranks: Ranks, cfg: dict, **job) -> dict:
     meta.update(netns=cfg.get("netns", False), link_rate_Bps=cfg.get("link_rate_Bps"))
     meta.update(job)
     return meta
+
+
+def publish(summary: dict, table: str, out, filename: str) -> None:
+    """Rank 0's report of a training job: the table on stdout and, with an
+    output directory, the summary as ``out/filename``."""
+    print(table, flush=True)
+    if out:
+        os.makedirs(out, exist_ok=True)
+        path = os.path.join(out, filename)
+        with open(path, "w") as f:
+            json.dump(summary, f, indent=1)
+        print(f"wrote {path}", file=sys.stderr, flush=True)
+
+
+def steps_heading(m: dict) -> str:
+    """The tail of a training report's first line (the links, in namespaces)
+    and its second line (what a step's time means)."""
+    links = f", netns links {m['link_rate_Bps'] * 8 / 1e9:g} Gbit/s" if m.get("link_rate_Bps") else ""
+    return (links + "\n" + f"{m['steps']} timed steps after {m['warmup']} warm-up; "
+            "step time = slowest rank's, median (p10-p90)")
+
