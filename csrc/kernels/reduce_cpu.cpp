@@ -115,6 +115,14 @@ std::string reduce_unsupported_reason(c10::ScalarType dtype, RedOp op) {
   return std::string();
 }
 
+// The build of kernel entry point `fn` for the instruction set in use.
+#if FAIRRING_HAVE_AVX2_KERNELS
+#define FAIRRING_CALL_ISA(fn, ...) \
+  (current_isa() == Isa::kAvx2 ? kernels_avx2::fn(__VA_ARGS__) : kernels_generic::fn(__VA_ARGS__))
+#else
+#define FAIRRING_CALL_ISA(fn, ...) kernels_generic::fn(__VA_ARGS__)
+#endif
+
 void reduce_cpu(
     c10::ScalarType dtype,
     RedOp op,
@@ -148,13 +156,7 @@ void reduce_cpu(
     return;
   }
 
-#if FAIRRING_HAVE_AVX2_KERNELS
-  if (current_isa() == Isa::kAvx2) {
-    kernels_avx2::reduce_impl(dtype, op, out, inputs, num_inputs, count, divisor);
-    return;
-  }
-#endif
-  kernels_generic::reduce_impl(dtype, op, out, inputs, num_inputs, count, divisor);
+  FAIRRING_CALL_ISA(reduce_impl, dtype, op, out, inputs, num_inputs, count, divisor);
 }
 
 namespace {
@@ -167,27 +169,18 @@ void check_wire_dtype(c10::ScalarType t) {
 void narrow_cpu(c10::ScalarType src_dtype, HalfFormat fmt, const void* src, uint16_t* dst, int64_t n, int scale_exp) {
   check_wire_dtype(src_dtype);
   const bool fp16 = fmt == HalfFormat::kFloat16;
-#if FAIRRING_HAVE_AVX2_KERNELS
-  if (current_isa() == Isa::kAvx2) return kernels_avx2::narrow_impl(src_dtype, fp16, src, dst, n, scale_exp);
-#endif
-  kernels_generic::narrow_impl(src_dtype, fp16, src, dst, n, scale_exp);
+  FAIRRING_CALL_ISA(narrow_impl, src_dtype, fp16, src, dst, n, scale_exp);
 }
 
 void widen_cpu(c10::ScalarType dst_dtype, HalfFormat fmt, const uint16_t* src, void* dst, int64_t n, int scale_exp) {
   check_wire_dtype(dst_dtype);
   const bool fp16 = fmt == HalfFormat::kFloat16;
-#if FAIRRING_HAVE_AVX2_KERNELS
-  if (current_isa() == Isa::kAvx2) return kernels_avx2::widen_impl(dst_dtype, fp16, src, dst, n, scale_exp);
-#endif
-  kernels_generic::widen_impl(dst_dtype, fp16, src, dst, n, scale_exp);
+  FAIRRING_CALL_ISA(widen_impl, dst_dtype, fp16, src, dst, n, scale_exp);
 }
 
 double max_abs_finite_cpu(c10::ScalarType dtype, const void* src, int64_t n) {
   check_wire_dtype(dtype);
-#if FAIRRING_HAVE_AVX2_KERNELS
-  if (current_isa() == Isa::kAvx2) return kernels_avx2::max_abs_impl(dtype, src, n);
-#endif
-  return kernels_generic::max_abs_impl(dtype, src, n);
+  return FAIRRING_CALL_ISA(max_abs_impl, dtype, src, n);
 }
 
 const char* reduce_cpu_isa() {

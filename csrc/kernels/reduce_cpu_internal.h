@@ -18,35 +18,24 @@
 
 namespace fairring {
 
+// The entry points of one build of the kernels (reduce_impl.h, convert_impl.h),
+// declared alike in each instruction set's namespace.
+#define FAIRRING_CPU_KERNEL_ENTRY_POINTS                                                                        \
+  void reduce_impl(c10::ScalarType dtype, RedOp op, void* out, const void* const* inputs, int num_inputs,       \
+                   int64_t count, int64_t divisor);                                                             \
+  void narrow_impl(c10::ScalarType src_dtype, bool fp16, const void* src, uint16_t* dst, int64_t n, int scale_exp); \
+  void widen_impl(c10::ScalarType dst_dtype, bool fp16, const uint16_t* src, void* dst, int64_t n, int scale_exp); \
+  double max_abs_impl(c10::ScalarType dtype, const void* src, int64_t n);
+
 // Baseline build (whatever the compiler targets by default: SSE2 on x86-64).
 namespace kernels_generic {
-void reduce_impl(
-    c10::ScalarType dtype,
-    RedOp op,
-    void* out,
-    const void* const* inputs,
-    int num_inputs,
-    int64_t count,
-    int64_t divisor);
-void narrow_impl(c10::ScalarType src_dtype, bool fp16, const void* src, uint16_t* dst, int64_t n, int scale_exp);
-void widen_impl(c10::ScalarType dst_dtype, bool fp16, const uint16_t* src, void* dst, int64_t n, int scale_exp);
-double max_abs_impl(c10::ScalarType dtype, const void* src, int64_t n);
+FAIRRING_CPU_KERNEL_ENTRY_POINTS
 }  // namespace kernels_generic
 
 #if FAIRRING_HAVE_AVX2_KERNELS
 // Built with AVX2+FMA+F16C enabled; call only where the CPU has them.
 namespace kernels_avx2 {
-void reduce_impl(
-    c10::ScalarType dtype,
-    RedOp op,
-    void* out,
-    const void* const* inputs,
-    int num_inputs,
-    int64_t count,
-    int64_t divisor);
-void narrow_impl(c10::ScalarType src_dtype, bool fp16, const void* src, uint16_t* dst, int64_t n, int scale_exp);
-void widen_impl(c10::ScalarType dst_dtype, bool fp16, const uint16_t* src, void* dst, int64_t n, int scale_exp);
-double max_abs_impl(c10::ScalarType dtype, const void* src, int64_t n);
+FAIRRING_CPU_KERNEL_ENTRY_POINTS
 }  // namespace kernels_avx2
 #endif
 
