@@ -42,6 +42,10 @@ TOPOLOGIES = {
                   "ag_big": [torch.float32, torch.uint8]}),
     "3x1-options": (SMALL, FEW),
     "uneven-2+1": (SMALL, FEW),
+    # The device-like host mover (CUDA's ordering, test_allreduce.py): a step
+    # that misses a wait on a peer's copy gives wrong numbers here.
+    "1x3-deferred": (SMALL, {"rs_sizes": [1, 13, 1031, 65537], "ag_sizes": [1, 13, 65537]}),
+    "2x2-deferred": (SMALL, {"rs_sizes": [1, 13, 1031, 65537], "ag_sizes": [1, 13, 65537]}),
 }
 
 _cache: dict = {}
