@@ -284,12 +284,12 @@ int64_t SliceSchedule::staged_at(const Slice& s, int j, int x) const {
 }
 
 void SliceSchedule::stage_blocks(Slice& s) {
-  // All of it, our own chunk too: the input is the caller's and stays as it
-  // is, so the chunk is reduced from the slot areas.
+  // The peers' chunks only: ours is reduced straight from the tensor.
   const int slot = node_.slot(s.seq);
   const int64_t esize = c10::elementSize(s.op->dtype);
   char* in = mover_.input_area(slot, me_);
   for (int x = 0; x < k_; ++x) {
+    if (x == me_) continue;
     for (int j = 0; j < topo_.num_nodes; ++j) {
       mover_.copy(slot, in + staged_at(s, j, x) * esize, block_at(s.op->buffer, s, j, x),
                   s.plan.slice.count * esize, false);
@@ -303,17 +303,24 @@ bool SliceSchedule::reduce_blocks(Slice& s, const TimePoint* until) {
   const PipelineOp& op = *s.op;
   const int slot = node_.slot(s.seq);
   const int64_t esize = c10::elementSize(op.dtype);
-  const int64_t at = staged_at(s, 0, me_) * esize;
-  const void* inputs[kMaxLocalRanks];
   for (int x = 0; x < k_; ++x) {
     if (x != me_) mover_.after(slot, x, PeerStep::kInputReady);
-    inputs[x] = mover_.input_area(slot, x) + at;
   }
-  // One node: our chunk is our own piece, the result.  Otherwise it goes to
-  // the rails from our output area, and the servers divide.
+  // Our chunk holds the slice of each node's block of our rail: reduced one
+  // node at a time, our term read from the tensor, the peers' from their
+  // input areas, in local-rank order.  One node: the result is our own
+  // piece.  Otherwise it goes to the rails from our output area, and the
+  // servers divide.
   const bool one_node = topo_.num_nodes == 1;
-  char* out = one_node ? own_piece(op.output, s) : mover_.output_area(slot, me_) + at;
-  mover_.reduce(slot, op.dtype, op.op, out, inputs, k_, s.plan.chunks[me_].count, one_node ? divisor(s) : 0);
+  for (int j = 0; j < topo_.num_nodes; ++j) {
+    const int64_t at = staged_at(s, j, me_) * esize;
+    const void* inputs[kMaxLocalRanks];
+    for (int x = 0; x < k_; ++x) {
+      inputs[x] = x == me_ ? block_at(op.buffer, s, j, me_) : mover_.input_area(slot, x) + at;
+    }
+    char* out = one_node ? own_piece(op.output, s) : mover_.output_area(slot, me_) + at;
+    mover_.reduce(slot, op.dtype, op.op, out, inputs, k_, s.plan.slice.count, one_node ? divisor(s) : 0);
+  }
   return true;
 }
 
