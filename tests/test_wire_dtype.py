@@ -167,7 +167,8 @@ def test_message_format(isa, fmt):
                 assert 2.0**14 <= top * 2.0**e < 2.0**15, f"{name}: max {top} e {e}"
         assert torch.equal(msg[8:].view(torch.int16), _C._wire_narrow_for_test(x, fmt, e)), name
         back = _C._wire_decode_for_test(msg, fmt, x.dtype)
-        assert torch.equal(back.view(-1).view(torch.uint8), _C._wire_widen_for_test(msg[8:].view(torch.int16), fmt, x.dtype, e).view(torch.uint8)), name
+        widened = _C._wire_widen_for_test(msg[8:].view(torch.int16), fmt, x.dtype, e)
+        assert torch.equal(back.view(torch.uint8), widened.view(torch.uint8)), name
     with pytest.raises(RuntimeError, match="malformed compressed rail message"):
         _C._wire_decode_for_test(_C._wire_encode_for_test(torch.ones(4), fmt), "bf16" if fmt == "fp16" else "fp16",
                                  torch.float32)

@@ -118,7 +118,8 @@ at::Tensor wire_encode_for_test(const at::Tensor& src, const std::string& fmt) {
   check_float(src.scalar_type(), "src");
   parse_half_format(fmt);
   const WireCodec codec(wire_dtype_from_name(fmt));
-  at::Tensor out = at::empty({static_cast<int64_t>(WireCodec::message_bytes(src.numel()))}, src.options().dtype(at::kByte));
+  const auto bytes = static_cast<int64_t>(WireCodec::message_bytes(src.numel()));
+  at::Tensor out = at::empty({bytes}, src.options().dtype(at::kByte));
   pybind11::gil_scoped_release no_gil;
   codec.encode(src.scalar_type(), src.data_ptr(), src.numel(), reinterpret_cast<char*>(out.data_ptr()));
   return out;
