@@ -397,7 +397,26 @@ def sec_wire(rank, world, cfg):
     return {"failures": failures, "digests": digests}
 
 
-SECTIONS = {"wire": sec_wire, "collectives": sec_collectives, "poll_then_launch": sec_poll_then_launch, "big_slices": sec_big_slices,
+def sec_memory_budget(rank, world, cfg):
+    """The CUDA engine's FAIRRING_TOTAL_MEMORY check counts the staged rail's
+    wire buffers: run with a budget that fits the rails without them but not
+    with them (cfg["fits"] says which this session expects)."""
+    dev = _device(rank)
+    failures = Failures()
+    x = torch.ones(1031, device=dev)
+    try:
+        dist.all_reduce(x)
+        if not cfg["fits"]:
+            failures.add("the CUDA all-reduce ran: the budget check did not count the wire buffers")
+        elif not torch.all(x.cpu() == world):
+            failures.add("wrong result")
+    except Exception as e:  # noqa: BLE001
+        if cfg["fits"] or "FAIRRING_TOTAL_MEMORY" not in str(e):
+            failures.add(f"raised {type(e).__name__}: {str(e)[:300]}")
+    return {"failures": failures}
+
+
+SECTIONS = {"wire": sec_wire, "memory_budget": sec_memory_budget, "collectives": sec_collectives, "poll_then_launch": sec_poll_then_launch, "big_slices": sec_big_slices,
             "slow_producer": sec_slow_producer, "group_cycles": sec_group_cycles,
             "nccl_shared_gpu": sec_nccl_shared_gpu, "correctness": sec_correctness, "streams": sec_streams, "errors": sec_errors, "ddp": sec_ddp}
 

@@ -53,6 +53,14 @@ WIRE = {
 TOPOLOGIES.update({name: (ids, env, ["wire"], {"sizes": WIRE_SIZES, "nodes": len(set(ids))})
                    for name, (ids, env) in WIRE.items()})
 
+# 2x1, 1 MiB slices, 4 slots: the CPU engine needs about 2 MiB (6 with bf16
+# rails), the CUDA engine about 6 MiB (10 with bf16 rails: the staged rail's
+# wire buffers), so an 8 MiB budget fits all but the last.
+TOPOLOGIES.update({
+    f"2x1-{fmt}-budget8M": (["a", "b"], {"FAIRRING_WIRE_DTYPE": fmt, "FAIRRING_TOTAL_MEMORY": "8M"},
+                            ["memory_budget"], {"fits": fmt == "none"})
+    for fmt in ("none", "bf16")})
+
 _cache: dict = {}
 
 
@@ -87,6 +95,12 @@ def _same_digests_everywhere(out):
     for rank, o in enumerate(out[1:], 1):
         diff = [k for k in first if o["digests"].get(k) != first[k]]
         assert not diff, f"rank {rank} differs from rank 0 on {diff[:10]}"
+
+
+@requires_gpu
+@pytest.mark.parametrize("name", ["2x1-none-budget8M", "2x1-bf16-budget8M"])
+def test_cuda_memory_budget_counts_the_wire_buffers(name):
+    _section(name, "memory_budget")
 
 
 @requires_gpu
