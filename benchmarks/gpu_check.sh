@@ -106,13 +106,16 @@ session() {
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider)
 session kernels 90 "${PYTEST[@]}" tests/test_gpu_kernels.py tests/test_gpu_options.py
 session review 120 "${PYTEST[@]}" tests/test_gpu_allreduce.py \
-  -k "slice256K or 3x1 or shared_gpu or nccl"
-session allreduce 120 "${PYTEST[@]}" tests/test_gpu_allreduce.py -k "not slice256K and not 3x1 and not shared_gpu and not nccl"
+  -k "(slice256K or 3x1 or shared_gpu or nccl) and not compressed"
+session allreduce 120 "${PYTEST[@]}" tests/test_gpu_allreduce.py \
+  -k "not slice256K and not 3x1 and not shared_gpu and not nccl and not compressed and not budget"
+# Compressed rails (FAIRRING_WIRE_DTYPE) on both transports, and their memory budget.
+session wire 180 "${PYTEST[@]}" tests/test_gpu_allreduce.py -k "compressed or budget"
 SANITIZER="$(command -v compute-sanitizer || ls "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" 2>/dev/null || true)"
 if [ -n "$SANITIZER" ]; then
   # A few cases: memcheck slows every kernel and copy down a lot.
   session memcheck 90 "$SANITIZER" --tool memcheck --error-exitcode 9 --print-limit 20 \
-    "${PYTEST[@]}" tests/test_gpu_kernels.py -k "float32-SUM or bfloat16-AVG or int8-MAX or unaligned"
+    "${PYTEST[@]}" tests/test_gpu_kernels.py -k "float32-SUM or bfloat16-AVG or int8-MAX or unaligned or wire_message"
 else
   step "memcheck SKIPPED: no compute-sanitizer (in PATH or \$CUDA_HOME/bin)"
 fi

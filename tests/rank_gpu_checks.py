@@ -5,6 +5,7 @@ serves the whole simulated cluster.  Each section returns
 from __future__ import annotations
 
 import copy
+import os
 import traceback
 
 import torch
@@ -330,7 +331,92 @@ def sec_collectives(rank, world, cfg):
     return {"failures": failures}
 
 
-SECTIONS = {"collectives": sec_collectives, "poll_then_launch": sec_poll_then_launch, "big_slices": sec_big_slices,
+def sec_wire(rank, world, cfg):
+    """Compressed rails (FAIRRING_WIRE_DTYPE, from the environment) on CUDA
+    tensors, with either transport: float32/float64 SUM/AVG all-reduces and
+    reduce-scatters within the README's bound, and the same bits as
+    Fairring's CPU collectives in the same group (which round the same values
+    with the CPU codec: the NCCL rail's CUDA codec must match it bit for
+    bit).  Digests let the test compare ranks."""
+    import test_wire_dtype as wire
+
+    dev = _device(rank)
+    failures, digests = Failures(), {}
+    fmt = os.environ.get("FAIRRING_WIRE_DTYPE", "none")
+    nodes = cfg["nodes"]
+    seed = 90_000
+    for dtype in (torch.float32, torch.float64):
+        for op in ("SUM", "AVG"):
+            for n in cfg["sizes"]:
+                seed += 1
+                ins = wire._inputs(world, seed, n, dtype)
+                name = f"all_reduce {refs.dtype_name(dtype)}/{op}/n={n}"
+                x = ins[rank].to(dev)
+                try:
+                    dist.all_reduce(x, op=op_of(op))
+                    got = x.cpu()
+                except Exception as e:  # noqa: BLE001
+                    failures.add(f"{name}: raised {type(e).__name__}: {str(e)[:300]}")
+                    continue
+                digests[name] = digest(got)
+                bad = wire.bound_failure(name, got, ins, op, nodes, fmt)
+                if bad:
+                    failures.add(bad)
+                cpu = ins[rank].clone()
+                dist.all_reduce(cpu, op=op_of(op))
+                if digest(cpu) != digest(got):
+                    failures.add(f"{name}: CUDA result differs from the CPU all-reduce's bits")
+                if nodes > 1 and fmt == "bf16" and dtype == torch.float32 and op == "SUM":
+                    if not torch.equal(got, got.to(torch.bfloat16).float()):
+                        failures.add(f"{name}: result is not bf16-rounded (compression not applied?)")
+        for per_rank in (7, 70_001):
+            seed += 1
+            ins = wire._inputs(world, seed, per_rank * world, dtype)
+            name = f"reduce_scatter {refs.dtype_name(dtype)}/n={per_rank}"
+            out = torch.empty(per_rank, dtype=dtype, device=dev)
+            try:
+                dist.reduce_scatter_tensor(out, ins[rank].to(dev))
+                got = out.cpu()
+            except Exception as e:  # noqa: BLE001
+                failures.add(f"{name}: raised {type(e).__name__}: {str(e)[:300]}")
+                continue
+            mine = [t[rank * per_rank:(rank + 1) * per_rank] for t in ins]
+            bad = wire.bound_failure(name, got, mine, "SUM", nodes, fmt, result_rounded=False)
+            if bad:
+                failures.add(bad)
+            cpu = torch.empty(per_rank, dtype=dtype)
+            dist.reduce_scatter_tensor(cpu, ins[rank].clone())
+            if digest(cpu) != digest(got):
+                failures.add(f"{name}: CUDA result differs from the CPU reduce_scatter's bits")
+    # What is not compressed stays exact: ints, MAX.
+    for dtype, op in ((torch.int64, "SUM"), (torch.float32, "MAX")):
+        ins = [make_input(seed, r, 65537, dtype, op) for r in range(world)]
+        got = _reduce_case(dev, rank, ins, dtype, op, f"all_reduce {refs.dtype_name(dtype)}/{op}", failures)
+        if got is not None and not torch.equal(got, reference(ins, dtype, op).to(dtype)):
+            failures.add(f"all_reduce {refs.dtype_name(dtype)}/{op}: not exact")
+    return {"failures": failures, "digests": digests}
+
+
+def sec_memory_budget(rank, world, cfg):
+    """The CUDA engine's FAIRRING_TOTAL_MEMORY check counts the staged rail's
+    wire buffers: run with a budget that fits the rails without them but not
+    with them (cfg["fits"] says which this session expects)."""
+    dev = _device(rank)
+    failures = Failures()
+    x = torch.ones(1031, device=dev)
+    try:
+        dist.all_reduce(x)
+        if not cfg["fits"]:
+            failures.add("the CUDA all-reduce ran: the budget check did not count the wire buffers")
+        elif not torch.all(x.cpu() == world):
+            failures.add("wrong result")
+    except Exception as e:  # noqa: BLE001
+        if cfg["fits"] or "FAIRRING_TOTAL_MEMORY" not in str(e):
+            failures.add(f"raised {type(e).__name__}: {str(e)[:300]}")
+    return {"failures": failures}
+
+
+SECTIONS = {"wire": sec_wire, "memory_budget": sec_memory_budget, "collectives": sec_collectives, "poll_then_launch": sec_poll_then_launch, "big_slices": sec_big_slices,
             "slow_producer": sec_slow_producer, "group_cycles": sec_group_cycles,
             "nccl_shared_gpu": sec_nccl_shared_gpu, "correctness": sec_correctness, "streams": sec_streams, "errors": sec_errors, "ddp": sec_ddp}
 

@@ -37,6 +37,30 @@ TOPOLOGIES.update({
     "3x1": (["a", "b", "c"], {}, ["correctness"], {"sizes": [1, 13, 1031, 8193, 65537]}),
 })
 
+# Compressed rails (FAIRRING_WIRE_DTYPE) with both transports; small slices
+# and two slots reuse every wire buffer while others are in flight.
+WIRE_SIZES = [1, 13, 1031, 65537, 300_007]
+SMALL_SLICES = {"FAIRRING_SLICE_SIZE": "64K", "FAIRRING_PARALLELISM": "2", "FAIRRING_TOTAL_MEMORY": "4M"}
+WIRE = {
+    "2x2-bf16": (["a", "a", "b", "b"], {"FAIRRING_WIRE_DTYPE": "bf16"}),
+    "2x1-fp16": (["a", "b"], {"FAIRRING_WIRE_DTYPE": "fp16"}),
+    "3x1-bf16-slice64K": (["a", "b", "c"], {"FAIRRING_WIRE_DTYPE": "bf16", **SMALL_SLICES}),
+    "2x1-bf16-nccl": (["a", "b"], {"FAIRRING_WIRE_DTYPE": "bf16", "FAIRRING_GPU_TRANSPORT": "nccl"}),
+    "2x1-fp16-nccl": (["a", "b"], {"FAIRRING_WIRE_DTYPE": "fp16", "FAIRRING_GPU_TRANSPORT": "nccl"}),
+    "3x1-fp16-slice64K-nccl": (["a", "b", "c"],
+                               {"FAIRRING_WIRE_DTYPE": "fp16", "FAIRRING_GPU_TRANSPORT": "nccl", **SMALL_SLICES}),
+}
+TOPOLOGIES.update({name: (ids, env, ["wire"], {"sizes": WIRE_SIZES, "nodes": len(set(ids))})
+                   for name, (ids, env) in WIRE.items()})
+
+# 2x1, 1 MiB slices, 4 slots: the CPU engine needs about 2 MiB (6 with bf16
+# rails), the CUDA engine about 6 MiB (10 with bf16 rails: the staged rail's
+# wire buffers), so an 8 MiB budget fits all but the last.
+TOPOLOGIES.update({
+    f"2x1-{fmt}-budget8M": (["a", "b"], {"FAIRRING_WIRE_DTYPE": fmt, "FAIRRING_TOTAL_MEMORY": "8M"},
+                            ["memory_budget"], {"fits": fmt == "none"})
+    for fmt in ("none", "bf16")})
+
 _cache: dict = {}
 
 
@@ -60,15 +84,12 @@ def _section(name, section):
 
 
 def _skip_unless_gpus_for(name):
-    if name.endswith("-nccl") and torch.cuda.device_count() < len(TOPOLOGIES[name][0]):
+    nccl = TOPOLOGIES[name][1].get("FAIRRING_GPU_TRANSPORT") == "nccl"
+    if nccl and torch.cuda.device_count() < len(TOPOLOGIES[name][0]):
         pytest.skip(f"{name} needs one GPU per rank ({torch.cuda.device_count()} visible)")
 
 
-@requires_gpu
-@pytest.mark.parametrize("name", list(TOPOLOGIES))
-def test_correct_and_bit_identical_across_ranks(name):
-    _skip_unless_gpus_for(name)
-    out = _section(name, "correctness")
+def _same_digests_everywhere(out):
     first = out[0]["digests"]
     assert first, "no cases ran"
     for rank, o in enumerate(out[1:], 1):
@@ -76,18 +97,41 @@ def test_correct_and_bit_identical_across_ranks(name):
         assert not diff, f"rank {rank} differs from rank 0 on {diff[:10]}"
 
 
-COLLECTIVES = [n for n, t in TOPOLOGIES.items() if "collectives" in t[2]]
+@requires_gpu
+@pytest.mark.parametrize("name", ["2x1-none-budget8M", "2x1-bf16-budget8M"])
+def test_cuda_memory_budget_counts_the_wire_buffers(name):
+    _section(name, "memory_budget")
 
 
 @requires_gpu
-@pytest.mark.parametrize("name", COLLECTIVES)
+@pytest.mark.parametrize("name", list(WIRE))
+def test_compressed_rails_within_bound_and_identical(name):
+    _skip_unless_gpus_for(name)
+    _same_digests_everywhere(_section(name, "wire"))
+
+
+def _with(section):
+    """The sessions that run `section` (asking the others for it would fail
+    with a KeyError, not a finding)."""
+    return [n for n, t in TOPOLOGIES.items() if section in t[2]]
+
+
+@requires_gpu
+@pytest.mark.parametrize("name", _with("correctness"))
+def test_correct_and_bit_identical_across_ranks(name):
+    _skip_unless_gpus_for(name)
+    _same_digests_everywhere(_section(name, "correctness"))
+
+
+@requires_gpu
+@pytest.mark.parametrize("name", _with("collectives"))
 def test_reduce_scatter_all_gather_broadcast(name):
     _skip_unless_gpus_for(name)
     _section(name, "collectives")
 
 
 @requires_gpu
-@pytest.mark.parametrize("name", list(TOPOLOGIES))
+@pytest.mark.parametrize("name", _with("streams"))
 def test_stream_semantics(name):
     _skip_unless_gpus_for(name)
     _section(name, "streams")

@@ -2,11 +2,14 @@
 fairring_py._C._reduce_cuda_for_test, on random data of odd sizes, every
 dtype and op: the result must be the same bits as the CPU kernel's (same
 combine order, same conversions) and within tolerance of a float64 / exact
-reference.  Skipped without a GPU or a CUDA build."""
+reference.  And the wire conversions of compressed rails
+(csrc/kernels/convert_cuda.cu): the same bits as the CPU ones.  Skipped
+without a GPU or a CUDA build."""
 import pytest
 import torch
 
 import refs
+import test_wire_dtype
 from gpu_support import BUILT_WITH_CUDA, requires_gpu
 from fairring_py import _C
 
@@ -101,8 +104,82 @@ def test_bad_arguments_are_clear_errors():
         _C._reduce_cuda_for_test(torch.ones(8), [torch.ones(8)], "SUM", 0)
 
 
+# ---- the wire conversions of compressed rails (csrc/kernels/convert_cuda.cu) ----
+# The NCCL rail's codec must write and read the very bytes the CPU codec does
+# (the TCP rails, and Fairring's CPU all-reduce in the same group): compared
+# bit for bit with the CPU hooks, NaNs included.
+
+WIRE_FORMATS = ["bf16", "fp16"]
+SCALES = [0, -7, 5, 20, 120, -120]
+
+
+def _raw(t):
+    return t.contiguous().view(-1).view(torch.uint8)
+
+
+def _hex(bits16):
+    return [hex(v & 0xFFFF) for v in bits16.tolist()]
+
+
+@requires_gpu
+@pytest.mark.parametrize("fmt", WIRE_FORMATS)
+def test_wire_narrow_matches_cpu(fmt):
+    x = test_wire_dtype._special_f32()
+    for src in (x, x.double(), x.double() * (1 + 2.0**-30)):  # the last: float64 between float32 values
+        for e in SCALES:
+            want = _C._wire_narrow_for_test(src, fmt, e)
+            got = _C._wire_narrow_cuda_for_test(src.cuda(), fmt, e).cpu()
+            bad = got != want
+            assert not bool(bad.any()), (
+                f"{src.dtype} e={e}: {int(bad.sum())} differ, e.g. inputs {src[bad][:4].tolist()} "
+                f"got {_hex(got[bad][:4])} want {_hex(want[bad][:4])}")
+    # Misaligned start, odd length.
+    tail = _C._wire_narrow_cuda_for_test(x.cuda()[3:1000], fmt).cpu()
+    assert torch.equal(tail, _C._wire_narrow_for_test(x[3:1000], fmt))
+
+
+@requires_gpu
+@pytest.mark.parametrize("fmt", WIRE_FORMATS)
+def test_wire_widen_every_pattern_matches_cpu(fmt):
+    bits = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
+    for dtype in (torch.float32, torch.float64):
+        for e in SCALES:
+            want = _C._wire_widen_for_test(bits, fmt, dtype, e)
+            got = _C._wire_widen_cuda_for_test(bits.cuda(), fmt, dtype, e).cpu()
+            same = (_raw(got).view(-1, got.element_size()) == _raw(want).view(-1, want.element_size())).all(1)
+            assert bool(same.all()), (f"{fmt}->{dtype} e={e}: {int((~same).sum())} patterns differ, e.g. "
+                                      f"{_hex(bits[~same][:4])}")
+
+
+@requires_gpu
+@pytest.mark.parametrize("fmt", WIRE_FORMATS)
+def test_wire_message_matches_cpu(fmt):
+    """Whole messages: the prefix (fp16's exponent from the device's max-abs
+    pass) and the elements, and their decoding."""
+    cases = test_wire_dtype.wire_messages()
+    cases["large"] = torch.randn(3_000_017) * torch.exp2(torch.randint(-20, 20, (3_000_017,)).float())
+    cases["large"][1_234_567] = 3.0e30  # one maximum far from the rest: every block's share must count
+    for name, x in cases.items():
+        want = _C._wire_encode_for_test(x, fmt)
+        got = _C._wire_encode_cuda_for_test(x.cuda(), fmt).cpu()
+        prefix = test_wire_dtype._prefix
+        assert torch.equal(got[:8], want[:8]), f"{name}: prefix {prefix(got)} != {prefix(want)}"
+        assert torch.equal(got, want), f"{name}: elements differ"
+        back = _C._wire_decode_cuda_for_test(want.cuda(), fmt, x.dtype).cpu()
+        assert torch.equal(_raw(back), _raw(_C._wire_decode_for_test(want, fmt, x.dtype))), f"{name}: decode differs"
+
+
+@requires_gpu
+def test_wire_decode_of_a_foreign_message_gives_nans():
+    msg = _C._wire_encode_cuda_for_test(torch.ones(5, device="cuda"), "fp16")
+    out = _C._wire_decode_cuda_for_test(msg, "bf16", torch.float32)
+    assert bool(torch.isnan(out).all())
+
+
 @pytest.mark.skipif(BUILT_WITH_CUDA, reason="checks the CPU-only build")
 def test_cpu_only_build_says_so():
     assert _C._built_with_cuda() is False
     with pytest.raises(RuntimeError, match="built without CUDA"):
         _C._reduce_cuda_for_test(torch.ones(1), [torch.ones(1)], "SUM", 0)
+    with pytest.raises(RuntimeError, match="built without CUDA"):
+        _C._wire_encode_cuda_for_test(torch.ones(1), "bf16")

@@ -126,6 +126,54 @@ def test_narrow_f64_rounds_once(isa, fmt):
     assert got.tolist() == [1.0 + one_ulp, -(1.0 + one_ulp), 1.0]
 
 
+def _prefix(msg):
+    """(tag, scale exponent) of a message's 8-byte prefix."""
+    tag, e = msg[:8].numpy().view(np.uint32)
+    return int(tag), int(np.int32(e))
+
+
+def wire_messages():
+    """Messages worth encoding: every fp32 class, and maxima at the edges of
+    the fp16 scale (subnormal, tiny and huge float64, all zero, no finite
+    value).  Shared with the CUDA codec's test (tests/test_gpu_kernels.py)."""
+    x = _special_f32()
+    g = torch.Generator().manual_seed(3)
+    out = {"special": x, "random": torch.randn(100_003, generator=g) * 1e3,
+           "subnormal max": _f32([0x00000001, 0x80000003, 0x00012345, 0]),
+           "zeros": torch.zeros(17), "no finite": _f32([0x7F800000, 0xFFC00000, 0xFF800000]), "empty": torch.zeros(0),
+           "huge f64": torch.tensor([1e300, -3.0, 2.0**135, 7e-300], dtype=torch.float64),
+           "tiny f64": torch.tensor([1e-300, -5e-310, 0.0], dtype=torch.float64),
+           "f64 at 2^15": torch.tensor([2.0**15, -2.0**15 * (1 - 2.0**-53), 1.0], dtype=torch.float64)}
+    out["special f64"] = x.double() * 3.0
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp16"])
+def test_message_format(isa, fmt):
+    """The rails' message: tag, fp16's exponent from the largest finite |x|,
+    the elements narrowed with it; decoding widens them back."""
+    for name, x in wire_messages().items():
+        msg = _C._wire_encode_for_test(x, fmt)
+        assert msg.numel() == 8 + 2 * x.numel(), name
+        tag, e = _prefix(msg)
+        assert tag == 0x57495200 | (2 if fmt == "fp16" else 1), name
+        finite = x[torch.isfinite(x)].double().abs()
+        top = float(finite.max()) if finite.numel() else 0.0
+        if fmt == "bf16" or top == 0.0:
+            assert e == 0, name
+        else:
+            assert -120 <= e <= 120, name
+            if -120 < e < 120:
+                assert 2.0**14 <= top * 2.0**e < 2.0**15, f"{name}: max {top} e {e}"
+        assert torch.equal(msg[8:].view(torch.int16), _C._wire_narrow_for_test(x, fmt, e)), name
+        back = _C._wire_decode_for_test(msg, fmt, x.dtype)
+        widened = _C._wire_widen_for_test(msg[8:].view(torch.int16), fmt, x.dtype, e)
+        assert torch.equal(back.view(torch.uint8), widened.view(torch.uint8)), name
+    with pytest.raises(RuntimeError, match="malformed compressed rail message"):
+        _C._wire_decode_for_test(_C._wire_encode_for_test(torch.ones(4), fmt), "bf16" if fmt == "fp16" else "fp16",
+                                 torch.float32)
+
+
 # ---- the collectives -----------------------------------------------------------
 
 SIZES = [1, 13, 1031, 65537, 300_007]  # the last one spans several 1 MiB slices
@@ -146,15 +194,33 @@ def _inputs(world, seed, n, dtype):
     return out
 
 
+def bound_failure(name, got, ins, op, nodes, fmt, result_rounded=True):
+    """README, "Compressed rails": |r - S| <= u|S| + (1+u)^2 (u + (N+K) u_in) M
+    (no u|S| when the result is not rounded: reduce-scatter).  `ins`: every
+    rank's input for the elements of `got`.  A failure line, or None."""
+    world = len(ins)
+    u = U.get(fmt, 0.0)
+    unit_in = 2.0**-24 if got.dtype == torch.float32 else 2.0**-53
+    exact = sum(t.double() for t in ins)
+    mag = sum(t.double().abs() for t in ins)
+    if op == "AVG":
+        exact, mag = exact / world, mag / world
+    k = world // nodes
+    bound = (u * exact.abs() if result_rounded else 0) + (1 + u) ** 2 * (u + (nodes + k) * unit_in) * mag + 1e-300
+    err = (got.double() - exact).abs()
+    if not bool((err > bound).any()):
+        return None
+    i = int(torch.argmax(err / bound))
+    return f"{name}: error {err[i].item():.3g} > bound {bound[i].item():.3g} at {i} (exact {exact[i].item():.6g})"
+
+
 def wire_session(rank, world, fmt, nodes):
     """All-reduces and reduce-scatters under FAIRRING_WIRE_DTYPE=fmt (from the
     environment).  Returns digests (compared across ranks by the test) and a
     list of failures of the checks that one rank can make alone."""
     failures, digests = [], {}
-    u = U.get(fmt, 0.0)
     seed = 0
     for dtype in (torch.float32, torch.float64):
-        unit_in = 2.0**-24 if dtype == torch.float32 else 2.0**-53
         for op in ("SUM", "AVG"):
             for n in SIZES:
                 seed += 1
@@ -163,10 +229,6 @@ def wire_session(rank, world, fmt, nodes):
                 dist.all_reduce(x, op=refs.op_of(op))
                 name = f"all_reduce {dtype} {op} n={n}"
                 digests[name] = _digest(x)
-                exact = sum(t.double() for t in ins)
-                mag = sum(t.double().abs() for t in ins)
-                if op == "AVG":
-                    exact, mag = exact / world, mag / world
                 if nodes == 1:
                     # No rails: the option changes nothing.  Two ranks: one rounding.
                     want = ins[0] + ins[1]
@@ -174,14 +236,9 @@ def wire_session(rank, world, fmt, nodes):
                     if not torch.equal(x, want):
                         failures.append(f"{name}: single node result differs from the exact float sum")
                     continue
-                # README, "Compressed rails": |r - S| <= u|S| + (1+u)^2 (u + (N+K) u_in) M
-                k = world // nodes
-                bound = u * exact.abs() + (1 + u) ** 2 * (u + (nodes + k) * unit_in) * mag + 1e-300
-                err = (x.double() - exact).abs()
-                if bool((err > bound).any()):
-                    i = int(torch.argmax(err / bound))
-                    failures.append(f"{name}: error {err[i].item():.3g} > bound {bound[i].item():.3g} "
-                                    f"at {i} (exact {exact[i].item():.6g})")
+                failure = bound_failure(name, x, ins, op, nodes, fmt)
+                if failure:
+                    failures.append(failure)
                 if fmt == "bf16" and dtype == torch.float32 and op == "SUM":
                     # The result was rounded to bf16 once: every value is a bf16 value.
                     if not torch.equal(x, x.to(torch.bfloat16).float()):
@@ -198,23 +255,18 @@ def wire_session(rank, world, fmt, nodes):
                 failures.append(f"all_reduce {dtype} {op} n={n}: not exact")
     # Reduce-scatter: compressed contributions, the result stays with its rank.
     for dtype in (torch.float32, torch.float64):
-        unit_in = 2.0**-24 if dtype == torch.float32 else 2.0**-53
         for per_rank in (7, 70_001):
             seed += 1
             ins = _inputs(world, seed, per_rank * world, dtype)
             out = torch.empty(per_rank, dtype=dtype)
             dist.reduce_scatter_tensor(out, ins[rank].clone())
-            sl = slice(rank * per_rank, (rank + 1) * per_rank)
-            exact = sum(t[sl].double() for t in ins)
-            mag = sum(t[sl].double().abs() for t in ins)
-            k = world // nodes
-            bound = (1 + u) ** 2 * (u + (nodes + k) * unit_in) * mag + 1e-300  # no result rounding
-            err = (out.double() - exact).abs()
+            mine = [t[rank * per_rank:(rank + 1) * per_rank] for t in ins]
             name = f"reduce_scatter {dtype} n={per_rank}"
-            if bool((err > bound).any()):
-                i = int(torch.argmax(err / bound))
-                failures.append(f"{name}: error {err[i].item():.3g} > bound {bound[i].item():.3g}")
-            if nodes > 1 and fmt != "none" and bool((err == 0).all()) and per_rank > 1000:
+            failure = bound_failure(name, out, mine, "SUM", nodes, fmt, result_rounded=False)
+            if failure:
+                failures.append(failure)
+            exact = sum(t.double() for t in mine)
+            if nodes > 1 and fmt != "none" and bool((out.double() == exact).all()) and per_rank > 1000:
                 failures.append(f"{name}: exact (compression not applied?)")
     return {"failures": failures, "digests": digests}
 

@@ -22,17 +22,15 @@
 namespace fairring {
 
 // Staging memory of one rank on the CUDA path: per slot, an input and an
-// output area in device memory (K > 1), the chunk's pinned host copy and the
-// reduction server's receive buffers (N > 1).
-// With NCCL between nodes the host part is replaced by one device buffer
-// for the shards this rank serves (the exchanges run one at a time).
+// output area in device memory (K > 1); between nodes, the rail's buffers
+// (cuda_rails.h): per slot the chunk's pinned host copy and the RailStage's
+// host buffers (wire buffers included), or with NCCL one set of device
+// buffers (the served shards and, with compressed rails, the messages).
 static int64_t cuda_required_memory(const Config& c, const PlanParams& p, int k, int n) {
-  const int64_t device = k > 1 ? 2 * round_up(c.slice_size, 256) : 0;
-  if (c.gpu_transport == "nccl") {
-    return device * c.parallelism + (n > 1 ? (n - 1) * round_up(max_shard_bytes(p, k, n), 256) : 0);
-  }
-  const int64_t host = n > 1 ? c.slice_size + (n - 1) * max_shard_bytes(p, k, n) : 0;
-  return (device + host) * c.parallelism;
+  const int64_t device = (k > 1 ? 2 * round_up(c.slice_size, 256) : 0) * c.parallelism;
+  if (n < 2) return device;
+  if (c.gpu_transport == "nccl") return device + nccl_rail_buffers(c, p, k, n).total();
+  return device + staged_rail_bytes(c, p, k, n, round_up(c.slice_size, 256));
 }
 
 // Device memory: every step is enqueued on the slot's stream; a step that

@@ -12,6 +12,7 @@
 #include "allreduce/rail_plan.h"
 #include "common/cuda_check.h"
 #include "common/errors.h"
+#include "kernels/convert_cuda.h"
 #include "kernels/reduce_cuda.h"
 
 namespace fairring {
@@ -26,6 +27,20 @@ constexpr int kFeederSpins = 64;
 constexpr auto kFeederNap = std::chrono::microseconds(20);
 
 }  // namespace
+
+int64_t staged_rail_bytes(const Config& config, const PlanParams& params, int k, int n, int64_t area) {
+  return (area + rail_stage_bytes_per_slot(config, params, k, n)) * config.parallelism;
+}
+
+NcclRailBuffers nccl_rail_buffers(const Config& config, const PlanParams& params, int k, int n) {
+  NcclRailBuffers b;
+  b.nodes = n;
+  const int64_t shard = max_shard_bytes(params, k, n);
+  b.shard = round_up(shard, 256);
+  // 256-byte aligned: the prefix's 8 bytes and the elements after it stay aligned.
+  b.message = config.wire_dtype == "none" ? 0 : round_up(WireCodec::buffer_bytes(shard), 256);
+  return b;
+}
 
 // ---- CudaStagedRail ----
 
@@ -173,7 +188,11 @@ void CudaStagedRail::back(uint64_t slice_seq) {
 
 CudaNcclRail::CudaNcclRail(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const Config& config,
                            const PlanParams& params, c10::Device device, SlotStream slot_stream, SliceDone done)
-    : topo_(topo), device_(device), slot_stream_(std::move(slot_stream)), done_(std::move(done)) {
+    : topo_(topo),
+      device_(device),
+      slot_stream_(std::move(slot_stream)),
+      done_(std::move(done)),
+      codec_(wire_dtype_from_name(config.wire_dtype)) {
   const int n = topo.num_nodes;
   if (n > kMaxCudaReduceInputs) {
     throw std::invalid_argument("fairring: FAIRRING_GPU_TRANSPORT=nccl supports at most " +
@@ -185,10 +204,9 @@ CudaNcclRail::CudaNcclRail(const c10::intrusive_ptr<c10d::Store>& store, const T
   nccl_ = std::make_unique<NcclRail>(store, "nccl/rail" + std::to_string(topo.local_rank), n, topo.node,
                                      config.timeout, topo.rank);
   stream_ = std::make_unique<DedicatedStream>(device_, true);
-  shard_bytes_ = round_up(max_shard_bytes(params, topo.ranks_per_node, n), 256);
+  buffers_ = nccl_rail_buffers(config, params, topo.ranks_per_node, n);
   void* staging = nullptr;
-  cuda_check(cudaMalloc(&staging, static_cast<size_t>(shard_bytes_ * (n - 1))),
-             "cannot allocate the NCCL receive buffers");
+  cuda_check(cudaMalloc(&staging, static_cast<size_t>(buffers_.total())), "cannot allocate the NCCL rail's buffers");
   staging_ = static_cast<char*>(staging);
   ready_ = new_event();
   finished_ = new_event();
@@ -210,14 +228,9 @@ CudaNcclRail::~CudaNcclRail() {
 
 void CudaNcclRail::abort(const std::string&) { leak_on_destroy(); }
 
-// The reduction-server exchange of one chunk, the same walk as RailStage's
-// (plan_rail): our piece of each remote shard goes to the node that serves
-// it; if we serve a shard, we sum it with the peers' pieces in node order
-// (divided for AVG) and send the sum back; the other shards' sums come in.
-// All on the NCCL stream, which runs the exchanges one at a time in slice
-// order (one communicator, the same order on every rank of the rail).  Every
-// rank of the rail has the same shard list, so an empty transfer is skipped
-// on both of its ends.
+// The exchange of one chunk on the NCCL stream, after the slot stream's work
+// so far and before its next: all-gather and broadcast share shards, the
+// others walk the reduction (post_reduction).
 void CudaNcclRail::post(RailTask task) {
   const int64_t esize = c10::elementSize(task.dtype());
   const int n = topo_.num_nodes;
@@ -225,7 +238,6 @@ void CudaNcclRail::post(RailTask task) {
   const Collective collective = static_cast<Collective>(task.key.collective);
   cudaStream_t slot = slot_stream_(task.slot);
   cudaStream_t ns = stream_->stream();
-  auto staging = [&](int j) { return staging_ + static_cast<int64_t>(j < self ? j : j - 1) * shard_bytes_; };
   auto bytes = [&](const Range& r) { return static_cast<size_t>(r.count * esize); };
   cuda_check(cudaEventRecord(ready_, slot), "cudaEventRecord");
   cuda_check(cudaStreamWaitEvent(ns, ready_, 0), "cudaStreamWaitEvent (to NCCL)");
@@ -241,7 +253,7 @@ void CudaNcclRail::post(RailTask task) {
     }
     nccl_->group_end();
   } else {
-    post_reduction(task, staging, ns);
+    post_reduction(task, ns);
   }
   cuda_check(cudaEventRecord(finished_, ns), "cudaEventRecord");
   cuda_check(cudaStreamWaitEvent(slot, finished_, 0), "cudaStreamWaitEvent (from NCCL)");
@@ -257,40 +269,74 @@ void CudaNcclRail::post(RailTask task) {
 // runs the exchanges one at a time in slice order (one communicator, the
 // same order on every rank of the rail).  Every rank of the rail has the
 // same shard list, so an empty transfer is skipped on both of its ends.
-void CudaNcclRail::post_reduction(const RailTask& task, const std::function<char*(int)>& staging, cudaStream_t ns) {
-  const int64_t esize = c10::elementSize(task.dtype());
+//
+// Compressed (codec_.applies): the same walk with messages instead of
+// elements, and the values rounded where RailStage rounds them
+// (wire_codec.h): our pieces once when sent, the served sum once, which we
+// also widen into our own copy; the peers' pieces are widened into staging
+// so that the reduction is the uncompressed one.  The message buffers are
+// reused by the next exchange only after this one's transfers and kernels,
+// in the NCCL stream's order.
+void CudaNcclRail::post_reduction(const RailTask& task, cudaStream_t ns) {
+  const c10::ScalarType dtype = task.dtype();
+  const int64_t esize = c10::elementSize(dtype);
   const int n = topo_.num_nodes;
   const int self = topo_.node;
   const bool results_back = static_cast<Collective>(task.key.collective) != Collective::kReduceScatter;
   const RailPlan plan = plan_rail(task.shards, self, n);
-  auto bytes = [&](const Range& r) { return static_cast<size_t>(r.count * esize); };
+  const bool wire = codec_.applies(task);
+  const HalfFormat fmt = half_format_of(codec_.dtype());
+  // What travels for a shard: its elements, or its message.
+  auto bytes = [&](const Range& r) {
+    return static_cast<size_t>(wire ? WireCodec::message_bytes(r.count) : r.count * esize);
+  };
   const bool serving = plan.serves && plan.served.count > 0;
-  if (serving && static_cast<int64_t>(bytes(plan.served)) > shard_bytes_) {
+  if (serving && plan.served.count * esize > buffers_.shard) {
     throw std::logic_error("fairring: shard larger than its NCCL staging buffer (plan bound violated)");
+  }
+  if (wire) {
+    for (const RemoteShard& r : plan.remote) {
+      if (r.shard.count == 0) continue;
+      wire_encode_cuda(fmt, dtype, task.shard_at(r.node), r.shard.count, message_out(r.node), ns);
+    }
   }
   nccl_->group_start();
   for (const RemoteShard& r : plan.remote) {
-    if (r.shard.count > 0) nccl_->send(task.shard_at(r.node), bytes(r.shard), r.node, ns);
+    if (r.shard.count > 0) nccl_->send(wire ? message_out(r.node) : task.shard_at(r.node), bytes(r.shard), r.node, ns);
   }
   if (serving) {
-    for (int j : plan.contributors) nccl_->recv(staging(j), bytes(plan.served), j, ns);
+    for (int j : plan.contributors) nccl_->recv(wire ? message_in(j) : staging(j), bytes(plan.served), j, ns);
   }
   nccl_->group_end();
   char* out = task.result ? task.result : task.shard_at(self);
+  const char* result = out;  // what we send back
   if (serving) {
+    if (wire) {
+      for (int j : plan.contributors) wire_decode_cuda(fmt, dtype, message_in(j), plan.served.count, staging(j), ns);
+    }
     const void* inputs[kMaxCudaReduceInputs];
     for (int j = 0; j < n; ++j) inputs[j] = j == self ? task.shard_at(self) : staging(j);
-    reduce_cuda(task.dtype(), task.op(), out, inputs, n, plan.served.count, task.divisor, ns);
+    reduce_cuda(dtype, task.op(), out, inputs, n, plan.served.count, task.divisor, ns);
+    if (wire && results_back) {
+      wire_encode_cuda(fmt, dtype, out, plan.served.count, message_out(self), ns);
+      wire_decode_cuda(fmt, dtype, message_out(self), plan.served.count, out, ns);
+      result = message_out(self);
+    }
   }
   if (!results_back) return;
   nccl_->group_start();
   if (serving) {
-    for (int j : plan.contributors) nccl_->send(out, bytes(plan.served), j, ns);
+    for (int j : plan.contributors) nccl_->send(result, bytes(plan.served), j, ns);
   }
   for (const RemoteShard& r : plan.remote) {
-    if (r.shard.count > 0) nccl_->recv(task.shard_at(r.node), bytes(r.shard), r.node, ns);
+    if (r.shard.count > 0) nccl_->recv(wire ? message_in(r.node) : task.shard_at(r.node), bytes(r.shard), r.node, ns);
   }
   nccl_->group_end();
+  if (wire) {
+    for (const RemoteShard& r : plan.remote) {
+      if (r.shard.count > 0) wire_decode_cuda(fmt, dtype, message_in(r.node), r.shard.count, task.shard_at(r.node), ns);
+    }
+  }
 }
 
 // NCCL cannot put two ranks of a communicator on one GPU; require every rank

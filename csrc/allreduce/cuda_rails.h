@@ -9,6 +9,10 @@
 //                   NCCL sends and receives on one NCCL stream, ordered after
 //                   and before the slot's stream; nothing waits on the host.
 //
+// Compressed rails (wire_dtype, wire_codec.h) round the same values on both:
+// the staged rail's RailStage encodes on the host, the NCCL rail with the
+// CUDA codec (kernels/convert_cuda.h) on its stream.
+//
 // Only compiled with CUDA (FAIRRING_WITH_CUDA).
 #pragma once
 
@@ -29,6 +33,7 @@
 
 #include "allreduce/plan.h"
 #include "allreduce/rail_stage.h"
+#include "allreduce/wire_codec.h"
 #include "common/config.h"
 #include "common/cuda_resources.h"
 #include "pipeline/rail_exchange.h"
@@ -44,6 +49,27 @@ namespace fairring {
 
 // The slot's stream, where the schedule's work on a slice is enqueued.
 using SlotStream = std::function<cudaStream_t(int slot)>;
+
+// Bytes rounded up to `to` (device allocations keep their areas aligned).
+inline int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+
+// Staging memory of the rails, as the rails allocate it and the engine
+// counts it (FAIRRING_TOTAL_MEMORY), for a group of `n` > 1 nodes of `k`.
+// The staged rail, all slots: per slot a slice of pinned host memory
+// (`area` bytes) and its RailStage's host buffers.
+int64_t staged_rail_bytes(const Config& config, const PlanParams& params, int k, int n, int64_t area);
+// The NCCL rail's device buffers, one set (its exchanges run one at a time):
+// the full-precision shards it serves, one per peer; with compressed rails
+// also a message per node that it sends (ours to each server, and at our own
+// node the served result) and one per peer that it receives (contributions,
+// then results).
+struct NcclRailBuffers {
+  int nodes = 0;
+  int64_t shard = 0;    // per peer
+  int64_t message = 0;  // per message buffer; 0 without compressed rails
+  int64_t total() const { return (nodes - 1) * shard + (2 * nodes - 1) * message; }
+};
+NcclRailBuffers nccl_rail_buffers(const Config& config, const PlanParams& params, int k, int n);
 
 class CudaRail : public RailExchange {
  public:
@@ -119,7 +145,14 @@ class CudaNcclRail : public CudaRail {
 
  private:
   void check_own_gpus(const c10::intrusive_ptr<c10d::Store>& store);
-  void post_reduction(const RailTask& task, const std::function<char*(int)>& staging, cudaStream_t ns);
+  void post_reduction(const RailTask& task, cudaStream_t ns);
+  // Where peer j's full-precision shard is (the one we serve), and with
+  // compressed rails where our message to node j is, and where node j's
+  // message to us lands (see NcclRailBuffers).
+  int peer_index(int j) const { return j < topo_.node ? j : j - 1; }
+  char* staging(int j) const { return staging_ + peer_index(j) * buffers_.shard; }
+  char* message_out(int j) const { return staging_ + (buffers_.nodes - 1) * buffers_.shard + j * buffers_.message; }
+  char* message_in(int j) const { return message_out(buffers_.nodes) + peer_index(j) * buffers_.message; }
 
   Topology topo_;
   c10::Device device_;
@@ -127,14 +160,12 @@ class CudaNcclRail : public CudaRail {
   SliceDone done_;
   std::unique_ptr<NcclRail> nccl_;
   std::unique_ptr<DedicatedStream> stream_;  // every exchange, in slice order
-  char* staging_ = nullptr;                  // device: the peers' shards this rank serves
-  int64_t shard_bytes_ = 0;                  // room per peer in staging_
+  WireCodec codec_;                          // which exchanges compress
+  NcclRailBuffers buffers_;
+  char* staging_ = nullptr;                  // device: buffers_.total() bytes
   cudaEvent_t ready_ = nullptr;              // slot stream -> NCCL stream
   cudaEvent_t finished_ = nullptr;           // NCCL stream -> slot stream
 };
-
-// Bytes rounded up to `to` (device allocations keep their areas aligned).
-inline int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
 }  // namespace fairring
 

@@ -6,7 +6,6 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "allreduce/wire_codec.h"
 #include "kernels/copy_cpu.h"
 #include "kernels/reduce_cpu.h"
 
@@ -21,11 +20,10 @@ constexpr int64_t kInlineMaxBytes = 64 << 10;
 // Staging memory of one rank: its share of the node's shared slot areas (K
 // inputs + 1 output, none for a node of one) and, between nodes, the buffers
 // its reduction server receives the peers' shards into (and, with compressed
-// rails, the rail stage's wire buffers).
+// rails, the rail stage's wire buffers: rail_stage_bytes_per_slot).
 int64_t required_memory(const Config& c, const PlanParams& p, int k, int n) {
   const int64_t shared = k > 1 ? c.slice_size * (k + 1) / k : 0;
-  const int64_t staging = n > 1 ? (n - 1) * max_shard_bytes(p, k, n) : 0;
-  return (shared + staging + wire_bytes_per_slot(c.wire_dtype, max_shard_bytes(p, k, n), n)) * c.parallelism;
+  return (shared + rail_stage_bytes_per_slot(c, p, k, n)) * c.parallelism;
 }
 
 }  // namespace

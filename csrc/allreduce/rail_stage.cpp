@@ -399,6 +399,12 @@ void RailStage::loop() {
   }
 }
 
+int64_t rail_stage_bytes_per_slot(const Config& config, const PlanParams& params, int ranks_per_node, int num_nodes) {
+  if (num_nodes < 2) return 0;
+  const int64_t shard = max_shard_bytes(params, ranks_per_node, num_nodes);
+  return (num_nodes - 1) * shard + wire_bytes_per_slot(config.wire_dtype, shard, num_nodes);
+}
+
 std::unique_ptr<RailStage> connect_rail(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo,
                                         const Config& config, const PlanParams& params, const Secret& secret,
                                         RailStage::Callbacks callbacks, std::unique_ptr<TcpMesh>& mesh) {

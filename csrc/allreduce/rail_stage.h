@@ -97,6 +97,11 @@ class RailStage : public RailExchange {
   std::thread thread_;
 };
 
+// Host memory a RailStage of this config allocates per slot: the server's
+// receive buffers and, with compressed rails, the wire buffers (0 on one
+// node).  Both engines count it in their staging memory.
+int64_t rail_stage_bytes_per_slot(const Config& config, const PlanParams& params, int ranks_per_node, int num_nodes);
+
 // Connects this rank's rail (`mesh`: a TCP connection to the same local rank
 // of every other node) and starts its stage, which reduces with the CPU
 // kernels and sizes its buffers from the plan's bound.  Collective over the

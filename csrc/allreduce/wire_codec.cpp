@@ -11,21 +11,17 @@
 namespace fairring {
 
 namespace {
-constexpr uint32_t kTagBase = 0x57495200;  // "WIR" + the format
-
-HalfFormat format_of(WireDtype w) { return w == WireDtype::kFp16 ? HalfFormat::kFloat16 : HalfFormat::kBFloat16; }
-
-// fp16: e such that max * 2^e is in [2^14, 2^15) (largest finite half is
-// 65504 < 2^16, so the rounded value cannot overflow either); clamped so
-// that 2^e and 2^-e are normal float32 numbers.
+// fp16's scale (kernels/wire_format.h; the CUDA codec finds the same exponent
+// from the bits of the maximum).
 int fp16_scale_exp(double max_abs) {
   if (!(max_abs > 0.0)) return 0;
   int exp2 = 0;
   std::frexp(max_abs, &exp2);  // max = m * 2^exp2, m in [0.5, 1): max in [2^(exp2-1), 2^exp2)
-  const int e = 15 - exp2;
-  return e < -120 ? -120 : (e > 120 ? 120 : e);
+  return wire::fp16_scale_exp_for_exp2(exp2);
 }
 }  // namespace
+
+HalfFormat half_format_of(WireDtype w) { return w == WireDtype::kFp16 ? HalfFormat::kFloat16 : HalfFormat::kBFloat16; }
 
 WireDtype wire_dtype_from_name(const std::string& name) {
   if (name == "none") return WireDtype::kNone;
@@ -61,23 +57,20 @@ bool WireCodec::applies(const RailTask& t) const {
 }
 
 void WireCodec::encode(c10::ScalarType dtype, const void* src, int64_t count, char* dst) const {
-  const int32_t e = w_ == WireDtype::kFp16 ? fp16_scale_exp(max_abs_finite_cpu(dtype, src, count)) : 0;
-  const uint32_t tag = kTagBase | static_cast<uint32_t>(w_);
-  std::memcpy(dst, &tag, 4);
-  std::memcpy(dst + 4, &e, 4);
-  narrow_cpu(dtype, format_of(w_), src, reinterpret_cast<uint16_t*>(dst + kPrefixBytes), count, e);
+  const wire::Prefix p{wire::tag_of(half_format_of(w_)),
+                       w_ == WireDtype::kFp16 ? fp16_scale_exp(max_abs_finite_cpu(dtype, src, count)) : 0};
+  std::memcpy(dst, &p, sizeof(p));
+  narrow_cpu(dtype, half_format_of(w_), src, reinterpret_cast<uint16_t*>(dst + kPrefixBytes), count, p.scale_exp);
 }
 
 void WireCodec::decode(c10::ScalarType dtype, const char* src, int64_t count, void* dst) const {
-  uint32_t tag;
-  int32_t e;
-  std::memcpy(&tag, src, 4);
-  std::memcpy(&e, src + 4, 4);
-  if (tag != (kTagBase | static_cast<uint32_t>(w_)) || e < -120 || e > 120) {
+  wire::Prefix p;
+  std::memcpy(&p, src, sizeof(p));
+  if (!wire::prefix_ok(p, half_format_of(w_))) {
     throw std::runtime_error(std::string("fairring: malformed compressed rail message (expected FAIRRING_WIRE_DTYPE=") +
                              wire_dtype_name(w_) + ")");
   }
-  widen_cpu(dtype, format_of(w_), reinterpret_cast<const uint16_t*>(src + kPrefixBytes), dst, count, e);
+  widen_cpu(dtype, half_format_of(w_), reinterpret_cast<const uint16_t*>(src + kPrefixBytes), dst, count, p.scale_exp);
 }
 
 }  // namespace fairring

@@ -7,7 +7,9 @@
 // range is float32's).  fp16: the sender picks the exponent e so that the
 // largest finite |x| of the message times 2^e lies in [2^14, 2^15): nothing
 // overflows, and small values keep their precision; the receiver multiplies
-// by 2^-e.  (No fallback to bf16: a per-message scale always fits.)
+// by 2^-e.  (No fallback to bf16: a per-message scale always fits.)  The
+// format's constants are in kernels/wire_format.h, shared with the CUDA
+// codec (kernels/convert_cuda.h) of the NCCL rail.
 //
 // Which values are rounded (RailStage): each client's node-reduced piece,
 // once, when it is sent; the server's own piece is not; the server sums the
@@ -22,6 +24,7 @@
 #include <string>
 
 #include "allreduce/plan.h"
+#include "kernels/wire_format.h"
 #include "pipeline/rail_exchange.h"
 
 namespace fairring {
@@ -32,6 +35,8 @@ enum class WireDtype : uint32_t { kNone = 0, kBf16 = 1, kFp16 = 2 };
 // std::invalid_argument naming FAIRRING_WIRE_DTYPE otherwise.
 WireDtype wire_dtype_from_name(const std::string& name);
 const char* wire_dtype_name(WireDtype w);
+// The 16-bit format of a wire dtype other than none.
+HalfFormat half_format_of(WireDtype w);
 
 // Host memory a RailStage allocates per slot for compressed rails (0 for
 // "none"): to each node (and the server's result), from each other node's
@@ -40,7 +45,7 @@ int64_t wire_bytes_per_slot(const std::string& wire_dtype, int64_t max_shard_byt
 
 class WireCodec {
  public:
-  static constexpr int64_t kPrefixBytes = 8;
+  static constexpr int64_t kPrefixBytes = wire::kPrefixBytes;
 
   explicit WireCodec(WireDtype w = WireDtype::kNone) : w_(w) {}
   WireDtype dtype() const { return w_; }

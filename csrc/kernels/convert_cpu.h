@@ -8,9 +8,9 @@
 
 #include <cstdint>
 
-namespace fairring {
+#include "kernels/wire_format.h"  // HalfFormat
 
-enum class HalfFormat { kBFloat16, kFloat16 };
+namespace fairring {
 
 // dst[i] = round_to_nearest_even(src[i] * 2^scale_exp) in `fmt`.  `src` is
 // float32 or float64 (float64 is rounded once, correctly: no double

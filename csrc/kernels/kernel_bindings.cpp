@@ -9,16 +9,16 @@
 #include <string>
 #include <vector>
 
+#include "allreduce/wire_codec.h"
 #include "common/reduce_op.h"
 #include "kernels/convert_cpu.h"
 #include "kernels/reduce_cpu.h"
 #include "kernels/reduce_cpu_internal.h"
+#include "kernels/test_hook_args.h"
 
 namespace fairring {
 
 void register_kernel_bindings(pybind11::module& m);
-
-namespace {
 
 RedOp parse_redop(const std::string& name) {
   std::string upper = name;
@@ -36,6 +36,14 @@ RedOp parse_redop(const std::string& name) {
       false, "unknown reduction op '", name,
       "' (expected one of SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)");
 }
+
+HalfFormat parse_half_format(const std::string& name) {
+  if (name == "bf16") return HalfFormat::kBFloat16;
+  if (name == "fp16") return HalfFormat::kFloat16;
+  TORCH_CHECK_VALUE(false, "unknown wire format '", name, "' (expected bf16 or fp16)");
+}
+
+namespace {
 
 void check_tensor(const at::Tensor& t, const char* what, const at::Tensor& out) {
   TORCH_CHECK_VALUE(t.defined(), what, " is an undefined tensor");
@@ -78,12 +86,6 @@ void reduce_for_test(
   }
 }
 
-HalfFormat parse_half_format(const std::string& name) {
-  if (name == "bf16") return HalfFormat::kBFloat16;
-  if (name == "fp16") return HalfFormat::kFloat16;
-  TORCH_CHECK_VALUE(false, "unknown wire format '", name, "' (expected bf16 or fp16)");
-}
-
 at::Tensor wire_narrow_for_test(const at::Tensor& src, const std::string& fmt, int64_t scale_exp) {
   check_tensor(src, "src", src);
   const HalfFormat f = parse_half_format(fmt);
@@ -102,6 +104,38 @@ at::Tensor wire_widen_for_test(const at::Tensor& src, const std::string& fmt, at
   pybind11::gil_scoped_release no_gil;
   widen_cpu(dtype, f, reinterpret_cast<const uint16_t*>(src.data_ptr()), out.data_ptr(), src.numel(),
             static_cast<int>(scale_exp));
+  return out;
+}
+
+// The whole message (prefix and elements) as WireCodec writes it for the
+// rails, as bytes (uint8).
+void check_float(at::ScalarType dtype, const char* what) {
+  TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kDouble, what, " must be float32 or float64, got ", dtype);
+}
+
+at::Tensor wire_encode_for_test(const at::Tensor& src, const std::string& fmt) {
+  check_tensor(src, "src", src);
+  check_float(src.scalar_type(), "src");
+  parse_half_format(fmt);
+  const WireCodec codec(wire_dtype_from_name(fmt));
+  const auto bytes = static_cast<int64_t>(WireCodec::message_bytes(src.numel()));
+  at::Tensor out = at::empty({bytes}, src.options().dtype(at::kByte));
+  pybind11::gil_scoped_release no_gil;
+  codec.encode(src.scalar_type(), src.data_ptr(), src.numel(), reinterpret_cast<char*>(out.data_ptr()));
+  return out;
+}
+
+at::Tensor wire_decode_for_test(const at::Tensor& msg, const std::string& fmt, at::ScalarType dtype) {
+  check_tensor(msg, "msg", msg);
+  TORCH_CHECK_VALUE(msg.scalar_type() == at::kByte && msg.numel() >= WireCodec::kPrefixBytes &&
+                        (msg.numel() - WireCodec::kPrefixBytes) % 2 == 0,
+                    "msg must be the uint8 bytes of a message (8 + 2 x count)");
+  check_float(dtype, "dtype");
+  parse_half_format(fmt);
+  const WireCodec codec(wire_dtype_from_name(fmt));
+  at::Tensor out = at::empty({(msg.numel() - WireCodec::kPrefixBytes) / 2}, msg.options().dtype(dtype));
+  pybind11::gil_scoped_release no_gil;
+  codec.decode(dtype, reinterpret_cast<const char*>(msg.data_ptr()), out.numel(), out.data_ptr());
   return out;
 }
 
@@ -126,6 +160,11 @@ void register_kernel_bindings(pybind11::module& m) {
   m.def("_wire_widen_for_test", &wire_widen_for_test, pybind11::arg("src"), pybind11::arg("fmt"),
         pybind11::arg("dtype"), pybind11::arg("scale_exp") = 0,
         "Test hook: int16 wire bits in 'bf16' or 'fp16' widened to `dtype` (float32/float64), times 2^-scale_exp.");
+  m.def("_wire_encode_for_test", &wire_encode_for_test, pybind11::arg("src"), pybind11::arg("fmt"),
+        "Test hook: the compressed rail message (8-byte prefix, then the elements) of a contiguous "
+        "float32/float64 CPU tensor in 'bf16' or 'fp16', as uint8 bytes.");
+  m.def("_wire_decode_for_test", &wire_decode_for_test, pybind11::arg("msg"), pybind11::arg("fmt"),
+        pybind11::arg("dtype"), "Test hook: a message's (uint8) elements widened to `dtype` (float32/float64).");
   m.def(
       "_reduce_isa_for_test",
       [](const std::string& isa) -> std::string {
