@@ -382,8 +382,8 @@ c10d::Backend& FairringBackend::delegate(const char* kind) {
 
 c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                           const c10d::BroadcastOptions& opts) {
-  // One dense CPU tensor is native; the rest (several tensors, CUDA, sparse,
-  // conjugate or negative views) goes to gloo.
+  // One dense tensor on the CPU (or on the GPU, in a CUDA build) is native;
+  // the rest (several tensors, sparse, conjugate or negative views) goes to gloo.
   const bool native = tensors.size() == 1 && opts.rootTensor == 0 && native_tensors(tensors) && !tensors[0].is_conj() &&
                       !tensors[0].is_neg();
   if (!native) return delegate("broadcast").broadcast(tensors, opts);
