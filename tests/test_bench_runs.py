@@ -249,6 +249,19 @@ def test_fsdp_bench(tmp_path):
     assert "fsdp2 check: OK" in p.stdout and "fsdp1 check: OK" in p.stdout
 
 
+def test_fsdp_bench_without_compute_only(tmp_path):
+    """`--no-compute-only` drops the run over torch's fake group and the line it feeds."""
+    out = str(tmp_path / "out")
+    p = _run(["--nodes", "1", "--ranks-per-node", "2", "--fsdp", "2", "--width", "64", "--depth", "1", "--seq", "4",
+              "--batch", "2", "--steps", "1", "--warmup", "0", "--no-compute-only", "--out", out],
+             module="fairring_py.bench.fsdp")
+    assert p.returncode == 0, p.stdout + p.stderr
+    with open(os.path.join(out, "fsdp.json")) as f:
+        res = json.load(f)
+    assert [r["backend"] for r in res["rows"]] == ["fairring", "gloo"] and res["check"]["ok"]
+    assert "communication per step" not in p.stdout
+
+
 def test_barrier_latency(tmp_path):
     """`--collective barrier`: one row per backend with its latency, the ratio to
     Fairring's, and the run's metadata; sizes are refused."""
