@@ -418,7 +418,7 @@ bool SliceSchedule::exchange_root(Slice& s, const TimePoint* until) {
   // with nothing to carry checks the op in gather_root: waiting for the
   // root's copy here, in the front half, would hold back the copies out of
   // the slices before it (the root and its peers would take turns).
-  if (!rail_ || !owns_chunk(s)) return true;
+  if (!carries_chunk(s)) return true;
   if (k_ > 1 && !inputs_in(s, until)) return false;
   const PipelineOp& op = *s.op;
   const auto [root_node, root_local] = topo_.place_of(op.root);
@@ -447,7 +447,7 @@ bool SliceSchedule::gather_root(Slice& s, const TimePoint* until) {
   const int slot = node_.slot(s.seq);
   const int64_t esize = c10::elementSize(op.dtype);
   const bool large = op.numel * esize >= kLargeOpBytes;
-  if (k_ > 1 && !(rail_ && owns_chunk(s)) && !inputs_in(s, until)) return false;
+  if (k_ > 1 && !carries_chunk(s) && !inputs_in(s, until)) return false;
   // Between nodes, every chunk's exchange carried every node's key (sent
   // after its node's check_match), so once they are over no node ran another
   // collective; on the root's node they are also done reading the root's area.

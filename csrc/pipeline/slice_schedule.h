@@ -121,6 +121,8 @@ class SliceSchedule {
   int64_t staged_at(const Slice& s, int j, int x) const;
   // Our chunk of the slice, if the plan gave us one.
   bool owns_chunk(const Slice& s) const { return me_ < s.plan.num_chunks(); }
+  // Whether this rank carries its chunk of the slice to other nodes.
+  bool carries_chunk(const Slice& s) const { return rail_ != nullptr && owns_chunk(s); }
   char* tensor_at(const Slice& s) const;
   int64_t divisor(const Slice& s) const;
 
