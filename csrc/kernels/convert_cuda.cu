@@ -145,6 +145,11 @@ void check_message(const void* msg, const char* what) {
               ": the message must be 8-byte aligned device memory");
 }
 
+void check_scale(int scale_exp, const char* what) {
+  TORCH_CHECK(scale_exp >= -wire::kMaxScaleExp && scale_exp <= wire::kMaxScaleExp, what, ": |scale_exp| > ",
+              wire::kMaxScaleExp);
+}
+
 uint16_t* elements_of(void* msg) { return reinterpret_cast<uint16_t*>(static_cast<char*>(msg) + wire::kPrefixBytes); }
 
 }  // namespace
@@ -179,8 +184,7 @@ void wire_decode_cuda(HalfFormat fmt, c10::ScalarType dtype, const void* src, in
 void narrow_cuda(c10::ScalarType src_dtype, HalfFormat fmt, const void* src, uint16_t* dst, int64_t n,
                  int scale_exp, cudaStream_t stream) {
   check_dtype(src_dtype, "narrow_cuda");
-  TORCH_CHECK(scale_exp >= -wire::kMaxScaleExp && scale_exp <= wire::kMaxScaleExp, "narrow_cuda: |scale_exp| > ",
-              wire::kMaxScaleExp);
+  check_scale(scale_exp, "narrow_cuda");
   if (n <= 0) return;
   dispatch<Narrow>(src_dtype, fmt, src, dst, n, static_cast<const wire::Prefix*>(nullptr), scale_exp, stream);
   check_launch("narrow_cuda");
@@ -189,8 +193,7 @@ void narrow_cuda(c10::ScalarType src_dtype, HalfFormat fmt, const void* src, uin
 void widen_cuda(c10::ScalarType dst_dtype, HalfFormat fmt, const uint16_t* src, void* dst, int64_t n, int scale_exp,
                 cudaStream_t stream) {
   check_dtype(dst_dtype, "widen_cuda");
-  TORCH_CHECK(scale_exp >= -wire::kMaxScaleExp && scale_exp <= wire::kMaxScaleExp, "widen_cuda: |scale_exp| > ",
-              wire::kMaxScaleExp);
+  check_scale(scale_exp, "widen_cuda");
   if (n <= 0) return;
   dispatch<Widen>(dst_dtype, fmt, src, dst, n, static_cast<const wire::Prefix*>(nullptr), scale_exp, stream);
   check_launch("widen_cuda");
