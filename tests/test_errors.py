@@ -111,10 +111,22 @@ DEAD_CASES = [(["a", "a", "b", "b"], 1, "die"), (["a", "b"], 1, "die"), (["a", "
                               "1x2-non-leader-mid-op", "2x2-mid-reduce_scatter", "2x2-mid-all_gather",
                               "2x2-mid-broadcast", "1x3-mid-all_gather"])
 def test_dead_rank_named_within_timeout(nodes, culprit, how):
+    _dead_rank_named(nodes, culprit, how)
+
+
+@pytest.mark.parametrize("culprit,how", [(2, "die-mid-op"), (1, "die-mid-all_gather")],
+                         ids=["2x2-leader-mid-op", "2x2-mid-all_gather"])
+def test_dead_rank_named_on_deferred_mover(culprit, how):
+    """The same on the device-like mover (CUDA's ordering on CPU): its rail
+    fence (the CUDA staged rail's feeder) must not hold the survivors."""
+    _dead_rank_named(["a", "a", "b", "b"], culprit, how, env={"FAIRRING_TEST_DEFERRED_MOVER": "1"})
+
+
+def _dead_rank_named(nodes, culprit, how, env=None):
     timeout_s = 8
     shm_before = launch.list_shm()
     res = launch.run_ranks(rank_errors.stall_or_die, nodes, args=(culprit, how, timeout_s),
-                           pg_timeout_s=timeout_s, timeout_s=90, check=False)
+                           pg_timeout_s=timeout_s, timeout_s=90, check=False, env=env)
     problems = []
     for r in res:
         if r.rank == culprit:

@@ -19,13 +19,6 @@ namespace fairring {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// Polls of a D2H copy's event before the feeder starts sleeping between
-// them: a copy of one slice takes tens of microseconds.
-constexpr int kFeederSpins = 64;
-constexpr auto kFeederNap = std::chrono::microseconds(20);
-
 }  // namespace
 
 int64_t staged_rail_bytes(const Config& config, const PlanParams& params, int k, int n, int64_t area) {
@@ -67,16 +60,15 @@ CudaStagedRail::CudaStagedRail(const c10::intrusive_ptr<c10d::Store>& store, con
   cb.slice_done = [this](uint64_t seq) { back(seq); };
   cb.failed = failed_;
   stage_ = connect_rail(store, topo, config, params, secret, std::move(cb), mesh_);
-  feeder_ = std::thread([this] { feeder_loop(); });
+  // Polls each chunk's D2H event: the rail's thread never waits on the device.
+  const int index = device_.index();
+  feeder_ = std::make_unique<RailFeeder>(*stage_, topo_.rank, "the GPU's copy of a reduced chunk to the host",
+                                         timeout_, failed_,
+                                         [index] { cuda_check(cudaSetDevice(index), "cudaSetDevice"); });
 }
 
 CudaStagedRail::~CudaStagedRail() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  if (feeder_.joinable()) feeder_.join();
+  feeder_.reset();
   stage_.reset();
   mesh_.reset();
   c10::cuda::CUDAGuard guard(device_);
@@ -117,55 +109,15 @@ void CudaStagedRail::post(RailTask task) {
   task.chunk = host;
   task.pieces.clear();
   task.result = nullptr;  // the server reduces into our host shard; back() takes it up
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    feed_.push_back(ToRail{d2h_done_[slot], std::move(task)});
-  }
-  cv_.notify_one();
+  cudaEvent_t copied = d2h_done_[slot];
+  feeder_->push(std::move(task),
+                [copied] { return cuda_done(cudaEventQuery(copied), "device-to-host copy of a reduced chunk"); });
 }
 
 void CudaStagedRail::abort(const std::string& why) {
   leak_on_destroy();
   stage_->abort(why);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-}
-
-// Posts reduced chunks to the rail once their device-to-host copy is done
-// (polled: the rail's thread never waits on the device).
-void CudaStagedRail::feeder_loop() {
-  c10::cuda::CUDAGuard guard(device_);
-  try {
-    for (;;) {
-      ToRail next;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return !feed_.empty() || stopping_; });
-        if (stopping_) return;
-        next = std::move(feed_.front());
-        feed_.pop_front();
-      }
-      const auto start = Clock::now();
-      for (int spins = 0;; ++spins) {
-        if (cuda_done(cudaEventQuery(next.copied), "device-to-host copy of a reduced chunk")) break;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          if (stopping_) return;
-        }
-        if (Clock::now() - start > timeout_) {
-          throw std::runtime_error("timed out waiting for the GPU to finish reducing slice " +
-                                   std::to_string(next.task.slice_seq));
-        }
-        if (spins > kFeederSpins) std::this_thread::sleep_for(kFeederNap);
-      }
-      stage_->post(std::move(next.task));
-    }
-  } catch (const std::exception& e) {
-    failed_(attribute_to_rank(topo_.rank, e.what()));
-  }
+  feeder_->stop();
 }
 
 // From the stage's thread, in slice order: the chunk's result is in pinned

@@ -3,7 +3,7 @@
 //
 //   CudaStagedRail  the TCP RailStage fed through pinned host memory: the
 //                   chunk goes to the host on the slot's stream (D2H), a
-//                   feeder thread posts it once that copy is done, and the
+//                   RailFeeder posts it once that copy is done, and the
 //                   result comes back on the slot's stream (H2D).
 //   CudaNcclRail    FAIRRING_GPU_TRANSPORT=nccl: the reduction-server walk as
 //                   NCCL sends and receives on one NCCL stream, ordered after
@@ -22,13 +22,9 @@
 #include <c10/util/intrusive_ptr.h>
 #include <cuda_runtime_api.h>
 
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "allreduce/plan.h"
@@ -37,6 +33,7 @@
 #include "common/config.h"
 #include "common/cuda_resources.h"
 #include "pipeline/rail_exchange.h"
+#include "pipeline/rail_feeder.h"
 #include "topology/topology.h"
 #include "transport/nccl_rail.h"
 #include "transport/tcp_mesh.h"
@@ -94,11 +91,6 @@ class CudaStagedRail : public CudaRail {
   void abort(const std::string& why) override;
 
  private:
-  // A reduced chunk on its way to the rail: posted once its D2H copy is done.
-  struct ToRail {
-    cudaEvent_t copied;
-    RailTask task;
-  };
   // A copy between a slot's pinned memory and the device.
   struct Copy {
     char* device = nullptr;
@@ -106,7 +98,6 @@ class CudaStagedRail : public CudaRail {
     size_t bytes = 0;
   };
 
-  void feeder_loop();
   void back(uint64_t slice_seq);
 
   Topology topo_;
@@ -123,12 +114,7 @@ class CudaStagedRail : public CudaRail {
   std::vector<std::vector<Copy>> returns_;  // per slot: what comes back (set before the post)
   std::unique_ptr<TcpMesh> mesh_;
   std::unique_ptr<RailStage> stage_;
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<ToRail> feed_;
-  bool stopping_ = false;
-  std::thread feeder_;
+  std::unique_ptr<RailFeeder> feeder_;  // into stage_
 };
 
 class CudaNcclRail : public CudaRail {

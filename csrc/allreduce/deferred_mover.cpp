@@ -127,56 +127,21 @@ void DeferredMover::reduce(int slot, c10::ScalarType dtype, RedOp op, void* out,
   enqueue(slot, [=, in = std::move(in)] { reduce_cpu(dtype, op, out, in.data(), n, count, divisor); });
 }
 
-FencedRail::FencedRail(DeferredMover& mover, RailExchange& inner) : mover_(mover), inner_(inner) {
-  feeder_ = std::thread([this] { feed(); });
-}
-
-FencedRail::~FencedRail() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  feeder_.join();
-}
+FencedRail::FencedRail(DeferredMover& mover, RailExchange& inner, int rank, std::chrono::milliseconds timeout,
+                       Failed failed)
+    : mover_(mover),
+      inner_(inner),
+      feeder_(inner, rank, "the deferred stream to reach a rail post", timeout, std::move(failed)) {}
 
 void FencedRail::post(RailTask task) {
   auto reached = std::make_shared<std::atomic<bool>>(false);
-  const int slot = task.slot;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_.push_back(Pending{reached, std::move(task)});
-  }
-  mover_.enqueue(slot, [this, reached] {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      reached->store(true);
-    }
-    cv_.notify_all();
-  });
+  mover_.enqueue(task.slot, [reached] { reached->store(true, std::memory_order_release); });
+  feeder_.push(std::move(task), [reached] { return reached->load(std::memory_order_acquire); });
 }
 
 void FencedRail::abort(const std::string& why) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
+  feeder_.stop();
   inner_.abort(why);
-}
-
-void FencedRail::feed() {
-  for (;;) {
-    Pending next;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || (!pending_.empty() && pending_.front().reached->load()); });
-      if (stopping_) return;
-      next = std::move(pending_.front());
-      pending_.pop_front();
-    }
-    inner_.post(std::move(next.task));
-  }
 }
 
 }  // namespace fairring

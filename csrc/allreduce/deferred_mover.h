@@ -28,6 +28,7 @@
 #include "allreduce/node_arena.h"
 #include "pipeline/mover.h"
 #include "pipeline/rail_exchange.h"
+#include "pipeline/rail_feeder.h"
 
 namespace fairring {
 
@@ -80,29 +81,18 @@ class DeferredMover : public Mover {
 };
 
 // The rail's fence: a chunk is posted to `inner`, in slice order, once the
-// slot's stream of `mover` has reached the post (as the CUDA path's feeder
-// posts a chunk once its device-to-host copy is done).
+// slot's stream of `mover` has reached the post, by the feeder the CUDA
+// staged rail uses for its device-to-host copies.
 class FencedRail : public RailExchange {
  public:
-  FencedRail(DeferredMover& mover, RailExchange& inner);
-  ~FencedRail() override;
+  FencedRail(DeferredMover& mover, RailExchange& inner, int rank, std::chrono::milliseconds timeout, Failed failed);
   void post(RailTask task) override;
   void abort(const std::string& why) override;
 
  private:
-  struct Pending {
-    std::shared_ptr<std::atomic<bool>> reached;
-    RailTask task;
-  };
-  void feed();
-
   DeferredMover& mover_;
   RailExchange& inner_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Pending> pending_;
-  bool stopping_ = false;
-  std::thread feeder_;
+  RailFeeder feeder_;
 };
 
 }  // namespace fairring

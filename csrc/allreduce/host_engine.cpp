@@ -69,7 +69,10 @@ HostEngine::HostEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
   }
   if (test_deferred) {
     deferred_ = std::make_unique<DeferredMover>(arena(), topo.local_rank, num_slots(), topo.rank, config.timeout);
-    if (rail_) fenced_ = std::make_unique<FencedRail>(*deferred_, *rail_);
+    if (rail_) {
+      fenced_ = std::make_unique<FencedRail>(*deferred_, *rail_, topo.rank, config.timeout,
+                                             [this](const std::string& why) { fail(why); });
+    }
     set_movers(*deferred_, fenced_.get());
   } else {
     mover_ = std::make_unique<HostMover>(arena());
@@ -94,7 +97,11 @@ bool HostEngine::runs_inline(const PipelineOp& op) const {
 
 void HostEngine::on_failed(const std::string& why) {
   if (deferred_) deferred_->cancel();
-  if (rail_) rail_->abort(why);
+  if (fenced_) {
+    fenced_->abort(why);  // and the rail behind it
+  } else if (rail_) {
+    rail_->abort(why);
+  }
 }
 
 void HostEngine::op_done(PipelineOp&) {
