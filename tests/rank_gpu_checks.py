@@ -274,7 +274,8 @@ def sec_collectives(rank, world, cfg):
     (dump_recent says "(CUDA)"): reduce_scatter within the dtype's tolerance
     of the float64 reference and the same bits as Fairring's CPU
     reduce_scatter in the same group; all_gather and broadcast exact; a
-    non-contiguous output and an in-place all_gather (FSDP's form)."""
+    non-contiguous output and an in-place all_gather (FSDP's form); a native
+    barrier after them."""
     import io
 
     import fairring_py
@@ -324,10 +325,19 @@ def sec_collectives(rank, world, cfg):
     dist.all_gather_into_tensor(strided, torch.full((5,), float(rank), device=dev))
     if not torch.equal(strided.cpu(), torch.arange(world).repeat_interleave(5).float()):
         failures.add(f"all_gather into a non-contiguous output: {strided.cpu().tolist()}")
+    # A barrier after CUDA collectives: native (on the CPU pipeline), after
+    # the CUDA engine's work; the all-reduce before it is done and right.
+    x = torch.full((1 << 20,), float(rank + 1), device=dev)
+    dist.all_reduce(x)
+    dist.barrier()
+    if not torch.equal(x.cpu(), torch.full((1 << 20,), float(world * (world + 1) // 2))):
+        failures.add("all_reduce before a barrier: wrong result")
     kinds = {r["kind"] for r in fairring_py.dump_recent(file=io.StringIO())}
-    for k in ("reduce_scatter (CUDA)", "all_gather (CUDA)", "broadcast (CUDA)"):
+    for k in ("reduce_scatter (CUDA)", "all_gather (CUDA)", "broadcast (CUDA)", "barrier"):
         if k not in kinds:
             failures.add(f"no {k} in the group's recent collectives: {sorted(kinds)}")
+    if "barrier (gloo)" in kinds:
+        failures.add("a barrier on a group with CUDA collectives was delegated to gloo")
     return {"failures": failures}
 
 

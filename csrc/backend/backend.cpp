@@ -521,10 +521,11 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::recvAnysource(std::vector<at::Te
   return delegate("recvAnysource").recvAnysource(tensors, tag);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::barrier(const c10d::BarrierOptions& opts) {
-  // CUDA all-reduces run on their own engine, which the CPU pipeline does
-  // not order against: then the old way, after both engines went idle.
-  if (cuda_engine_) return delegate("barrier").barrier(opts);
   check_same_process("barrier");
+  // CUDA collectives run on their own engine, which the CPU pipeline does not
+  // order against: the caller waits for them (their device work included),
+  // as before a delegated call; a group without any returns at once.
+  wait_idle_device();
   // Native: one byte all-reduced (MAX) through the pipeline, after every
   // collective issued before it; a small op, so it runs inline when idle.
   std::vector<at::Tensor> token{at::zeros({1}, at::kByte)};
