@@ -43,6 +43,9 @@ TOPOLOGIES = {
                      BASE, {"sizes": FEW_SIZES + [262147]}, False),
     "2x2-deferred": (["a", "a", "b", "b"], {"FAIRRING_TEST_DEFERRED_MOVER": "1"},
                      BASE, {"sizes": FEW_SIZES + [262147, 1 << 20]}, False),
+    # One rank per node: no node peers, so no peer events (the CUDA mover has none).
+    "2x1-deferred": (["a", "b"], {"FAIRRING_TEST_DEFERRED_MOVER": "1"}, BASE + ["broadcast"],
+                     {"sizes": FEW_SIZES + [262147]}, False),
 }
 
 _cache: dict = {}

@@ -46,6 +46,7 @@ TOPOLOGIES = {
     # that misses a wait on a peer's copy gives wrong numbers here.
     "1x3-deferred": (SMALL, {"rs_sizes": [1, 13, 1031, 65537], "ag_sizes": [1, 13, 65537]}),
     "2x2-deferred": (SMALL, {"rs_sizes": [1, 13, 1031, 65537], "ag_sizes": [1, 13, 65537]}),
+    "2x1-deferred": (SMALL, FEW),
 }
 
 _cache: dict = {}

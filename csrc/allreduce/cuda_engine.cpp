@@ -71,7 +71,9 @@ class CudaEngine::CudaMover : public Mover {
  private:
   cudaStream_t stream(int slot) const { return e_.streams_[slot]->stream(); }
   // Interprocess events of local rank x: one per slot and PeerStep.
+  // None on a node of one rank, where the schedule asks for none (mover.h).
   cudaEvent_t event(int x, int slot, PeerStep step) const {
+    if (!e_.events_) throw std::logic_error("fairring: a CUDA peer event asked for on a node of one rank");
     return e_.events_->at(x, slot * kPeerSteps + static_cast<int>(step));
   }
 

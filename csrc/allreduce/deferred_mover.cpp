@@ -14,8 +14,9 @@ namespace {
 constexpr int kMaxDelayUs = 200;
 }  // namespace
 
-DeferredMover::DeferredMover(NodeArena& arena, int local_rank, int slots, int rank, std::chrono::milliseconds timeout)
-    : arena_(arena), me_(local_rank), timeout_(timeout) {
+DeferredMover::DeferredMover(NodeArena& arena, int local_rank, int ranks_per_node, int slots, int rank,
+                             std::chrono::milliseconds timeout)
+    : arena_(arena), me_(local_rank), has_peers_(ranks_per_node > 1), timeout_(timeout) {
   for (int i = 0; i < slots; ++i) {
     streams_.push_back(std::make_unique<Stream>());
     Stream& s = *streams_.back();
@@ -89,7 +90,15 @@ void DeferredMover::synchronize() {
   if (error_) std::rethrow_exception(error_);
 }
 
+void DeferredMover::require_peers(const char* what) const {
+  if (!has_peers_) {
+    throw std::logic_error(std::string("fairring: the schedule called the mover's ") + what +
+                           " on a node of one rank (mover.h: no node peer, no event)");
+  }
+}
+
 void DeferredMover::done(int slot, PeerStep step) {
+  require_peers("done()");
   // Enqueue a record: its number is known now, it completes when the stream
   // gets there.
   SharedCounter& e = enqueued(slot, me_, step);
@@ -100,6 +109,7 @@ void DeferredMover::done(int slot, PeerStep step) {
 }
 
 void DeferredMover::after(int slot, int x, PeerStep step) {
+  require_peers("after()");
   // The last record x had enqueued when this wait is enqueued.
   const uint32_t target = enqueued(slot, x, step).value.load(std::memory_order_acquire);
   SharedCounter* c = &completed(slot, x, step);

@@ -37,7 +37,10 @@ class DeferredMover : public Mover {
   // The arena carries 2 * kPeerSteps counters per slot and rank (made with
   // counters_per_slot = kCounters).  `timeout` bounds a wait on a peer.
   static constexpr int kCounters = 2 * kPeerSteps;
-  DeferredMover(NodeArena& arena, int local_rank, int slots, int rank, std::chrono::milliseconds timeout);
+  // `ranks_per_node` == 1: done() and after() are a contract violation (as on
+  // the CUDA mover, which has no events there), reported as an error.
+  DeferredMover(NodeArena& arena, int local_rank, int ranks_per_node, int slots, int rank,
+                std::chrono::milliseconds timeout);
   ~DeferredMover() override;
 
   char* input_area(int slot, int x) override { return arena_.input_area(slot, x); }
@@ -70,8 +73,11 @@ class DeferredMover : public Mover {
     return arena_.counter(slot, x, kPeerSteps + static_cast<int>(step));
   }
 
+  void require_peers(const char* what) const;
+
   NodeArena& arena_;
   const int me_;
+  const bool has_peers_;
   std::chrono::milliseconds timeout_;
   std::vector<std::unique_ptr<Stream>> streams_;
   std::atomic<bool> stopping_{false};

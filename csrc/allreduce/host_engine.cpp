@@ -68,7 +68,8 @@ HostEngine::HostEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
     rail_ = connect_rail(store, topo, config, params(), secret, std::move(cb), mesh_);
   }
   if (test_deferred) {
-    deferred_ = std::make_unique<DeferredMover>(arena(), topo.local_rank, num_slots(), topo.rank, config.timeout);
+    deferred_ = std::make_unique<DeferredMover>(arena(), topo.local_rank, topo.ranks_per_node, num_slots(), topo.rank,
+                                                config.timeout);
     if (rail_) {
       fenced_ = std::make_unique<FencedRail>(*deferred_, *rail_, topo.rank, config.timeout,
                                              [this](const std::string& why) { fail(why); });

@@ -38,6 +38,8 @@ class Mover {
 
   // The first step of a slice of `op` on this rank.
   virtual void begin(int slot, PipelineOp& op) { (void)slot; (void)op; }
+  // done() and after() are about node peers: on a node of one rank the
+  // schedule calls neither (a device mover keeps no events there).
   // We finished `step` of the slot's slice (NodeSlots publishes it next).
   virtual void done(int slot, PeerStep step) { (void)slot; (void)step; }
   // What follows reads what peer x wrote in `step` (kConsumed: overwrites

@@ -236,8 +236,9 @@ void SliceSchedule::publish_chunk(uint64_t slice_seq) {
   const Mirror& m = mirrors_[slot];
   if (m.to) mover_.copy(slot, m.to, m.from, m.bytes, false);
   // Also without a copy: what the chunk's peers read may have been written
-  // by an earlier step (an all-gather's publish-block) or by the rails.
-  mover_.done(slot, PeerStep::kChunkDone);
+  // by an earlier step (an all-gather's publish-block) or by the rails.  A
+  // node of one rank has no peer to tell (mover.h).
+  if (k_ > 1) mover_.done(slot, PeerStep::kChunkDone);
   node_.publish_chunk(slice_seq);
 }
 
