@@ -69,7 +69,8 @@ def mismatch(rank, world, timeout_s):
 def stall_or_die(rank, world, culprit, how, timeout_s, sync_dir=None):
     """Everyone does a correct all_reduce; then `culprit` stalls (sleeps past
     the timeout, staying alive until the others are done, as told by files in
-    sync_dir) or dies (os._exit), the others all_reduce again."""
+    sync_dir) or dies (os._exit), the others all_reduce again (or, for
+    "die-at-barrier", enter a barrier)."""
     t = torch.ones(65537)
     dist.all_reduce(t)
     warm = bool(torch.all(t == world))
@@ -96,7 +97,7 @@ def stall_or_die(rank, world, culprit, how, timeout_s, sync_dir=None):
         return {"culprit": False, "warm": warm, "maps": maps, "first": first, "later": later,
                 "later_async": later_async}
     if rank == culprit:
-        if how == "die":
+        if how in ("die", "die-at-barrier"):
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(launch.DELIBERATE_EXIT)
@@ -111,7 +112,7 @@ def stall_or_die(rank, world, culprit, how, timeout_s, sync_dir=None):
             time.sleep(0.2)
         time.sleep(1.0)
         return {"culprit": True, "warm": warm, "maps": maps}
-    first = _attempt(lambda: dist.all_reduce(torch.ones(4099)))
+    first = _attempt(lambda: dist.barrier() if how == "die-at-barrier" else dist.all_reduce(torch.ones(4099)))
     later = _attempt(lambda: dist.all_reduce(torch.ones(10)))
     later_async = _attempt(lambda: dist.all_reduce(torch.ones(10), async_op=True).wait())
     if sync_dir:
