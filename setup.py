@@ -7,7 +7,9 @@ CUDA and nvcc is found, the CUDA sources (csrc/**/*.cu) are compiled in too and
 FAIRRING_WITH_CUDA is defined, so the same tree serves both builds.
 """
 import glob
+import hashlib
 import os
+import shutil
 
 from setuptools import find_packages, setup
 from torch.utils import cpp_extension
@@ -31,6 +33,37 @@ def _want_cuda():
     return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
 
 
+def _wheel_cuda_includes(site):
+    """Include folders for the headers the pip NVIDIA wheels of torch ship and
+    the toolkit at CUDA_HOME may lack (cuBLAS, cuSPARSE, ... which torch's
+    headers include; nccl.h).  Only what the toolkit lacks: its own headers
+    (cuda.h, cuda_runtime.h) must win, or a toolkit older than torch's CUDA
+    (nvcc 13.0 with torch 2.15's CUDA 13.2 headers) fails CCCL's check that
+    compiler and headers match.  Those headers are reached through a folder of
+    links under build/."""
+    toolkit = os.path.join(cpp_extension.CUDA_HOME or "", "include")
+    # One folder per torch installation, made afresh (links, nothing else).
+    links = os.path.join(HERE, "build", "wheel-cuda-include-" + hashlib.sha1(site.encode()).hexdigest()[:10])
+    shutil.rmtree(links, ignore_errors=True)
+    out = []
+    for extra in ("nvidia/cu13/include", "nvidia/cuda_runtime/include", "nvidia/nccl/include"):
+        path = os.path.join(site, extra)
+        if not os.path.isdir(path):
+            continue
+        if not os.path.isdir(toolkit):
+            out.append(path)
+            continue
+        os.makedirs(links, exist_ok=True)
+        for name in os.listdir(path):
+            link = os.path.join(links, name)
+            if os.path.exists(os.path.join(toolkit, name)) or os.path.lexists(link):
+                continue  # the toolkit's own, or an earlier wheel's
+            os.symlink(os.path.join(path, name), link)
+    if os.path.isdir(links):
+        out.append(links)
+    return out
+
+
 def _extension():
     cxx_flags = ["-O3", "-fwrapv", "-Wall", "-Wno-unused-function"]
     include_dirs = [os.path.join(HERE, "csrc")]
@@ -41,10 +74,7 @@ def _extension():
         import torch
 
         site = os.path.dirname(os.path.dirname(torch.__file__))
-        for extra in ("nvidia/cu13/include", "nvidia/cuda_runtime/include", "nvidia/nccl/include"):
-            path = os.path.join(site, extra)
-            if os.path.isdir(path):
-                include_dirs.append(path)
+        include_dirs += _wheel_cuda_includes(site)
         return cpp_extension.CUDAExtension(
             "fairring_py._C",
             sources + cu_sources,
