@@ -17,10 +17,6 @@
 
 namespace fairring {
 
-namespace {
-
-}  // namespace
-
 int64_t staged_rail_bytes(const Config& config, const PlanParams& params, int k, int n, int64_t area) {
   return (area + rail_stage_bytes_per_slot(config, params, k, n)) * config.parallelism;
 }
