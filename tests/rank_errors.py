@@ -582,3 +582,68 @@ def shm_modes(rank, world):
                 st = os.stat(f"/proc/self/map_files/{parts[0]}")
                 out.append((parts[5], st.st_mode & 0o777, st.st_uid))
     return {"ok": bool(torch.all(t == world)), "maps": out, "uid": os.getuid()}
+
+
+def abort_and_shutdown(rank, world, culprit, timeout_s):
+    """abort() and shutdown() of groups with ops in flight while `culprit` stalls
+    (never issues them), each followed by a fresh group in the same processes.
+    Returns what each step raised and how long it took."""
+    import threading
+
+    def group():
+        return dist.new_group(list(range(world)), backend="fairring", timeout=timedelta(seconds=timeout_s))
+
+    def fresh_group_works(tag):
+        g = group()
+        t = torch.full((1031,), float(rank + 1))
+        dist.all_reduce(t, group=g)
+        out[tag] = bool(torch.all(t == world * (world + 1) / 2))
+        return g
+
+    sync = dist.new_group(list(range(world)), backend="gloo")
+    out = {}
+    # 1. abort(), from another thread, while the main thread waits for ops a peer never joins.
+    g = group()
+    backend = g._get_backend(torch.device("cpu"))
+    if rank != culprit:
+        t = torch.ones(1 << 20)
+        works = [dist.all_reduce(t, group=g, async_op=True) for _ in range(3)]
+        timer = threading.Timer(0.5, dist.distributed_c10d._abort_process_group, args=(g,))
+        t0 = time.monotonic()
+        timer.start()
+        out["abort_waits"] = [_attempt(w.wait) for w in works]
+        out["abort_elapsed"] = time.monotonic() - t0
+        timer.join()
+        out["after_abort"] = _attempt(lambda: backend.allreduce([torch.ones(4)]).wait())
+    dist.barrier(group=sync)
+    if rank == culprit:
+        dist.distributed_c10d._abort_process_group(g)
+    del g, backend
+    fresh_group_works("after_abort_fresh_group")
+
+    # 2. shutdown() (destroy_process_group) with an op in flight that a peer never joins:
+    # it drains for the group's timeout, then aborts what is left.
+    g = group()
+    if rank != culprit:
+        work = dist.all_reduce(torch.ones(1 << 20), group=g, async_op=True)
+        t0 = time.monotonic()
+        dist.destroy_process_group(g)
+        out["shutdown_elapsed"] = time.monotonic() - t0
+        out["shutdown_wait"] = _attempt(work.wait)
+    dist.barrier(group=sync)
+    if rank == culprit:
+        dist.destroy_process_group(g)
+
+    # 3. a clean shutdown: what was issued completes; later ops fail at once.
+    g = group()
+    backend = g._get_backend(torch.device("cpu"))
+    t = torch.full((100_003,), float(rank + 1))
+    work = dist.all_reduce(t, group=g, async_op=True)
+    dist.destroy_process_group(g)
+    out["clean_shutdown_wait"] = _attempt(work.wait)
+    out["clean_shutdown_result"] = bool(torch.all(t == world * (world + 1) / 2))
+    out["after_shutdown"] = _attempt(lambda: backend.allreduce([torch.ones(4)]).wait())
+    del backend
+    fresh_group_works("after_shutdown_fresh_group")
+    dist.barrier(group=sync)
+    return out

@@ -426,7 +426,17 @@ def sec_memory_budget(rank, world, cfg):
     return {"failures": failures}
 
 
-SECTIONS = {"wire": sec_wire, "memory_budget": sec_memory_budget, "collectives": sec_collectives, "poll_then_launch": sec_poll_then_launch, "big_slices": sec_big_slices,
+def sec_issue_order(rank, world, cfg):
+    """The CPU suite's issue-order patterns (tests/rank_order.py) on CUDA tensors:
+    async ops on views of one storage give what running them one by one gives."""
+    import rank_order
+
+    res = rank_order.session(rank, world, {"sizes": cfg.get("order_sizes", [1, 16385, 262144, 1 << 20]),
+                                           "repeats": 2, "free_sizes": [100000], "device": "cuda"})
+    return {"failures": res["failures"] + res["free_waits"]}
+
+
+SECTIONS = {"issue_order": sec_issue_order, "wire": sec_wire, "memory_budget": sec_memory_budget, "collectives": sec_collectives, "poll_then_launch": sec_poll_then_launch, "big_slices": sec_big_slices,
             "slow_producer": sec_slow_producer, "group_cycles": sec_group_cycles,
             "nccl_shared_gpu": sec_nccl_shared_gpu, "correctness": sec_correctness, "streams": sec_streams, "errors": sec_errors, "ddp": sec_ddp}
 

@@ -14,9 +14,10 @@ from gpu_support import requires_gpu
 SIZES = [1, 13, 1031, 4099, 65537, 262147]
 
 TOPOLOGIES = {
-    "1x2": (["a", "a"], {}, ["correctness", "streams", "errors", "ddp", "collectives"], {"sizes": SIZES}),
-    "2x1": (["a", "b"], {}, ["correctness", "streams", "collectives"], {"sizes": SIZES}),
-    "2x2": (["a", "a", "b", "b"], {}, ["correctness", "streams", "errors", "ddp", "collectives"], {"sizes": SIZES}),
+    "1x2": (["a", "a"], {}, ["correctness", "streams", "errors", "ddp", "collectives", "issue_order"], {"sizes": SIZES}),
+    "2x1": (["a", "b"], {}, ["correctness", "streams", "collectives", "issue_order"], {"sizes": SIZES}),
+    "2x2": (["a", "a", "b", "b"], {}, ["correctness", "streams", "errors", "ddp", "collectives", "issue_order"],
+            {"sizes": SIZES}),
     # NCCL between nodes: every rank on its own GPU (skipped with fewer GPUs).
     "2x1-nccl": (["a", "b"], {"FAIRRING_GPU_TRANSPORT": "nccl"}, ["correctness", "streams", "collectives"],
                  {"sizes": SIZES}),
@@ -128,6 +129,15 @@ def test_correct_and_bit_identical_across_ranks(name):
 def test_reduce_scatter_all_gather_broadcast(name):
     _skip_unless_gpus_for(name)
     _section(name, "collectives")
+
+
+@requires_gpu
+@pytest.mark.parametrize("name", _with("issue_order"))
+def test_overlapping_ops_take_effect_in_issue_order(name):
+    """tests/test_issue_order.py's patterns on CUDA tensors (the order rule on the
+    CUDA engine: an op that must follow another starts after its done event)."""
+    _skip_unless_gpus_for(name)
+    _section(name, "issue_order")
 
 
 @requires_gpu

@@ -187,7 +187,7 @@ void CudaEngine::close_ipc() {
       counter_wait(c.cuda_closed[x], 1, [&] {
         if (!process_alive(c.pids[x])) throw std::runtime_error("it exited");
         if (arena().aborted()) throw std::runtime_error("the node aborted: " + arena().abort_message());
-        if (Clock::now() > give_up) throw std::runtime_error("timed out");
+        if (Clock::now() > give_up) throw std::runtime_error("Timed out");
       });
     } catch (const std::exception& e) {
       if (!process_alive(c.pids[x])) continue;  // its mappings went with it
@@ -207,6 +207,25 @@ void CudaEngine::close_ipc() {
 }
 
 void CudaEngine::on_loop_start() { cuda_check(cudaSetDevice(device_.index()), "cudaSetDevice"); }
+
+void CudaEngine::stage(PipelineOp& base, bool on_caller) {
+  auto& op = static_cast<CudaAllreduceOp&>(base);
+  if (on_caller) {
+    // On the caller's stream, after what `ready` marks: `ready` moves past it.
+    if (op.stage) op.stage();
+    cuda_check(cudaEventRecord(op.ready, c10::cuda::getCurrentCUDAStream(device_.index()).stream()),
+               "cudaEventRecord on the caller's stream");
+    return;
+  }
+  // The loop thread, for an op that had to follow an earlier one: the tail
+  // stream has recorded that op's `done` (op_done), so what runs on it now
+  // runs after that op's device work and after the caller's (`ready`); the
+  // op's slices start after the new `ready`.
+  c10::cuda::CUDAStreamGuard on_tail(tail_->c10());
+  cuda_check(cudaStreamWaitEvent(tail_->stream(), op.ready, 0), "cudaStreamWaitEvent (caller's stream)");
+  if (op.stage) op.stage();
+  cuda_check(cudaEventRecord(op.ready, tail_->stream()), "cudaEventRecord (op staged)");
+}
 
 void CudaEngine::op_done(PipelineOp& base) {
   auto& op = static_cast<CudaAllreduceOp&>(base);

@@ -67,6 +67,7 @@ class CudaEngine : public Pipeline {
 
   // Pipeline hooks.
   void on_loop_start() override;
+  void stage(PipelineOp& op, bool on_caller) override;
   void op_done(PipelineOp& op) override;
   void settle(PipelineOp& op, std::exception_ptr& error) override;
   std::function<void()> completion_call(const std::shared_ptr<PipelineOp>& op, std::exception_ptr error) override;

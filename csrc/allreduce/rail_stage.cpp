@@ -367,7 +367,7 @@ void RailStage::loop() {
             alive ? " (its rail is alive: has it issued the collective, or is it waiting for another rank?)" : "";
         if (ch->has_pending_recv() && now - ch->last_recv_progress > deadline) {
           throw std::runtime_error(
-              "timed out: rank " + peer + " sent nothing for " +
+              "Timed out: rank " + peer + " sent nothing for " +
               seconds(std::chrono::duration<double>(now - ch->last_recv_progress).count()) +
               " while this rank waited for its part of " + op +
               (alive ? why_alive
@@ -380,7 +380,7 @@ void RailStage::loop() {
         // the last slice), which the receive check above does not cover.
         if (ch->data_pending() && now - ch->last_send_progress > deadline) {
           throw std::runtime_error(
-              "timed out: rank " + peer + " took none of the data this rank sent it for " +
+              "Timed out: rank " + peer + " took none of the data this rank sent it for " +
               seconds(std::chrono::duration<double>(now - ch->last_send_progress).count()) +
               " during " + op +
               (alive ? why_alive : " (is rank " + peer + " stalled, or is the network between us down?)"));

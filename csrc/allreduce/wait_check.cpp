@@ -1,5 +1,7 @@
 #include "allreduce/wait_check.h"
 
+#include "common/dist_error.h"
+
 #include <signal.h>
 
 #include <algorithm>
@@ -48,7 +50,7 @@ std::function<void()> make_wait_check(const Topology& topo, NodeArena& arena, st
     if (arena.aborted()) throw std::runtime_error(arena.abort_message());
     const auto now = Clock::now();
     if (local_peer < 0) {
-      if (now > give_up_at) throw std::runtime_error("timed out waiting for the network part of " + op);
+      if (now > give_up_at) throw std::runtime_error("Timed out waiting for the network part of " + op);
       return;
     }
     NodeControl& c = arena.control();
@@ -56,17 +58,17 @@ std::function<void()> make_wait_check(const Topology& topo, NodeArena& arena, st
       next_pid_check = now + kPidCheckEvery;
       if (!process_alive(c.pids[local_peer])) {
         throw std::runtime_error("rank " + std::to_string(peer_rank) + " (pid " + std::to_string(c.pids[local_peer]) +
-                                 ") exited while " + op + " was in progress");
+                                 kPeerExitedMark + op + " was in progress");
       }
     }
     if (now <= absent_at) return;
     const std::string waited = seconds(std::chrono::duration<double>(now - start).count());
     if (c.issued[local_peer].load(std::memory_order_acquire) <= op_seq) {
-      throw std::runtime_error("timed out: rank " + std::to_string(peer_rank) + " has not called " + op +
+      throw std::runtime_error("Timed out: rank " + std::to_string(peer_rank) + " has not called " + op +
                                " (waited " + waited + "). Is it stalled, or did it skip this collective?");
     }
     if (now <= give_up_at) return;
-    throw std::runtime_error("timed out: rank " + std::to_string(peer_rank) + " did not " + what + " for " + op +
+    throw std::runtime_error("Timed out: rank " + std::to_string(peer_rank) + " did not " + what + " for " + op +
                              " (waited " + waited + "). Is it stalled?");
   };
 }

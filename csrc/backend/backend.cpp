@@ -50,28 +50,22 @@ RedOp to_redop(const c10d::ReduceOp& op, c10::ScalarType dtype) {
 }
 
 // PREMUL_SUM is a SUM of every rank's tensors each multiplied by the op's
-// factor first (as NCCL defines it): the tensors scaled, in place or as new
-// tensors; the same tensors for any other op.
-std::vector<at::Tensor> premultiply(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, bool in_place,
-                                    const char* kind) {
-  if (op.op_ != c10d::ReduceOp::PREMUL_SUM || tensors.empty()) return tensors;
+// factor first (as NCCL defines it).  Checks the op now and returns what
+// scales a tensor in place; null for any other op.
+std::function<void(at::Tensor&)> premul_factor(const c10d::ReduceOp& op, c10::ScalarType dtype, const char* kind) {
+  if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return nullptr;
   const auto* s = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
   TORCH_CHECK(s, "fairring: ", kind, " with PREMUL_SUM but no factor");
-  const c10::ScalarType dtype = tensors[0].scalar_type();
   TORCH_CHECK(at::isFloatingType(dtype) || at::isComplexType(dtype), "fairring: ", kind,
               " with PREMUL_SUM needs floating-point tensors, got ", dtype_name(dtype));
-  at::NoGradGuard no_grad;  // the caller's tensor may be a leaf that requires grad
-  std::vector<at::Tensor> out;
-  for (const at::Tensor& t : tensors) {
-    at::Tensor scaled = t;
-    if (s->tensor_factor.defined()) {
-      scaled = in_place ? scaled.mul_(s->tensor_factor) : t.mul(s->tensor_factor);
+  return [tensor_factor = s->tensor_factor, factor = s->double_factor](at::Tensor& t) {
+    at::NoGradGuard no_grad;  // the caller's tensor may be a leaf that requires grad
+    if (tensor_factor.defined()) {
+      t.mul_(tensor_factor);
     } else {
-      scaled = in_place ? scaled.mul_(s->double_factor) : t.mul(s->double_factor);
+      t.mul_(factor);
     }
-    out.push_back(scaled);
-  }
-  return out;
+  };
 }
 
 // A random id for names that must not collide between jobs (shared memory).
@@ -197,6 +191,37 @@ FairringBackend::~FairringBackend() {
   engine_.reset();
 }
 
+void FairringBackend::abort() {
+  if (getpid() != creator_pid_) return;  // a fork()ed child: the threads are the parent's
+  const std::string why = "rank " + std::to_string(getRank()) + ": this process group was aborted (abort() was called)";
+  GilReleaseIfHeld no_gil;
+  if (engine_) engine_->abort(why);
+  abort_device(why);
+  if (fallback_) fallback_->abort();
+}
+
+void FairringBackend::shutdown() {
+  if (getpid() != creator_pid_) return;
+  GilReleaseIfHeld no_gil;
+  const auto until = std::chrono::steady_clock::now() + config_.timeout;
+  const auto left = [&] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+  };
+  if (engine_ && (!engine_->drain(left()) || !drain_device(left()))) {
+    const std::string why = "rank " + std::to_string(getRank()) +
+        ": this process group was shut down while collectives were still in flight after its timeout (" +
+        std::to_string(config_.timeout.count()) + " ms)";
+    FAIRRING_LOG(getRank(), "%s; aborting them", why.c_str());
+    engine_->abort(why);
+    abort_device(why);
+  } else if (engine_) {
+    const std::string closed = "this process group was shut down (shutdown() or destroy_process_group())";
+    engine_->close(closed);
+    close_device(closed);
+  }
+  if (fallback_) fallback_->shutdown();
+}
+
 void FairringBackend::check_same_process(const char* what) const {
   TORCH_CHECK(getpid() == creator_pid_, "fairring: ", what, " on a process group created in process ",
               creator_pid_, ", from its fork()ed child ", getpid(),
@@ -243,7 +268,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce(
   check_same_process("all_reduce");
   // Sparse gradients (nn.Embedding(sparse=True)) are gloo's: it knows how to
   // merge their indices.  Ordered after the all-reduces issued before.
-  if (tensors[0].layout() != c10::kStrided) return delegate("allreduce").allreduce(tensors, opts);
+  if (tensors[0].layout() != c10::kStrided) return delegated(delegate("allreduce").allreduce(tensors, opts));
   const RedOp op = to_redop(opts.reduceOp, tensors[0].scalar_type());
   // c10d's list form means one tensor per device, all reduced together
   // (gloo adds the list's tensors to each other too): not what a list of
@@ -251,11 +276,11 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce(
   TORCH_CHECK(tensors.size() == 1, "fairring: all_reduce takes one tensor per call, got ", tensors.size(),
               " (the old one-tensor-per-device form). Issue one all_reduce per tensor, or use "
               "all_reduce_coalesced to reduce several tensors in one op.");
-  premultiply(tensors, opts.reduceOp, /*in_place=*/true, "all_reduce");
+  auto scale = premul_factor(opts.reduceOp, tensors[0].scalar_type(), "all_reduce");
   if (!tensors[0].device().is_cpu()) {
-    return allreduce_device(tensors[0], tensors, op);  // backend_cuda.cpp
+    return allreduce_device(tensors[0], tensors, op, std::move(scale));  // backend_cuda.cpp
   }
-  return allreduce_cpu(tensors, op, c10d::OpType::ALLREDUCE);
+  return allreduce_cpu(tensors, op, c10d::OpType::ALLREDUCE, std::move(scale));
 }
 
 c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -263,18 +288,18 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_coalesced(std::vector<
   const bool native = !tensors.empty() && std::all_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) {
     return t.layout() == c10::kStrided && t.device().is_cpu();
   });
-  if (!native) return delegate("allreduce_coalesced").allreduce_coalesced(tensors, opts);
+  if (!native) return delegated(delegate("allreduce_coalesced").allreduce_coalesced(tensors, opts));
   check_same_process("allreduce_coalesced");
-  premultiply(tensors, opts.reduceOp, /*in_place=*/true, "all_reduce_coalesced");
-  return allreduce_cpu(tensors, to_redop(opts.reduceOp, tensors[0].scalar_type()),
-                       c10d::OpType::ALLREDUCE_COALESCED);
+  return allreduce_cpu(tensors, to_redop(opts.reduceOp, tensors[0].scalar_type()), c10d::OpType::ALLREDUCE_COALESCED,
+                       premul_factor(opts.reduceOp, tensors[0].scalar_type(), "all_reduce_coalesced"));
 }
 
 // One all-reduce of CPU tensors: one tensor reduced in place (through a
 // contiguous copy if it is not contiguous), or several flattened into one
 // buffer and copied back (the old multi-tensor API, allreduce_coalesced).
 c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_cpu(std::vector<at::Tensor>& tensors, RedOp op,
-                                                             c10d::OpType type) {
+                                                             c10d::OpType type,
+                                                             std::function<void(at::Tensor&)> scale) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
     TORCH_CHECK(t.layout() == c10::kStrided && t.device().is_cpu(),
@@ -283,11 +308,13 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_cpu(std::vector<at::Te
   }
   ReduceInput in = prepare_reduce_input(tensors, op);
   auto aop = std::make_shared<AllreduceOp>();
-  aop->buffer = std::move(in.buffer);
+  aop->buffer = in.buffer;
   aop->users = std::move(in.users);
   aop->dtype = in.dtype;
   aop->op = op;
   aop->numel = in.numel;
+  aop->stage = stage_of(in, std::move(scale));
+  for (const at::Tensor& t : tensors) aop->footprint.write(t);
   const bool coalesced = type == c10d::OpType::ALLREDUCE_COALESCED;
   return submit_cpu(std::move(aop), type, tensors, coalesced ? "all_reduce_coalesced" : "all_reduce",
                     coalesced ? "fairring:all_reduce_coalesced" : "fairring:all_reduce");
@@ -296,6 +323,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_cpu(std::vector<at::Te
 c10::intrusive_ptr<c10d::Work> FairringBackend::submit_cpu(std::shared_ptr<AllreduceOp> op, c10d::OpType type,
                                                            std::vector<at::Tensor> outputs, const char* kind,
                                                            const char* title) {
+  order_after_delegated();
   auto work = c10::make_intrusive<FairringWork>(getRank(), type, std::move(outputs), title);
   const int64_t blocks = blockwise(op->collective) ? getSize() : 1;
   op->on_complete = track(kind, describe_args(op->key()), op->numel * blocks * c10::elementSize(op->dtype),
@@ -314,8 +342,10 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
   check_same_process(kind);
   const int world = getSize();
   const RedOp redop = to_redop(reduce_op, inputs.empty() ? at::kFloat : inputs[0].scalar_type());
-  // The tensors read, as one contiguous buffer (a copy if several or strided).
-  ReduceInput in = scatter ? prepare_reduce_input(premultiply(inputs, reduce_op, /*in_place=*/false, kind), redop, kind)
+  // The tensors read, as one contiguous buffer (a copy if several or strided,
+  // or scaled for PREMUL_SUM: the caller's input is only read).
+  auto scale = scatter && !inputs.empty() ? premul_factor(reduce_op, inputs[0].scalar_type(), kind) : nullptr;
+  ReduceInput in = scatter ? prepare_reduce_input(inputs, redop, kind, /*copy=*/scale != nullptr)
                            : prepare_input(inputs, kind);
   int64_t out_numel = 0;
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -339,10 +369,13 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
 
   auto op = in.buffer.is_cpu() ? std::make_shared<AllreduceOp>() : new_device_op();
   op->collective = collective;
-  op->buffer = std::move(in.buffer);
+  op->buffer = in.buffer;
   op->dtype = in.dtype;
   op->op = scatter ? redop : RedOp::kSum;
   op->numel = small;
+  op->stage = stage_of(in, std::move(scale));
+  for (const at::Tensor& t : inputs) op->footprint.read(t);
+  for (const at::Tensor& t : outputs) op->footprint.write(t);
   // The result goes straight into the caller's tensor when it is one plain
   // contiguous tensor that is not the input, or is exactly this rank's block
   // of it (in place, as FSDP does it); otherwise into a stand-in copied back.
@@ -372,12 +405,42 @@ bool FairringBackend::native_tensors(const std::vector<at::Tensor>& tensors) {
                      [&](const at::Tensor& t) { return t.layout() == c10::kStrided && t.device() == device; });
 }
 
-c10d::Backend& FairringBackend::delegate(const char* kind) {
+c10d::Backend& FairringBackend::delegate(const char* kind, bool collective) {
   check_same_process(kind);
+  if (collective) order_after_delegated();
   recent_->start(seq_++, std::string(kind) + " (gloo)", "", 0, /*delegated=*/true);
   engine_->wait_idle();
   wait_idle_device();
   return *fallback_;
+}
+
+c10::intrusive_ptr<c10d::Work> FairringBackend::delegated(c10::intrusive_ptr<c10d::Work> work) {
+  std::lock_guard<std::mutex> lock(delegated_mu_);
+  delegated_ = work;
+  return work;
+}
+
+void FairringBackend::order_after_delegated() {
+  c10::intrusive_ptr<c10d::Work> last;
+  {
+    std::lock_guard<std::mutex> lock(delegated_mu_);
+    last.swap(delegated_);
+  }
+  if (!last) return;
+  // Its outcome is the caller's to see through its own Work: only wait here.
+  GilReleaseIfHeld no_gil;
+  try {
+    last->getFuture()->wait();
+  } catch (const std::exception&) {
+    try {
+      last->wait();  // a Work without a future; its error is its caller's
+    } catch (const std::exception&) {
+    }
+  }
+}
+
+uint64_t FairringBackend::order_waits() const {
+  return engine_->order_waits() + order_waits_device();
 }
 
 c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor>& tensors,
@@ -386,7 +449,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor
   // the rest (several tensors, sparse, conjugate or negative views) goes to gloo.
   const bool native = tensors.size() == 1 && opts.rootTensor == 0 && native_tensors(tensors) && !tensors[0].is_conj() &&
                       !tensors[0].is_neg();
-  if (!native) return delegate("broadcast").broadcast(tensors, opts);
+  if (!native) return delegated(delegate("broadcast").broadcast(tensors, opts));
   check_same_process("broadcast");
   TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < getSize(), "fairring: broadcast from rank ",
                     opts.rootRank, ", which is not a rank of this group of ", getSize());
@@ -396,11 +459,21 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor
   auto op = t.is_cpu() ? std::make_shared<AllreduceOp>() : new_device_op();
   op->collective = Collective::kBroadcast;
   op->root = static_cast<int32_t>(opts.rootRank);
-  if (getRank() == opts.rootRank || t.is_contiguous()) {
-    op->buffer = t.contiguous();  // the root's is only read
+  const bool root = getRank() == opts.rootRank;
+  if (t.is_contiguous()) {
+    op->buffer = t;
   } else {
     op->buffer = at::empty({t.numel()}, t.options());
-    op->users = {t};  // receives the result
+    if (root) {
+      op->stage = [buffer = op->buffer, t] { buffer.view(t.sizes()).copy_(t); };  // only read
+    } else {
+      op->users = {t};  // receives the result
+    }
+  }
+  if (root) {
+    op->footprint.read(t);
+  } else {
+    op->footprint.write(t);
   }
   op->dtype = at::kByte;
   op->op = RedOp::kSum;  // compared between ranks, not applied
@@ -411,7 +484,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::reduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::ReduceOptions& opts) {
-  return delegate("reduce").reduce(tensors, opts);
+  return delegated(delegate("reduce").reduce(tensors, opts));
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                           std::vector<at::Tensor>& inputs,
@@ -420,13 +493,15 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allgather(std::vector<std::vecto
   if (outputs.size() != 1 || inputs.size() != 1 || !native_tensors(both(inputs, outputs[0])) ||
       !std::all_of(outputs[0].begin(), outputs[0].end(),
                    [&](const at::Tensor& t) { return t.numel() == inputs[0].numel(); })) {
-    return delegate("allgather").allgather(outputs, inputs, opts);
+    return delegated(delegate("allgather").allgather(outputs, inputs, opts));
   }
   return submit_blockwise(Collective::kAllGather, inputs, outputs[0], c10d::ReduceOp::SUM, c10d::OpType::ALLGATHER);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                 const c10d::AllgatherOptions& opts) {
-  if (!native_tensors({output, input})) return delegate("_allgather_base")._allgather_base(output, input, opts);
+  if (!native_tensors({output, input})) {
+    return delegated(delegate("_allgather_base")._allgather_base(output, input, opts));
+  }
   return submit_blockwise(Collective::kAllGather, {input}, {output}, c10d::ReduceOp::SUM, c10d::OpType::_ALLGATHER_BASE);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
@@ -441,14 +516,16 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allgather_coalesced(std::vector<
     for (size_t i = 0; even && i < inputs.size(); ++i) even = outputs[r][i].numel() == inputs[i].numel();
     flat_out.insert(flat_out.end(), outputs[r].begin(), outputs[r].end());
   }
-  if (!even || inputs.empty()) return delegate("allgather_coalesced").allgather_coalesced(outputs, inputs, opts);
+  if (!even || inputs.empty()) {
+    return delegated(delegate("allgather_coalesced").allgather_coalesced(outputs, inputs, opts));
+  }
   return submit_blockwise(Collective::kAllGather, inputs, flat_out, c10d::ReduceOp::SUM, c10d::OpType::ALLGATHER_COALESCED);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                 std::vector<at::Tensor>& inputs,
                                                                                 const c10d::AllgatherOptions& opts) {
   if (outputs.empty() || outputs.size() != inputs.size() || !native_tensors(both(inputs, outputs))) {
-    return delegate("allgather_into_tensor_coalesced").allgather_into_tensor_coalesced(outputs, inputs, opts);
+    return delegated(delegate("allgather_into_tensor_coalesced").allgather_into_tensor_coalesced(outputs, inputs, opts));
   }
   // One all-gather per pair, in order; the last one completes after the others.
   c10::intrusive_ptr<c10d::Work> last;
@@ -461,12 +538,12 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allgather_into_tensor_coalesced(
 c10::intrusive_ptr<c10d::Work> FairringBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs,
                                                        const c10d::GatherOptions& opts) {
-  return delegate("gather").gather(outputs, inputs, opts);
+  return delegated(delegate("gather").gather(outputs, inputs, opts));
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::scatter(std::vector<at::Tensor>& outputs,
                                                         std::vector<std::vector<at::Tensor>>& inputs,
                                                         const c10d::ScatterOptions& opts) {
-  return delegate("scatter").scatter(outputs, inputs, opts);
+  return delegated(delegate("scatter").scatter(outputs, inputs, opts));
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                std::vector<std::vector<at::Tensor>>& inputs,
@@ -477,20 +554,22 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter(std::vector<at::T
       static_cast<int>(inputs[0].size()) != getSize() ||
       !std::all_of(inputs[0].begin(), inputs[0].end(),
                    [&](const at::Tensor& t) { return t.numel() == outputs[0].numel(); })) {
-    return delegate("reduce_scatter").reduce_scatter(outputs, inputs, opts);
+    return delegated(delegate("reduce_scatter").reduce_scatter(outputs, inputs, opts));
   }
   return submit_blockwise(Collective::kReduceScatter, inputs[0], outputs, opts.reduceOp, c10d::OpType::REDUCE_SCATTER);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                      const c10d::ReduceScatterOptions& opts) {
-  if (!native_tensors({output, input})) return delegate("_reduce_scatter_base")._reduce_scatter_base(output, input, opts);
+  if (!native_tensors({output, input})) {
+    return delegated(delegate("_reduce_scatter_base")._reduce_scatter_base(output, input, opts));
+  }
   return submit_blockwise(Collective::kReduceScatter, {input}, {output}, opts.reduceOp,
                           c10d::OpType::_REDUCE_SCATTER_BASE);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
   if (outputs.empty() || outputs.size() != inputs.size() || !native_tensors(both(inputs, outputs))) {
-    return delegate("reduce_scatter_tensor_coalesced").reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+    return delegated(delegate("reduce_scatter_tensor_coalesced").reduce_scatter_tensor_coalesced(outputs, inputs, opts));
   }
   // One reduce-scatter per pair, in order; the last one completes after the others.
   c10::intrusive_ptr<c10d::Work> last;
@@ -504,21 +583,21 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall_base(at::Tensor& output
                                                               std::vector<int64_t>& output_splits,
                                                               std::vector<int64_t>& input_splits,
                                                               const c10d::AllToAllOptions& opts) {
-  return delegate("alltoall_base").alltoall_base(output, input, output_splits, input_splits, opts);
+  return delegated(delegate("alltoall_base").alltoall_base(output, input, output_splits, input_splits, opts));
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllToAllOptions& opts) {
-  return delegate("alltoall").alltoall(outputs, inputs, opts);
+  return delegated(delegate("alltoall").alltoall(outputs, inputs, opts));
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
-  return delegate("send").send(tensors, dst, tag);
+  return delegate("send", /*collective=*/false).send(tensors, dst, tag);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
-  return delegate("recv").recv(tensors, src, tag);
+  return delegate("recv", /*collective=*/false).recv(tensors, src, tag);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  return delegate("recvAnysource").recvAnysource(tensors, tag);
+  return delegate("recvAnysource", /*collective=*/false).recvAnysource(tensors, tag);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::barrier(const c10d::BarrierOptions& opts) {
   check_same_process("barrier");
@@ -539,7 +618,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::barrier(const c10d::BarrierOptio
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                                  const c10d::AllreduceOptions& opts) {
-  return delegate("allreduce_sparse").allreduce_sparse(tensors, opts);
+  return delegated(delegate("allreduce_sparse").allreduce_sparse(tensors, opts));
 }
 void FairringBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
   delegate("monitoredBarrier").monitoredBarrier(opts, wait_all_ranks);

@@ -45,6 +45,15 @@ class FairringBackend : public c10d::Backend {
 
   const std::string getBackendName() const override { return "fairring"; }
 
+  // Every pending and later op fails at once ("this process group was
+  // aborted"), every wait wakes, the group's peers are told; nothing waits
+  // on a peer.  What is left goes when the group is destroyed.
+  void abort() override;
+  // Lets what is in flight finish (within the group's timeout; abort() if
+  // it does not), then later ops fail ("this process group was shut down").
+  // destroy_process_group() calls it.
+  void shutdown() override;
+
   c10::intrusive_ptr<c10d::Work> allreduce(
       std::vector<at::Tensor>& tensors,
       const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
@@ -113,11 +122,21 @@ class FairringBackend : public c10d::Backend {
   // that led to a failure (a bucket cycle of DDP), small enough to print.
   static constexpr size_t kRecentOps = 64;
   std::string listen_address() const;
+  // Ops that waited for an earlier op of the group under the order rule
+  // (pipeline/op_order.h), CPU and CUDA engines together.
+  uint64_t order_waits() const;
 
  private:
-  // Lets the all-reduces issued so far finish before a delegated collective
-  // runs, so collectives on the group take effect in issue order.
-  c10d::Backend& delegate(const char* kind);
+  // Lets the ops issued so far finish before a delegated op runs, so that
+  // the group's ops take effect in issue order.  `collective`: also after
+  // the last delegated collective (point-to-point ops are not ordered
+  // against collectives, as on NCCL, where they run on streams of their own).
+  c10d::Backend& delegate(const char* kind, bool collective = true);
+  // Remembers a delegated collective: the group's next op waits for it to
+  // finish first (gloo runs its queued ops on several threads, in no order).
+  c10::intrusive_ptr<c10d::Work> delegated(c10::intrusive_ptr<c10d::Work> work);
+  void order_after_delegated();
+  uint64_t order_waits_device() const;
   // Numbers a native op, records it in recent_ and wraps its completion
   // (`done`) to record how it ended.
   std::function<void(std::exception_ptr)> track(const char* kind, std::string what, int64_t bytes,
@@ -128,7 +147,9 @@ class FairringBackend : public c10d::Backend {
   void build(const c10::intrusive_ptr<InitStore>& store, const std::string& node_key);
   // FAIRRING_DEBUG=2: the options, topology and rails this rank ended up with.
   void log_setup() const;
-  c10::intrusive_ptr<c10d::Work> allreduce_cpu(std::vector<at::Tensor>& tensors, RedOp op, c10d::OpType type);
+  // `scale`: PREMUL_SUM's factor applied to the input first (null: none).
+  c10::intrusive_ptr<c10d::Work> allreduce_cpu(std::vector<at::Tensor>& tensors, RedOp op, c10d::OpType type,
+                                               std::function<void(at::Tensor&)> scale);
   // Reduce-scatter or all-gather (plan.h "blockwise") of native_tensors:
   // `inputs` flattened are read, `outputs` flattened receive the result.
   c10::intrusive_ptr<c10d::Work> submit_blockwise(Collective collective, const std::vector<at::Tensor>& inputs,
@@ -150,7 +171,8 @@ class FairringBackend : public c10d::Backend {
 
   // All-reduce of a tensor that is not on the CPU (backend_cuda.cpp): the
   // CUDA engine, created at the group's first CUDA all-reduce, or an error.
-  c10::intrusive_ptr<c10d::Work> allreduce_device(at::Tensor& t, std::vector<at::Tensor>& tensors, RedOp op);
+  c10::intrusive_ptr<c10d::Work> allreduce_device(at::Tensor& t, std::vector<at::Tensor>& tensors, RedOp op,
+                                                  std::function<void(at::Tensor&)> scale);
   // Whether this build runs collectives of tensors on t's (non-CPU) device.
   static bool device_native(const at::Tensor& t);
   // Dense tensors all in host memory, or all on one device_native device.
@@ -161,10 +183,16 @@ class FairringBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> submit_device(std::shared_ptr<PipelineOp> op, std::vector<at::Tensor> outputs,
                                                const char* kind);
   void wait_idle_device();
+  // The CUDA engine's abort(), drain() and close(), if it exists.
+  void abort_device(const std::string& why);
+  bool drain_device(std::chrono::milliseconds limit);
+  void close_device(const std::string& why);
   c10::intrusive_ptr<c10d::Store> store_;
   std::string job_uid_;
   Secret secret_{};
-  std::mutex cuda_mu_;
+  std::mutex delegated_mu_;
+  c10::intrusive_ptr<c10d::Work> delegated_;  // the last delegated collective, until an op waited for it
+  mutable std::mutex cuda_mu_;
   std::unique_ptr<CudaEngine> cuda_engine_;
 };
 

@@ -37,7 +37,7 @@ std::shared_ptr<PipelineOp> FairringBackend::new_device_op() {
 }
 
 c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_device(at::Tensor& t, std::vector<at::Tensor>& tensors,
-                                                                 RedOp op) {
+                                                                 RedOp op, std::function<void(at::Tensor&)> scale) {
   TORCH_CHECK(device_native(t), "fairring: all_reduce of ", t.device().str(), " tensors is not supported",
               t.is_cuda() ? " by this build; only CPU tensors are (this fairring_py._C was built without CUDA: "
                             "rebuild with FAIRRING_BUILD_CUDA=1 against a CUDA build of torch)"
@@ -49,6 +49,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_device(at::Tensor& t, 
   aop->dtype = in.dtype;
   aop->op = op;
   aop->numel = in.numel;
+  aop->stage = stage_of(in, std::move(scale));
+  aop->footprint.write(t);
   return submit_device(std::move(aop), tensors, "all_reduce");
 }
 
@@ -65,6 +67,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<Pi
   TORCH_CHECK(device.index() == current, "fairring: ", kind, " got a tensor on ", device.str(),
               " but this rank's current CUDA device is cuda:", static_cast<int>(current),
               "; call torch.cuda.set_device() with the tensor's device first (each rank drives one device)");
+  order_after_delegated();
   CudaEngine* engine = nullptr;
   {
     std::lock_guard<std::mutex> lock(cuda_mu_);
@@ -97,6 +100,59 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<Pi
   };
   engine->submit(std::move(aop));
   return work;
+#endif
+}
+
+uint64_t FairringBackend::order_waits_device() const {
+#ifdef FAIRRING_WITH_CUDA
+  std::lock_guard<std::mutex> lock(cuda_mu_);
+  return cuda_engine_ ? cuda_engine_->order_waits() : 0;
+#else
+  return 0;
+#endif
+}
+
+// Without CUDA there is no engine: nothing to abort, drain or close.
+#ifdef FAIRRING_WITH_CUDA
+namespace {
+template <typename F>
+auto with_cuda_engine(std::mutex& mu, const std::unique_ptr<CudaEngine>& engine, F f) {
+  CudaEngine* e = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    e = engine.get();
+  }
+  return f(e);
+}
+}  // namespace
+#endif
+
+void FairringBackend::abort_device(const std::string& why) {
+#ifdef FAIRRING_WITH_CUDA
+  with_cuda_engine(cuda_mu_, cuda_engine_, [&](CudaEngine* e) {
+    if (e) e->abort(why);
+  });
+#else
+  (void)why;
+#endif
+}
+
+bool FairringBackend::drain_device(std::chrono::milliseconds limit) {
+#ifdef FAIRRING_WITH_CUDA
+  return with_cuda_engine(cuda_mu_, cuda_engine_, [&](CudaEngine* e) { return !e || e->drain(limit); });
+#else
+  (void)limit;
+  return true;
+#endif
+}
+
+void FairringBackend::close_device(const std::string& why) {
+#ifdef FAIRRING_WITH_CUDA
+  with_cuda_engine(cuda_mu_, cuda_engine_, [&](CudaEngine* e) {
+    if (e) e->close(why);
+  });
+#else
+  (void)why;
 #endif
 }
 

@@ -97,6 +97,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("listen_address", &FairringBackend::listen_address,
            "ip:port of this rank's TCP listener, or '' when the group is a single node")
       .def("topology", [](const FairringBackend& b) { return topology_dict(b.topology()); })
+      .def("order_waits", &FairringBackend::order_waits,
+           "How many ops of this group waited for an earlier op whose memory they share (one of them "
+           "writing it): the issue-order rule at work")
       .def(
           "recent_ops",
           [](const FairringBackend& b) {

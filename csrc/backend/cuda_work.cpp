@@ -51,7 +51,7 @@ bool CudaFairringWork::wait(std::chrono::milliseconds timeout) {
     auto nap = std::chrono::microseconds(10);
     while (!future_->completed()) {
       TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "fairring: Work.wait(timeout=", timeout.count(),
-                  " ms) timed out: the all_reduce is enqueued but its future was not completed in time "
+                  " ms): Timed out: the all_reduce is enqueued but its future was not completed in time "
                   "(a callback chained on an earlier op's future is still running?)");
       std::this_thread::sleep_for(nap);
       nap = std::min(nap * 2, std::chrono::microseconds(1000));

@@ -36,7 +36,7 @@ void InitStore::wait(const std::vector<std::string>& keys, const std::chrono::mi
     if (std::chrono::steady_clock::now() > deadline) {
       std::string names;
       for (const auto& k : keys) names += (names.empty() ? "" : ", ") + k;
-      throw std::runtime_error("fairring: timed out creating the process group: rank " + std::to_string(rank_) +
+      throw std::runtime_error("fairring: Timed out creating the process group: rank " + std::to_string(rank_) +
                                " waited " + std::to_string(timeout.count() / 1000) + " s for " + names +
                                " (did every rank of the group call init_process_group / new_group?)");
     }

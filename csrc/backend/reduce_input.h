@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <vector>
 
 #include "common/reduce_op.h"
@@ -17,6 +18,10 @@ struct ReduceInput {
   std::vector<at::Tensor> users;  // empty when `buffer` is the caller's tensor
   c10::ScalarType dtype;          // as the kernels see it (complex travels as its real type)
   int64_t numel = 0;              // elements of `dtype`
+  // Copies the caller's tensors into `buffer` when it is not one of them
+  // (null otherwise): the op's stage (pipeline_op.h), which runs it when
+  // the issue order allows, not necessarily at the call.
+  std::function<void()> fill;
 };
 
 // `tensors`: one tensor, or several of one dtype and device flattened into
@@ -24,8 +29,15 @@ struct ReduceInput {
 // reduced: elements that share memory (expanded or overlapping views),
 // mixed dtypes, an op the dtype does not support.
 // `kind` names the collective in the errors.
-ReduceInput prepare_reduce_input(const std::vector<at::Tensor>& tensors, RedOp op, const char* kind = "all_reduce");
+ReduceInput prepare_reduce_input(const std::vector<at::Tensor>& tensors, RedOp op, const char* kind = "all_reduce",
+                                 bool copy = false);
 // The same checks and buffer, for a collective that only moves the data.
-ReduceInput prepare_input(const std::vector<at::Tensor>& tensors, const char* kind);
+// `copy`: `buffer` is always a copy, never the caller's tensor (the op
+// changes it, but must only read the caller's).
+ReduceInput prepare_input(const std::vector<at::Tensor>& tensors, const char* kind, bool copy = false);
+
+// The op's stage (pipeline_op.h): `in.fill`, then `scale` (PREMUL_SUM's
+// factor, or null) applied to the buffer in place.
+std::function<void()> stage_of(const ReduceInput& in, std::function<void(at::Tensor&)> scale);
 
 }  // namespace fairring

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "allreduce/wait_check.h"
+#include "common/dist_error.h"
 #include "common/errors.h"
 #include "common/log.h"
 
@@ -83,28 +84,49 @@ void Pipeline::stop() {
 }
 
 std::exception_ptr Pipeline::op_failed(const PipelineOp& op, const std::string& why) const {
-  return std::make_exception_ptr(std::runtime_error(std::string("fairring: ") + collective_name(op.collective) +
-                                                    " #" + std::to_string(op.seq) + " failed: " + why));
+  return dist_error(std::string("fairring: ") + collective_name(op.collective) + " #" + std::to_string(op.seq) +
+                    " failed: " + why);
+}
+
+void Pipeline::abort(const std::string& why) { fail(why); }
+
+bool Pipeline::drain(std::chrono::milliseconds limit) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return idle_cv_.wait_for(lock, limit, [&] { return completed_ == submitted_; });
+}
+
+void Pipeline::close(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  closed_ = why;
 }
 
 void Pipeline::submit(std::shared_ptr<PipelineOp> op) {
   std::unique_lock<std::mutex> lock(mu_);
+  if (op->stage && order_.must_follow(op->footprint) == 0) {
+    // Nothing pending touches what the stage reads or writes: it runs now,
+    // on the caller's thread, as if the op were one of the caller's own.
+    lock.unlock();
+    stage(*op, /*on_caller=*/true);
+    op->stage = nullptr;
+    lock.lock();
+  }
   // Numbered here, under the lock, so that ops issued from several threads
   // are queued in the order of their numbers.
   op->seq = submitted_++;
   slots_->announce(op->seq);
-  if (failure_.failed()) {
-    const std::string why = failure_.why();
+  op->follows = order_.enter(op->seq, op->footprint);
+  if (op->follows) order_waits_.fetch_add(1, std::memory_order_relaxed);
+  if (failure_.failed() || !closed_.empty()) {
+    const std::string why = failure_.failed() ? "this process group failed earlier: " + failure_.why() : closed_;
     lock.unlock();
-    complete(op, std::make_exception_ptr(std::runtime_error(
-                     std::string("fairring: ") + collective_name(op->collective) + " #" + std::to_string(op->seq) +
-                     " not started: this process group failed earlier: " + why)));
+    complete(op, dist_error(std::string("fairring: ") + collective_name(op->collective) + " #" +
+                            std::to_string(op->seq) + " not started: " + why));
     return;
   }
   // Inline only when every earlier op has completed: then the loop thread
   // holds no slice and the pipeline is ours.
   const bool idle = completed_ + 1 == submitted_ && queue_.empty() && !inline_busy_ && !handoff_;
-  if (idle && runs_inline(*op)) {
+  if (idle && !op->follows && runs_inline(*op)) {
     inline_busy_ = true;
     lock.unlock();
     run_inline(make_slice(op, 0));
@@ -129,11 +151,17 @@ Slice Pipeline::make_slice(const std::shared_ptr<PipelineOp>& op, int64_t index)
   return s;
 }
 
+void Pipeline::start_op(PipelineOp& op, bool on_caller) {
+  if (op.stage || op.follows) stage(op, on_caller);
+  op.stage = nullptr;
+}
+
 void Pipeline::run_inline(Slice s) {
   const TimePoint until = std::chrono::steady_clock::now() + kInlineSpin;
   std::exception_ptr error;
   bool finished = false;
   try {
+    start_op(*s.op, /*on_caller=*/true);
     finished = schedule_->front(s, &until) && schedule_->back(s, &until);
     if (finished) op_done(*s.op);
   } catch (const std::exception& e) {
@@ -216,6 +244,7 @@ void Pipeline::complete(const std::shared_ptr<PipelineOp>& op, std::exception_pt
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++completed_;
+    order_.leave(op->seq);
   }
   idle_cv_.notify_all();
   if (done) done(error);
@@ -272,12 +301,23 @@ void Pipeline::loop() {
           if (!schedule_->front_done(in_flight.back())) schedule_->front(in_flight.back(), nullptr);
           continue;
         }
-        if (!queue_.empty() && !inline_busy_) {
+        // The order rule: an op that must follow one still in flight waits
+        // here, while the back halves below complete what is in flight.
+        const bool next_ready =
+            !queue_.empty() && !inline_busy_ && order_.clear_before(queue_.front()->follows);
+        if (next_ready) {
           cur = std::move(queue_.front());
           queue_.pop_front();
           next_index = 0;
           cur_slices = slices_of(*cur);
+          lock.unlock();
+          start_op(*cur, /*on_caller=*/false);
         } else if (in_flight.empty()) {
+          // Every earlier op is complete once nothing is in flight or inline.
+          if (!queue_.empty() && !inline_busy_) {
+            throw std::logic_error("fairring: op #" + std::to_string(queue_.front()->seq) +
+                                   " waits for an earlier op, but none is in flight");
+          }
           return;  // stopping, nothing left
         }
       }

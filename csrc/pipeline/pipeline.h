@@ -3,6 +3,8 @@
 //   - the op queue and op/slice numbering (submit; issue order is match order),
 //   - the loop thread that keeps `parallelism` slices in flight: the
 //     reduce-scatter of slice i+lag, then the all-gather of the oldest,
+//   - the order rule (op_order.h): an op whose memory overlaps a pending
+//     op's, one of them writing it, starts after that op has completed,
 //   - the inline small-op path: a small op issued while the pipeline is idle
 //     runs on the caller's thread; if a peer is late the loop thread takes
 //     it over where it stopped (see runs_inline),
@@ -19,6 +21,7 @@
 // boilerplate: the base numbers and fails; the channel moves bytes.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -61,7 +64,18 @@ class Pipeline {
   // tensor (which needs the GIL) while the interpreter finalizes.
   static void quiesce_all();
 
+  // Fails every pending and later op with `why` at once, wakes every wait
+  // and tells the node and the rails (their ops with us fail too).
+  void abort(const std::string& why);
+  // Waits (up to `limit`) until every submitted op has completed; true if so.
+  bool drain(std::chrono::milliseconds limit);
+  // Later ops fail at once with `why` (the group was shut down); nothing is
+  // told to the peers, what is in flight goes on.
+  void close(const std::string& why);
+
   int rank() const { return topo_.rank; }
+  // Ops that waited for an earlier op under the order rule (op_order.h).
+  uint64_t order_waits() const { return order_waits_.load(std::memory_order_relaxed); }
 
  protected:
   using TimePoint = std::chrono::steady_clock::time_point;
@@ -103,6 +117,14 @@ class Pipeline {
   // Whether `op`, issued while the pipeline is idle, runs on the caller's
   // thread.  Its steps then get a spin deadline.
   virtual bool runs_inline(const PipelineOp& op) const { (void)op; return false; }
+  // Runs the op's stage (PipelineOp::stage), if any, before its first step:
+  // on the caller's thread at submit (`on_caller`), or on the thread that
+  // starts an op that had to follow an earlier one (then also without a
+  // stage, so that a device orders the op's work after that op's).
+  virtual void stage(PipelineOp& op, bool on_caller) {
+    (void)on_caller;
+    if (op.stage) op.stage();
+  }
   // After the last slice's back half of a successful op (loop thread).
   virtual void op_done(PipelineOp& op) { (void)op; }
   // Just before on_complete, also for a failed op: may turn success into an
@@ -125,6 +147,8 @@ class Pipeline {
   // Fails, with the group's error, every op in flight, handed over or queued.
   void drain(std::deque<Slice>& in_flight, std::shared_ptr<PipelineOp>& cur);
   void run_inline(Slice s);
+  // What an op needs before its first slice (stage, order) on the thread starting it.
+  void start_op(PipelineOp& op, bool on_caller);
   // `on_caller`: the op ran inline, so its future may complete right here.
   void complete(const std::shared_ptr<PipelineOp>& op, std::exception_ptr error, bool on_caller = false);
   std::exception_ptr op_failed(const PipelineOp& op, const std::string& why) const;
@@ -143,9 +167,12 @@ class Pipeline {
   std::condition_variable work_cv_;  // the loop thread waits for work here
   std::condition_variable idle_cv_;  // wait_idle() and quiesce() wait here
   std::deque<std::shared_ptr<PipelineOp>> queue_;
+  OrderBook order_;  // the pending ops' footprints
+  std::atomic<uint64_t> order_waits_{0};
   uint64_t submitted_ = 0;  // also the next op's number
   uint64_t completed_ = 0;
   bool stopping_ = false;
+  std::string closed_;  // close()'s reason; later ops fail with it
   bool registered_ = false;
 
   bool inline_busy_ = false;        // an op runs on its caller's thread

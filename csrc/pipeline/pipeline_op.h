@@ -12,6 +12,7 @@
 
 #include "common/op_key.h"
 #include "common/reduce_op.h"
+#include "pipeline/op_order.h"
 
 namespace fairring {
 
@@ -30,6 +31,16 @@ struct PipelineOp {
   // (non-contiguous, or several flattened into one buffer): the result is
   // copied into them, in order, at the end (copy_to_users).
   std::vector<at::Tensor> users;
+  // What the op reads and writes of the caller's memory (op_order.h).
+  Footprint footprint;
+  // The op's first touch of the caller's memory when `buffer` is not the
+  // caller's tensor (fill it: a contiguous or flattened copy, a premultiply),
+  // or null.  Pipeline::submit runs it right away unless the op must follow
+  // an earlier one; then it runs when the op starts, after that one.
+  std::function<void()> stage;
+  // Set by Pipeline::submit: the op starts once no op numbered below this
+  // is pending (0: it follows none).
+  uint64_t follows = 0;
   // Called once when the op is done (host side): from the pipeline's
   // thread, or from the issuing thread when it ran inline or the group had
   // already failed.  Must be quick and must not block (it marks the Work done).

@@ -72,7 +72,7 @@ void RailFeeder::loop() {
       for (int polls = 0; !next.finished(); ++polls) {
         if (stopping()) return;
         if (Clock::now() - start > timeout_) {
-          throw std::runtime_error("timed out waiting for " + waiting_for_ + " (slice " +
+          throw std::runtime_error("Timed out waiting for " + waiting_for_ + " (slice " +
                                    std::to_string(next.task.slice_seq) + ")");
         }
         if (polls > kSpins) std::this_thread::sleep_for(kNap);

@@ -1,5 +1,7 @@
 #include "transport/channel.h"
 
+#include "common/dist_error.h"
+
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -11,9 +13,9 @@ namespace fairring {
 
 namespace {
 [[noreturn]] void lost(int peer, const char* what) {
-  throw std::runtime_error(
-      "fairring: connection to rank " + std::to_string(peer) + " " + what +
-      " (did that rank exit or crash?)");
+  // The mark makes it a DistNetworkError for the user (common/dist_error.h).
+  throw std::runtime_error("fairring: connection to rank " + std::to_string(peer) + " " + what + " " +
+                           kConnectionLostMark);
 }
 }  // namespace
 

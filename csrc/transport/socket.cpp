@@ -33,7 +33,7 @@ void wait_ready(int fd, short events, Clock::time_point deadline, const char* wh
     struct pollfd p{fd, events, 0};
     int r = poll(&p, 1, ms_until(deadline));
     if (r > 0) return;
-    if (r == 0) throw std::runtime_error(std::string("fairring: timed out while ") + what);
+    if (r == 0) throw std::runtime_error(std::string("fairring: Timed out while ") + what);
     if (errno != EINTR) sys_fail(what);
   }
 }

@@ -211,7 +211,7 @@ void TcpMesh::connect() {
     for (int peer : peers) {
       if (servers_.count(peer) == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(peer);
     }
-    throw std::runtime_error("fairring: timed out waiting for rank(s) " + missing + " to connect");
+    throw std::runtime_error("fairring: Timed out waiting for rank(s) " + missing + " to connect");
   }
 }
 
