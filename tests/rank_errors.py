@@ -647,3 +647,57 @@ def abort_and_shutdown(rank, world, culprit, timeout_s):
     fresh_group_works("after_shutdown_fresh_group")
     dist.barrier(group=sync)
     return out
+
+
+def interrupted_wait(rank, world, culprit, timeout_s):
+    """Ctrl-C (SIGINT) on a rank blocked in all_reduce while `culprit` never
+    arrives: KeyboardInterrupt within a second, and the group fails on every
+    rank, naming the interrupted rank."""
+    import signal
+    import threading
+
+    out = {}
+    g = dist.new_group(list(range(world)), backend="fairring", timeout=timedelta(seconds=timeout_s))
+    sync = dist.new_group(list(range(world)), backend="gloo")
+    interrupted = culprit == 0 and 1 or 0
+    if rank == interrupted:
+        threading.Timer(1.0, os.kill, args=(os.getpid(), signal.SIGINT)).start()
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(1 << 20), group=g)
+            out["raised"] = "nothing"
+        except KeyboardInterrupt:
+            out["raised"] = "KeyboardInterrupt"
+        except Exception as e:  # noqa: BLE001
+            out["raised"] = f"{type(e).__name__}: {e}"
+        out["elapsed"] = time.monotonic() - t0
+    dist.barrier(group=sync)
+    # The group failed on every rank: the next op raises at once, naming the interrupted
+    # rank (the others' first op is the interrupted one's op #0, of the same size).
+    out["next"] = _attempt(lambda: dist.all_reduce(torch.ones(4 if rank == interrupted else 1 << 20), group=g))
+    dist.barrier(group=sync)
+    return out
+
+
+def init_failure_store_host_exits(rank, world, port, out_dir, timeout_s):
+    """Group creation that fails on rank 0, which hosts the TCP store and exits
+    the moment its error reaches it (as a script does): the others must still
+    get its cause, not a bare connection error.  Rank 0 writes what it raised
+    to out_dir/rank0.json, then exits with launch.DELIBERATE_EXIT."""
+    import json
+
+    import fairring_py  # noqa: F401  registers the backend
+
+    t0 = time.monotonic()
+    try:
+        dist.init_process_group("fairring", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
+                                timeout=timedelta(seconds=timeout_s))
+        res = {"raised": False}
+    except Exception as e:  # noqa: BLE001
+        res = {"raised": True, "type": type(e).__name__, "msg": str(e)[:2000]}
+    res["elapsed"] = time.monotonic() - t0
+    if rank == 0:
+        with open(os.path.join(out_dir, "rank0.json"), "w") as f:
+            json.dump(res, f)
+        os._exit(launch.DELIBERATE_EXIT)
+    return res

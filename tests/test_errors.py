@@ -1,6 +1,7 @@
 """Failures must surface as errors on every rank, in time, never as hangs."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -200,6 +201,27 @@ def test_abort_and_shutdown_with_ops_in_flight(nodes, culprit):
     assert not problems, "\n".join(problems) + "\n" + _fmt(res)
 
 
+@pytest.mark.parametrize("nodes", [["a", "a"], ["a", "a", "b", "b"]], ids=["1x2", "2x2"])
+def test_ctrl_c_in_a_blocked_all_reduce(nodes):
+    """SIGINT on a rank blocked in all_reduce (its peer never arrives) raises
+    KeyboardInterrupt within a second, not at the group's timeout (20 s), and
+    every rank's next op fails naming the interrupted rank."""
+    timeout_s = 20
+    res = launch.run_ranks(rank_errors.interrupted_wait, nodes, args=(len(nodes) - 1, timeout_s), timeout_s=90)
+    problems = []
+    for r in res:
+        v = r.value
+        if r.rank == 0:
+            if v["raised"] != "KeyboardInterrupt" or v["elapsed"] > 3:
+                problems.append(f"rank 0: raised {v['raised']!r} after {v['elapsed']:.1f}s")
+        n = v["next"]
+        if not (n["raised"] and re.search(r"\brank 0\b", n["msg"]) and "interrupted" in n["msg"]):
+            problems.append(f"rank {r.rank}: the next op: {n}")
+        elif n["elapsed"] > 5:
+            problems.append(f"rank {r.rank}: the next op failed only after {n['elapsed']:.1f}s")
+    assert not problems, "\n".join(problems) + "\n" + _fmt(res)
+
+
 def test_option_validation():
     with tempfile.TemporaryDirectory(prefix="fairring-test-store-") as d:
         res = launch.run_ranks(rank_errors.validation, ["a", "b"], backend=None, args=(d,), timeout_s=180)
@@ -260,6 +282,29 @@ def test_init_failure_reaches_every_rank(nodes, bad):
     """One rank's FAIRRING_TOTAL_MEMORY is too small: every rank fails group
     creation at once, and names the failing rank and the variable."""
     _init_fails_everywhere(nodes, bad, "FAIRRING_TOTAL_MEMORY", "64K")
+
+
+@pytest.mark.parametrize("value", ["1", "512K"])
+def test_init_failure_of_the_store_host_reaches_the_others(value):
+    """Rank 0 of 1 x 2 hosts the TCP store and fails group creation on its own
+    FAIRRING_TOTAL_MEMORY, then exits at once: rank 1 still gets the cause
+    (rank 0 waits for it to read it first), not 'Connection reset by peer'."""
+    timeout_s = 30
+    with tempfile.TemporaryDirectory(prefix="fairring-test-init-") as d:
+        res = launch.run_ranks(rank_errors.init_failure_store_host_exits, ["a", "a"], backend=None,
+                               args=(launch.free_port(), d, timeout_s),
+                               rank_env=[{"FAIRRING_TOTAL_MEMORY": value}, {}], timeout_s=120, check=False)
+        with open(os.path.join(d, "rank0.json")) as f:
+            rank0 = json.load(f)
+    problems = []
+    if not (rank0["raised"] and "FAIRRING_TOTAL_MEMORY" in rank0["msg"]):
+        problems.append(f"rank 0: {rank0}")
+    v = res[1].value
+    if not (res[1].ok and v["raised"] and "FAIRRING_TOTAL_MEMORY" in v["msg"] and re.search(r"\brank 0\b", v["msg"])):
+        problems.append(f"rank 1: {v}\n{res[1].describe()}")
+    elif v["elapsed"] > timeout_s / 2:
+        problems.append(f"rank 1: failed after {v['elapsed']:.1f}s")
+    assert not problems, "\n".join(problems)
 
 
 def test_late_but_live_peer_is_waited_for():

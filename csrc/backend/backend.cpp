@@ -68,6 +68,10 @@ std::function<void(at::Tensor&)> premul_factor(const c10d::ReduceOp& op, c10::Sc
   };
 }
 
+// How long a rank whose group creation failed first waits for the others to
+// read why before it raises (it may host the store, which goes with it).
+constexpr std::chrono::milliseconds kFailureReadLimit(10000);
+
 // A random id for names that must not collide between jobs (shared memory).
 std::string random_hex(int bytes) {
   std::vector<uint8_t> raw(bytes);
@@ -105,6 +109,7 @@ FairringBackend::FairringBackend(
     init->checkpoint("built");
   } catch (const std::exception& e) {
     const bool ours_first = init->publish_failure(e.what());
+    if (ours_first) init->await_failure_read(std::min(config.timeout, kFailureReadLimit));
     // A bad setting of our own stays our error (a ValueError in Python).
     const bool own_setting = dynamic_cast<const c10::ValueError*>(&e) != nullptr ||
         dynamic_cast<const std::invalid_argument*>(&e) != nullptr;
@@ -121,6 +126,10 @@ FairringBackend::FairringBackend(
     throw std::runtime_error(first + " (then on this rank: " + e.what() + ")");
   }
   store_ = store;  // for the CUDA engine, created at the first CUDA all-reduce
+  abort_hook_ = std::make_shared<GroupAbortHook>([this](const std::string& why) {
+    engine_->abort(why);
+    abort_device(why);
+  });
 }
 
 void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const std::string& node_key) {
@@ -187,6 +196,7 @@ FairringBackend::~FairringBackend() {
   }
   // The engines join their threads, which may need the GIL.
   GilReleaseIfHeld no_gil;
+  if (abort_hook_) abort_hook_->clear();
   cuda_engine_.reset();
   engine_.reset();
 }
@@ -329,6 +339,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_cpu(std::shared_ptr<Allre
   op->on_complete = track(kind, describe_args(op->key()), op->numel * blocks * c10::elementSize(op->dtype),
                           [work](std::exception_ptr error) { work->mark_done(error); });
   op->after_complete = [work](std::exception_ptr error) { work->complete_future(error); };
+  work->set_interrupt_hook(abort_hook_, kind);
   engine_->submit(std::move(op));
   return work;
 }
@@ -417,14 +428,17 @@ c10d::Backend& FairringBackend::delegate(const char* kind, bool collective) {
 c10::intrusive_ptr<c10d::Work> FairringBackend::delegated(c10::intrusive_ptr<c10d::Work> work) {
   std::lock_guard<std::mutex> lock(delegated_mu_);
   delegated_ = work;
+  has_delegated_.store(true, std::memory_order_release);
   return work;
 }
 
 void FairringBackend::order_after_delegated() {
+  if (!has_delegated_.load(std::memory_order_acquire)) return;  // the usual case: no lock
   c10::intrusive_ptr<c10d::Work> last;
   {
     std::lock_guard<std::mutex> lock(delegated_mu_);
     last.swap(delegated_);
+    has_delegated_.store(false, std::memory_order_release);
   }
   if (!last) return;
   // Its outcome is the caller's to see through its own Work: only wait here.

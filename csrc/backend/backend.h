@@ -17,6 +17,7 @@
 #include <string>
 
 #include "backend/recent_ops.h"
+#include "backend/work.h"
 #include "common/config.h"
 #include "common/reduce_op.h"
 #include "pipeline/pipeline_op.h"
@@ -190,8 +191,11 @@ class FairringBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Store> store_;
   std::string job_uid_;
   Secret secret_{};
+  // Lets a Work interrupted by Ctrl-C abort the group (work.h).
+  std::shared_ptr<GroupAbortHook> abort_hook_;
   std::mutex delegated_mu_;
   c10::intrusive_ptr<c10d::Work> delegated_;  // the last delegated collective, until an op waited for it
+  std::atomic<bool> has_delegated_{false};    // delegated_ is set
   mutable std::mutex cuda_mu_;
   std::unique_ptr<CudaEngine> cuda_engine_;
 };

@@ -135,7 +135,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "_init_failed",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
-         const std::string& why) { c10::make_intrusive<InitStore>(store, rank, size, timeout)->publish_failure(why); },
+         const std::string& why) {
+        auto init = c10::make_intrusive<InitStore>(store, rank, size, timeout);
+        // The first failure is this rank's: let the others read it before this rank raises.
+        if (init->publish_failure(why)) init->await_failure_read(std::min(timeout, std::chrono::milliseconds(10000)));
+      },
       py::call_guard<py::gil_scoped_release>(), "Tells the group's other ranks why this rank cannot create it.");
   m.def("_quiesce_all", [] { Pipeline::quiesce_all(); },
       py::call_guard<py::gil_scoped_release>(),

@@ -1,5 +1,7 @@
 #include "backend/init_store.h"
 
+#include <c10/util/Exception.h>
+
 #include <stdexcept>
 #include <thread>
 
@@ -8,6 +10,7 @@ namespace fairring {
 namespace {
 const char* kFailureKey = "failure";
 const char* kFailureCountKey = "failures";
+const std::string kFailureReadKey = "failure-read/";  // + rank: it has read the failure
 // How often a waiter looks for its keys and for a failure.  Group creation
 // is not latency-critical; this keeps the store's load low.
 constexpr auto kPollEvery = std::chrono::milliseconds(20);
@@ -30,15 +33,17 @@ void InitStore::wait(const std::vector<std::string>& keys, const std::chrono::mi
   for (;;) {
     if (PrefixStore::check(keys)) return;
     if (PrefixStore::check({kFailureKey})) {
-      throw std::runtime_error("fairring: could not create the process group: " +
-                               string_of(PrefixStore::get(kFailureKey)));
+      const std::string why = string_of(PrefixStore::get(kFailureKey));
+      mark_failure_read();
+      throw std::runtime_error("fairring: could not create the process group: " + why);
     }
     if (std::chrono::steady_clock::now() > deadline) {
       std::string names;
       for (const auto& k : keys) names += (names.empty() ? "" : ", ") + k;
-      throw std::runtime_error("fairring: Timed out creating the process group: rank " + std::to_string(rank_) +
-                               " waited " + std::to_string(timeout.count() / 1000) + " s for " + names +
-                               " (did every rank of the group call init_process_group / new_group?)");
+      C10_THROW_ERROR(DistStoreError, "fairring: Timed out creating the process group: rank " +
+                                          std::to_string(rank_) + " waited " + std::to_string(timeout.count() / 1000) +
+                                          " s for " + names +
+                                          " (did every rank of the group call init_process_group / new_group?)");
     }
     std::this_thread::sleep_for(kPollEvery);
   }
@@ -51,6 +56,7 @@ bool InitStore::publish_failure(const std::string& why) {
       PrefixStore::set(kFailureKey, std::vector<uint8_t>(msg.begin(), msg.end()));
       return true;
     }
+    mark_failure_read();  // we fail too: the first one need not wait for us
     return false;
   } catch (...) {
     // The store itself is gone: the peers' waits time out on their own.
@@ -61,7 +67,33 @@ bool InitStore::publish_failure(const std::string& why) {
 std::string InitStore::first_failure() {
   // The first publisher counts, then writes its message: wait for it briefly.
   PrefixStore::wait({kFailureKey}, std::chrono::seconds(10));
-  return "fairring: could not create the process group: " + string_of(PrefixStore::get(kFailureKey));
+  const std::string why = string_of(PrefixStore::get(kFailureKey));
+  mark_failure_read();
+  return "fairring: could not create the process group: " + why;
+}
+
+void InitStore::mark_failure_read() {
+  try {
+    PrefixStore::set(kFailureReadKey + std::to_string(rank_), std::vector<uint8_t>{1});
+  } catch (...) {
+    // The store is gone: its host has already left.
+  }
+}
+
+void InitStore::await_failure_read(std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  try {
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      const std::string key = kFailureReadKey + std::to_string(r);
+      while (!PrefixStore::check({key})) {
+        if (std::chrono::steady_clock::now() > deadline) return;  // a peer that never came, or died
+        std::this_thread::sleep_for(kPollEvery);
+      }
+    }
+  } catch (...) {
+    // The store is gone: nothing more can be told.
+  }
 }
 
 void InitStore::checkpoint(const std::string& stage) {

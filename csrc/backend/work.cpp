@@ -1,6 +1,22 @@
 #include "backend/work.h"
 
+#include <Python.h>
+#include <sys/syscall.h>
+#include <torch/csrc/Exceptions.h>
+#include <unistd.h>
+
 namespace fairring {
+
+namespace {
+// How often a wait on the main thread runs pending signal handlers: a
+// Ctrl-C takes effect within this.
+constexpr auto kSignalPoll = std::chrono::milliseconds(50);
+
+bool on_main_thread() {
+  static thread_local const bool main = syscall(SYS_gettid) == getpid();
+  return main;
+}
+}  // namespace
 
 FairringWork::FairringWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, const char* profiling_title)
     // With a title, the base class opens an async profiler range with the
@@ -9,7 +25,43 @@ FairringWork::FairringWork(int rank, c10d::OpType type, std::vector<at::Tensor> 
       outputs_(std::move(outputs)),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
 
+void FairringWork::wait_interruptibly(std::chrono::milliseconds timeout) {
+  // Only the main thread runs Python's signal handlers.
+  if (!on_main_thread() || !Py_IsInitialized()) return;
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (completed_) return;  // small ops are often done by the time wait() is called
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    auto slice = kSignalPoll;
+    if (timeout != kNoTimeout) {
+      const auto left = timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      std::chrono::steady_clock::now() - start);
+      if (left <= std::chrono::milliseconds::zero()) return;
+      slice = std::min(slice, left);
+    }
+    if (cv_.wait_for(lock, slice, [&] { return completed_; })) return;
+    lock.unlock();
+    {
+      pybind11::gil_scoped_acquire gil;
+      if (PyErr_CheckSignals() != 0) {
+        python_error interrupted;  // torch's carrier of a Python exception through C++
+        interrupted.persist();
+        const std::string kind = interrupted.type ? reinterpret_cast<PyTypeObject*>(interrupted.type)->tp_name : "?";
+        {
+          pybind11::gil_scoped_release no_gil;  // the abort joins nothing, but takes the engine's locks
+          if (interrupt_hook_) {
+            (*interrupt_hook_)("rank " + std::to_string(rank_) + ": interrupted by a signal (" + kind + ") while waiting for " + what_);
+          }
+        }
+        throw interrupted;
+      }
+    }
+    lock.lock();
+  }
+}
+
 bool FairringWork::wait(std::chrono::milliseconds timeout) {
+  wait_interruptibly(timeout);
   const bool ok = c10d::Work::wait(timeout);  // throws on error or timeout
   // The future is marked right after, by a completion worker (the pool
   // starts another if this is a callback that blocks one).

@@ -4,9 +4,32 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 namespace fairring {
+
+// Fails a group from one of its Works; the group clears it when it goes,
+// so that a Work outliving its group calls nothing.
+class GroupAbortHook {
+ public:
+  explicit GroupAbortHook(std::function<void(const std::string&)> abort) : abort_(std::move(abort)) {}
+  void operator()(const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (abort_) abort_(why);
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    abort_ = nullptr;
+  }
+
+ private:
+  std::mutex mu_;
+  std::function<void(const std::string&)> abort_;
+};
 
 class FairringWork : public c10d::Work {
  public:
@@ -19,14 +42,28 @@ class FairringWork : public c10d::Work {
   void complete_future(std::exception_ptr error);
 
   // Returns once the op is done and its future completed, so that
-  // get_future().value() works right after wait().
+  // get_future().value() works right after wait().  On the main thread a
+  // pending signal's Python handler runs while it waits: if it raises (Ctrl-C:
+  // KeyboardInterrupt), the group is aborted (`on_interrupt`, the peers are
+  // told) and wait() raises that exception.
   bool wait(std::chrono::milliseconds timeout) override;
+  // `what`: the op's kind, a literal ("all_reduce").
+  void set_interrupt_hook(std::shared_ptr<GroupAbortHook> hook, const char* what) {
+    interrupt_hook_ = std::move(hook);
+    what_ = what;
+  }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   std::vector<at::Tensor> result() override { return outputs_; }
 
  private:
+  // Waits until the op is done, at most `timeout` (the base's wait then
+  // raises), running pending signal handlers every kSignalPoll.
+  void wait_interruptibly(std::chrono::milliseconds timeout);
+
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::shared_ptr<GroupAbortHook> interrupt_hook_;
+  const char* what_ = "";  // the op, for the interrupt's message
 };
 
 }  // namespace fairring

@@ -6,7 +6,7 @@ namespace fairring {
 
 namespace {
 
-bool any_overlap(const std::vector<MemRange>& a, const std::vector<MemRange>& b) {
+bool any_overlap(c10::ArrayRef<MemRange> a, c10::ArrayRef<MemRange> b) {
   for (const MemRange& x : a) {
     for (const MemRange& y : b) {
       if (x.overlaps(y)) return true;
@@ -59,8 +59,21 @@ uint64_t OrderBook::must_follow(const Footprint& fp) const {
 
 uint64_t OrderBook::enter(uint64_t seq, const Footprint& fp) {
   const uint64_t follow = must_follow(fp);
-  if (!fp.empty()) pending_.emplace(seq, fp);
+  if (!fp.empty()) pending_.emplace_back(seq, fp);
   return follow;
+}
+
+void OrderBook::leave(uint64_t seq) {
+  if (!pending_.empty() && pending_.front().first == seq) {
+    pending_.pop_front();
+    return;
+  }
+  for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+    if (it->first == seq) {
+      pending_.erase(it);
+      return;
+    }
+  }
 }
 
 }  // namespace fairring

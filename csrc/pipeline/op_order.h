@@ -9,9 +9,11 @@
 // until every op it conflicts with has completed.  Pure bookkeeping, no I/O.
 #pragma once
 
+#include <c10/util/SmallVector.h>
+
 #include <cstdint>
-#include <map>
-#include <vector>
+#include <deque>
+#include <utility>
 
 namespace at {
 class Tensor;
@@ -30,8 +32,9 @@ struct MemRange {
 // the span from its lowest to its highest element (a strided view covers the
 // gaps between its elements: conservative, never too small).
 struct Footprint {
-  std::vector<MemRange> reads;
-  std::vector<MemRange> writes;
+  // Inline room for the usual one or two tensors: no allocation per op.
+  c10::SmallVector<MemRange, 2> reads;
+  c10::SmallVector<MemRange, 2> writes;
 
   void read(const at::Tensor& t);
   void write(const at::Tensor& t);
@@ -52,13 +55,15 @@ class OrderBook {
   // Enters op `seq` (numbers grow) and returns must_follow() for it.
   uint64_t enter(uint64_t seq, const Footprint& fp);
   // Op `seq` completed (or failed).
-  void leave(uint64_t seq) { pending_.erase(seq); }
+  void leave(uint64_t seq);
   // No op numbered below `follow` is pending: an op with must_follow ==
   // `follow` may start.
-  bool clear_before(uint64_t follow) const { return pending_.empty() || pending_.begin()->first >= follow; }
+  bool clear_before(uint64_t follow) const { return pending_.empty() || pending_.front().first >= follow; }
 
  private:
-  std::map<uint64_t, Footprint> pending_;  // by issue number; ops with no footprint are not kept
+  // In issue order (ops leave in that order but for failures); ops with no
+  // footprint are not kept.  A deque: no allocation per op.
+  std::deque<std::pair<uint64_t, Footprint>> pending_;
 };
 
 }  // namespace fairring
