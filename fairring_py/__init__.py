@@ -29,6 +29,12 @@ BACKEND_NAME = "fairring"
 # finalizing interpreter no longer hands out).
 atexit.register(_C._quiesce_all)
 
+# What crashed jobs of this user left in /dev/shm (fairring_py.cleanup).
+try:
+    _C._sweep_stale_segments()
+except Exception:  # noqa: BLE001  (a sweep must never stop an import)
+    pass
+
 
 def _create_backend(dist_opts, pg_options):
     """Called by torch.distributed for every process group using "fairring"."""

@@ -767,10 +767,10 @@ def mismatch_session(rank, world, cases, timeout_s):
         t0 = time.monotonic()
         try:
             _mismatch_call(which, rank, world, g)
-            err = None
+            err, runtime = None, False
         except Exception as e:  # noqa: BLE001
-            err = f"{type(e).__name__}: {str(e)[:400]}"
-        out[which] = {"error": err, "s": round(time.monotonic() - t0, 2)}
+            err, runtime = f"{type(e).__name__}: {str(e)[:400]}", isinstance(e, RuntimeError)
+        out[which] = {"error": err, "runtime": runtime, "s": round(time.monotonic() - t0, 2)}
         dist.barrier(group=sync)
     return out
 

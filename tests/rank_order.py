@@ -60,6 +60,9 @@ def _free_patterns(n: int, w: int) -> dict:
                                                            ("rs", "sum", (0, w * n, 1), ((w + 1) * n, (w + 2) * n, 1))]),
         "adjacent-buckets": (3 * n, [("ar", "sum", (0, n, 1)), ("ar", "sum", (n, 2 * n, 1)),
                                      ("ar", "sum", (2 * n, 3 * n, 1))]),
+        # A delegated (gloo) collective and a native one on other memory.
+        "all-to-all-then-disjoint-sum": ((2 * w + 1) * n, [("a2a", (0, w * n, 1), (w * n, 2 * w * n, 1)),
+                                                          ("ar", "sum", (2 * w * n, (2 * w + 1) * n, 1))]),
     }
 
 
@@ -183,6 +186,8 @@ def session(rank, world, cfg):
                         failures.append(why)
     for n in cfg.get("free_sizes", []):
         for name, (length, ops) in _free_patterns(n, world).items():
+            if any(op[0] in ("a2a", "rd") for op in ops) and device != "cpu":
+                continue  # gloo's all-to-all: CPU tensors here
             before = order_waits()
             why = run_case(rank, world, name, length, ops, _seed(name, n), torch.float32, device)
             waited = order_waits() - before

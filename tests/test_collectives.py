@@ -188,7 +188,7 @@ def mismatch_results(topo):
 @pytest.mark.parametrize("topo", list(MISMATCH_TOPOLOGIES))
 @pytest.mark.parametrize("case", rank_collectives.MISMATCHES)
 def test_native_mismatch_is_an_error_everywhere(topo, case):
-    """Size, dtype, op or kind differing between ranks: a RuntimeError saying
+    """Size, dtype, op or kind differing between ranks: a DistBackendError saying
     "mismatch" on every rank, well within the group's timeout (on a group of its
     own per case).  On the delegated path gloo aborts the process (size, dtype),
     returns different results on different ranks (op), or times out (kind)."""
@@ -199,6 +199,7 @@ def test_native_mismatch_is_an_error_everywhere(topo, case):
     for r in res:
         got = r.value[case]
         assert got["error"] is not None, f"{topo} {case}: rank {r.rank}: no error"
-        assert "RuntimeError" in got["error"] and "mismatch" in got["error"].lower(), (
-            f"{topo} {case}: rank {r.rank}: error does not say mismatch: {got['error']}")
+        # torch.distributed.DistBackendError, a RuntimeError (as NCCL's errors are).
+        assert got["runtime"] and got["error"].startswith("DistBackendError") and "mismatch" in got["error"].lower(), (
+            f"{topo} {case}: rank {r.rank}: not a DistBackendError saying mismatch: {got['error']}")
         assert got["s"] < MISMATCH_TIMEOUT_S, f"{topo} {case}: rank {r.rank}: error after {got['s']} s"

@@ -29,7 +29,6 @@ TOPOLOGIES = {
     "2x2": {"sizes": FEW + [1 << 20], "repeats": 2, **BIG, "free_sizes": FREE},
     "uneven-2+1": {"sizes": FEW, "repeats": 1, "free_sizes": FREE},
     "2x2-deferred": {"sizes": FEW, "repeats": 1, "free_sizes": FREE},
-    "1x3-deferred": {"sizes": FEW, "repeats": 1},
 }
 
 _cache: dict = {}

@@ -59,3 +59,53 @@ def test_two_threads_on_one_group(nodes, n):
         if not v["after"]:
             problems.append(f"rank {r.rank}: the group was broken afterwards")
     assert not problems, "\n".join(problems)
+
+
+def _dead_pid():
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_cleanup_removes_what_crashed_jobs_left():
+    """A segment whose creator is gone and that is over a minute old (what a job
+    SIGKILLed during group creation leaves) is removed by `python -m
+    fairring_py.cleanup` and by the next `import fairring_py`; a young one, and
+    one whose creator lives, stay."""
+    import os
+    import secrets
+    import subprocess
+    import sys
+    import time
+
+    dead = _dead_pid()
+    tag = secrets.token_hex(4)
+
+    def segment(name, pid, age_s):
+        path = f"/dev/shm/fairring-test{tag}-{name}-node0-p{pid}"
+        with open(path, "wb") as f:
+            f.write(b"\0" * 4096)
+        os.utime(path, (time.time() - age_s, time.time() - age_s))
+        return path
+
+    stale = segment("stale", dead, 120)
+    young = segment("young", dead, 0)
+    alive = segment("alive", os.getpid(), 120)
+    try:
+        out = subprocess.run([sys.executable, "-m", "fairring_py.cleanup"], capture_output=True, text=True,
+                             timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        assert out.returncode == 0, out.stderr
+        assert "removed" in out.stdout, out.stdout
+        assert not os.path.exists(stale), "the stale segment is still there"
+        assert os.path.exists(young) and os.path.exists(alive), "a segment that may be in use was removed"
+        stale2 = segment("stale2", dead, 120)
+        subprocess.run([sys.executable, "-c", "import fairring_py"], check=True, timeout=120,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        assert not os.path.exists(stale2), "import fairring_py did not sweep the stale segment"
+    finally:
+        for p in (stale, young, alive):
+            if os.path.exists(p):
+                os.unlink(p)

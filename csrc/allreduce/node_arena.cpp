@@ -54,7 +54,7 @@ NodeArena::NodeArena(
 
   if (topo.local_rank == 0) {
     // Names a crash left behind (see below) go first.
-    if (int n = ShmSegment::sweep_stale(kShmPrefix)) {
+    if (int n = sweep_stale_segments()) {
       FAIRRING_DEBUG_LOG(topo.rank, "removed %d shared memory segment(s) of crashed jobs from /dev/shm", n);
     }
     const std::string name = ShmSegment::name_for("/" + std::string(kShmPrefix) + job_uid + "-node" +
@@ -78,6 +78,8 @@ NodeArena::NodeArena(
   // disappears with the last process, however that process ends.
   if (store->add(mapped_key, 1) == ranks_) shm_.unlink();
 }
+
+int sweep_stale_segments() { return ShmSegment::sweep_stale(kShmPrefix); }
 
 void NodeArena::abort(int rank, const std::string& msg, uint64_t first_failed_op) {
   uint32_t expected = 0;

@@ -50,6 +50,13 @@ struct NodeControl {
   SharedCounter cuda_closed[kMaxLocalRanks];
 };
 
+// Removes this user's segments of Fairring jobs whose creating process has
+// exited (and that are over a minute old): what a crash before every local
+// rank had mapped a segment left in /dev/shm.  Returns how many.  Run by local
+// rank 0 before it creates a segment, at `import fairring_py`, and by
+// `python -m fairring_py.cleanup`.
+int sweep_stale_segments();
+
 class NodeArena {
  public:
   // Collective over the node's ranks (rendezvous through the store).

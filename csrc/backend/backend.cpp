@@ -68,6 +68,21 @@ std::function<void(at::Tensor&)> premul_factor(const c10d::ReduceOp& op, c10::Sc
   };
 }
 
+// Every tensor of a delegated call, as written (backend.h, run_delegated).
+void touch(Footprint& fp, const at::Tensor& t) { fp.write(t); }
+void touch(Footprint& fp, const std::vector<at::Tensor>& ts) {
+  for (const at::Tensor& t : ts) fp.write(t);
+}
+void touch(Footprint& fp, const std::vector<std::vector<at::Tensor>>& tss) {
+  for (const auto& ts : tss) touch(fp, ts);
+}
+template <typename... Groups>
+Footprint touched(const Groups&... groups) {
+  Footprint fp;
+  (touch(fp, groups), ...);
+  return fp;
+}
+
 // How long a rank whose group creation failed first waits for the others to
 // read why before it raises (it may host the store, which goes with it).
 constexpr std::chrono::milliseconds kFailureReadLimit(10000);
@@ -127,8 +142,7 @@ FairringBackend::FairringBackend(
   }
   store_ = store;  // for the CUDA engine, created at the first CUDA all-reduce
   abort_hook_ = std::make_shared<GroupAbortHook>([this](const std::string& why) {
-    engine_->abort(why);
-    abort_device(why);
+    abort_engines(why);
   });
 }
 
@@ -205,9 +219,16 @@ void FairringBackend::abort() {
   if (getpid() != creator_pid_) return;  // a fork()ed child: the threads are the parent's
   const std::string why = "rank " + std::to_string(getRank()) + ": this process group was aborted (abort() was called)";
   GilReleaseIfHeld no_gil;
-  if (engine_) engine_->abort(why);
-  abort_device(why);
+  abort_engines(why);
   if (fallback_) fallback_->abort();
+}
+
+void FairringBackend::abort_engines(const std::string& why) {
+  if (engine_) engine_->abort(why);
+  with_device_pipeline([&](Pipeline& p) {
+    p.abort(why);
+    return true;
+  });
 }
 
 void FairringBackend::shutdown() {
@@ -217,17 +238,19 @@ void FairringBackend::shutdown() {
   const auto left = [&] {
     return std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
   };
-  if (engine_ && (!engine_->drain(left()) || !drain_device(left()))) {
+  if (engine_ && (!engine_->drain(left()) || !with_device_pipeline([&](Pipeline& p) { return p.drain(left()); }))) {
     const std::string why = "rank " + std::to_string(getRank()) +
         ": this process group was shut down while collectives were still in flight after its timeout (" +
         std::to_string(config_.timeout.count()) + " ms)";
     FAIRRING_LOG(getRank(), "%s; aborting them", why.c_str());
-    engine_->abort(why);
-    abort_device(why);
+    abort_engines(why);
   } else if (engine_) {
     const std::string closed = "this process group was shut down (shutdown() or destroy_process_group())";
     engine_->close(closed);
-    close_device(closed);
+    with_device_pipeline([&](Pipeline& p) {
+      p.close(closed);
+      return true;
+    });
   }
   if (fallback_) fallback_->shutdown();
 }
@@ -278,7 +301,10 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce(
   check_same_process("all_reduce");
   // Sparse gradients (nn.Embedding(sparse=True)) are gloo's: it knows how to
   // merge their indices.  Ordered after the all-reduces issued before.
-  if (tensors[0].layout() != c10::kStrided) return delegated(delegate("allreduce").allreduce(tensors, opts));
+  if (tensors[0].layout() != c10::kStrided) {
+    return run_delegated("allreduce", touched(tensors),
+                         [&](c10d::Backend& gloo) { return gloo.allreduce(tensors, opts); });
+  }
   const RedOp op = to_redop(opts.reduceOp, tensors[0].scalar_type());
   // c10d's list form means one tensor per device, all reduced together
   // (gloo adds the list's tensors to each other too): not what a list of
@@ -298,7 +324,10 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_coalesced(std::vector<
   const bool native = !tensors.empty() && std::all_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) {
     return t.layout() == c10::kStrided && t.device().is_cpu();
   });
-  if (!native) return delegated(delegate("allreduce_coalesced").allreduce_coalesced(tensors, opts));
+  if (!native) {
+    return run_delegated("allreduce_coalesced", touched(tensors),
+                         [&](c10d::Backend& gloo) { return gloo.allreduce_coalesced(tensors, opts); });
+  }
   check_same_process("allreduce_coalesced");
   return allreduce_cpu(tensors, to_redop(opts.reduceOp, tensors[0].scalar_type()), c10d::OpType::ALLREDUCE_COALESCED,
                        premul_factor(opts.reduceOp, tensors[0].scalar_type(), "all_reduce_coalesced"));
@@ -333,7 +362,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_cpu(std::vector<at::Te
 c10::intrusive_ptr<c10d::Work> FairringBackend::submit_cpu(std::shared_ptr<AllreduceOp> op, c10d::OpType type,
                                                            std::vector<at::Tensor> outputs, const char* kind,
                                                            const char* title) {
-  order_after_delegated();
+  order_after_delegated(op->footprint);
   auto work = c10::make_intrusive<FairringWork>(getRank(), type, std::move(outputs), title);
   const int64_t blocks = blockwise(op->collective) ? getSize() : 1;
   op->on_complete = track(kind, describe_args(op->key()), op->numel * blocks * c10::elementSize(op->dtype),
@@ -416,45 +445,55 @@ bool FairringBackend::native_tensors(const std::vector<at::Tensor>& tensors) {
                      [&](const at::Tensor& t) { return t.layout() == c10::kStrided && t.device() == device; });
 }
 
-c10d::Backend& FairringBackend::delegate(const char* kind, bool collective) {
+c10d::Backend& FairringBackend::delegate(const char* kind) {
   check_same_process(kind);
-  if (collective) order_after_delegated();
   recent_->start(seq_++, std::string(kind) + " (gloo)", "", 0, /*delegated=*/true);
   engine_->wait_idle();
   wait_idle_device();
   return *fallback_;
 }
 
-c10::intrusive_ptr<c10d::Work> FairringBackend::delegated(c10::intrusive_ptr<c10d::Work> work) {
+void FairringBackend::remember_delegated(const c10::intrusive_ptr<c10d::Work>& work, Footprint fp) {
   std::lock_guard<std::mutex> lock(delegated_mu_);
-  delegated_ = work;
+  delegated_.emplace_back(work, std::move(fp));
   has_delegated_.store(true, std::memory_order_release);
-  return work;
 }
 
-void FairringBackend::order_after_delegated() {
+void FairringBackend::order_after_delegated(const Footprint& fp) {
   if (!has_delegated_.load(std::memory_order_acquire)) return;  // the usual case: no lock
-  c10::intrusive_ptr<c10d::Work> last;
+  std::vector<c10::intrusive_ptr<c10d::Work>> wait_for;
   {
     std::lock_guard<std::mutex> lock(delegated_mu_);
-    last.swap(delegated_);
-    has_delegated_.store(false, std::memory_order_release);
+    std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, Footprint>> still;
+    for (auto& [work, theirs] : delegated_) {
+      if (work->isCompleted()) continue;
+      if (fp.conflicts_with(theirs)) {
+        wait_for.push_back(work);
+      } else {
+        still.emplace_back(std::move(work), std::move(theirs));
+      }
+    }
+    delegated_.swap(still);
+    has_delegated_.store(!delegated_.empty(), std::memory_order_release);
   }
-  if (!last) return;
-  // Its outcome is the caller's to see through its own Work: only wait here.
+  if (wait_for.empty()) return;
+  delegated_waits_.fetch_add(1, std::memory_order_relaxed);
+  // Their outcomes are their callers' to see through their own Works: only wait here.
   GilReleaseIfHeld no_gil;
-  try {
-    last->getFuture()->wait();
-  } catch (const std::exception&) {
+  for (auto& work : wait_for) {
     try {
-      last->wait();  // a Work without a future; its error is its caller's
+      work->getFuture()->wait();
     } catch (const std::exception&) {
+      try {
+        work->wait();  // a Work without a future; its error is its caller's
+      } catch (const std::exception&) {
+      }
     }
   }
 }
 
 uint64_t FairringBackend::order_waits() const {
-  return engine_->order_waits() + order_waits_device();
+  return engine_->order_waits() + order_waits_device() + delegated_waits_.load(std::memory_order_relaxed);
 }
 
 c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor>& tensors,
@@ -463,7 +502,10 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor
   // the rest (several tensors, sparse, conjugate or negative views) goes to gloo.
   const bool native = tensors.size() == 1 && opts.rootTensor == 0 && native_tensors(tensors) && !tensors[0].is_conj() &&
                       !tensors[0].is_neg();
-  if (!native) return delegated(delegate("broadcast").broadcast(tensors, opts));
+  if (!native) {
+    return run_delegated("broadcast", touched(tensors),
+                         [&](c10d::Backend& gloo) { return gloo.broadcast(tensors, opts); });
+  }
   check_same_process("broadcast");
   TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < getSize(), "fairring: broadcast from rank ",
                     opts.rootRank, ", which is not a rank of this group of ", getSize());
@@ -498,7 +540,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::reduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::ReduceOptions& opts) {
-  return delegated(delegate("reduce").reduce(tensors, opts));
+  return run_delegated("reduce", touched(tensors),
+                         [&](c10d::Backend& gloo) { return gloo.reduce(tensors, opts); });
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                           std::vector<at::Tensor>& inputs,
@@ -507,14 +550,16 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allgather(std::vector<std::vecto
   if (outputs.size() != 1 || inputs.size() != 1 || !native_tensors(both(inputs, outputs[0])) ||
       !std::all_of(outputs[0].begin(), outputs[0].end(),
                    [&](const at::Tensor& t) { return t.numel() == inputs[0].numel(); })) {
-    return delegated(delegate("allgather").allgather(outputs, inputs, opts));
+    return run_delegated("allgather", touched(outputs, inputs),
+                         [&](c10d::Backend& gloo) { return gloo.allgather(outputs, inputs, opts); });
   }
   return submit_blockwise(Collective::kAllGather, inputs, outputs[0], c10d::ReduceOp::SUM, c10d::OpType::ALLGATHER);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                 const c10d::AllgatherOptions& opts) {
   if (!native_tensors({output, input})) {
-    return delegated(delegate("_allgather_base")._allgather_base(output, input, opts));
+    return run_delegated("_allgather_base", touched(output, input),
+                         [&](c10d::Backend& gloo) { return gloo._allgather_base(output, input, opts); });
   }
   return submit_blockwise(Collective::kAllGather, {input}, {output}, c10d::ReduceOp::SUM, c10d::OpType::_ALLGATHER_BASE);
 }
@@ -531,7 +576,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allgather_coalesced(std::vector<
     flat_out.insert(flat_out.end(), outputs[r].begin(), outputs[r].end());
   }
   if (!even || inputs.empty()) {
-    return delegated(delegate("allgather_coalesced").allgather_coalesced(outputs, inputs, opts));
+    return run_delegated("allgather_coalesced", touched(outputs, inputs),
+                         [&](c10d::Backend& gloo) { return gloo.allgather_coalesced(outputs, inputs, opts); });
   }
   return submit_blockwise(Collective::kAllGather, inputs, flat_out, c10d::ReduceOp::SUM, c10d::OpType::ALLGATHER_COALESCED);
 }
@@ -539,7 +585,10 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allgather_into_tensor_coalesced(
                                                                                 std::vector<at::Tensor>& inputs,
                                                                                 const c10d::AllgatherOptions& opts) {
   if (outputs.empty() || outputs.size() != inputs.size() || !native_tensors(both(inputs, outputs))) {
-    return delegated(delegate("allgather_into_tensor_coalesced").allgather_into_tensor_coalesced(outputs, inputs, opts));
+    return run_delegated("allgather_into_tensor_coalesced", touched(outputs, inputs),
+                         [&](c10d::Backend& gloo) {
+                           return gloo.allgather_into_tensor_coalesced(outputs, inputs, opts);
+                         });
   }
   // One all-gather per pair, in order; the last one completes after the others.
   c10::intrusive_ptr<c10d::Work> last;
@@ -552,12 +601,14 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allgather_into_tensor_coalesced(
 c10::intrusive_ptr<c10d::Work> FairringBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs,
                                                        const c10d::GatherOptions& opts) {
-  return delegated(delegate("gather").gather(outputs, inputs, opts));
+  return run_delegated("gather", touched(outputs, inputs),
+                         [&](c10d::Backend& gloo) { return gloo.gather(outputs, inputs, opts); });
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::scatter(std::vector<at::Tensor>& outputs,
                                                         std::vector<std::vector<at::Tensor>>& inputs,
                                                         const c10d::ScatterOptions& opts) {
-  return delegated(delegate("scatter").scatter(outputs, inputs, opts));
+  return run_delegated("scatter", touched(outputs, inputs),
+                         [&](c10d::Backend& gloo) { return gloo.scatter(outputs, inputs, opts); });
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                std::vector<std::vector<at::Tensor>>& inputs,
@@ -568,14 +619,16 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter(std::vector<at::T
       static_cast<int>(inputs[0].size()) != getSize() ||
       !std::all_of(inputs[0].begin(), inputs[0].end(),
                    [&](const at::Tensor& t) { return t.numel() == outputs[0].numel(); })) {
-    return delegated(delegate("reduce_scatter").reduce_scatter(outputs, inputs, opts));
+    return run_delegated("reduce_scatter", touched(outputs, inputs),
+                         [&](c10d::Backend& gloo) { return gloo.reduce_scatter(outputs, inputs, opts); });
   }
   return submit_blockwise(Collective::kReduceScatter, inputs[0], outputs, opts.reduceOp, c10d::OpType::REDUCE_SCATTER);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                      const c10d::ReduceScatterOptions& opts) {
   if (!native_tensors({output, input})) {
-    return delegated(delegate("_reduce_scatter_base")._reduce_scatter_base(output, input, opts));
+    return run_delegated("_reduce_scatter_base", touched(output, input),
+                         [&](c10d::Backend& gloo) { return gloo._reduce_scatter_base(output, input, opts); });
   }
   return submit_blockwise(Collective::kReduceScatter, {input}, {output}, opts.reduceOp,
                           c10d::OpType::_REDUCE_SCATTER_BASE);
@@ -583,7 +636,10 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::_reduce_scatter_base(at::Tensor&
 c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
   if (outputs.empty() || outputs.size() != inputs.size() || !native_tensors(both(inputs, outputs))) {
-    return delegated(delegate("reduce_scatter_tensor_coalesced").reduce_scatter_tensor_coalesced(outputs, inputs, opts));
+    return run_delegated("reduce_scatter_tensor_coalesced", touched(outputs, inputs),
+                         [&](c10d::Backend& gloo) {
+                           return gloo.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+                         });
   }
   // One reduce-scatter per pair, in order; the last one completes after the others.
   c10::intrusive_ptr<c10d::Work> last;
@@ -597,21 +653,25 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall_base(at::Tensor& output
                                                               std::vector<int64_t>& output_splits,
                                                               std::vector<int64_t>& input_splits,
                                                               const c10d::AllToAllOptions& opts) {
-  return delegated(delegate("alltoall_base").alltoall_base(output, input, output_splits, input_splits, opts));
+  return run_delegated("alltoall_base", touched(output, input),
+                         [&](c10d::Backend& gloo) {
+                           return gloo.alltoall_base(output, input, output_splits, input_splits, opts);
+                         });
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllToAllOptions& opts) {
-  return delegated(delegate("alltoall").alltoall(outputs, inputs, opts));
+  return run_delegated("alltoall", touched(outputs, inputs),
+                         [&](c10d::Backend& gloo) { return gloo.alltoall(outputs, inputs, opts); });
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
-  return delegate("send", /*collective=*/false).send(tensors, dst, tag);
+  return delegate("send").send(tensors, dst, tag);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
-  return delegate("recv", /*collective=*/false).recv(tensors, src, tag);
+  return delegate("recv").recv(tensors, src, tag);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  return delegate("recvAnysource", /*collective=*/false).recvAnysource(tensors, tag);
+  return delegate("recvAnysource").recvAnysource(tensors, tag);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::barrier(const c10d::BarrierOptions& opts) {
   check_same_process("barrier");
@@ -619,6 +679,10 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::barrier(const c10d::BarrierOptio
   // order against: the caller waits for them (their device work included),
   // as before a delegated call; a group without any returns at once.
   wait_idle_device();
+  // And for every delegated collective still running (its memory is not the barrier's).
+  Footprint everything;
+  everything.everything = true;
+  order_after_delegated(everything);
   // Native: one byte all-reduced (MAX) through the pipeline, after every
   // collective issued before it; a small op, so it runs inline when idle.
   std::vector<at::Tensor> token{at::zeros({1}, at::kByte)};
@@ -632,7 +696,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::barrier(const c10d::BarrierOptio
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                                  const c10d::AllreduceOptions& opts) {
-  return delegated(delegate("allreduce_sparse").allreduce_sparse(tensors, opts));
+  return run_delegated("allreduce_sparse", touched(tensors),
+                         [&](c10d::Backend& gloo) { return gloo.allreduce_sparse(tensors, opts); });
 }
 void FairringBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
   delegate("monitoredBarrier").monitoredBarrier(opts, wait_all_ranks);

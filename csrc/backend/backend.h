@@ -27,6 +27,7 @@
 namespace fairring {
 
 class HostEngine;
+class Pipeline;
 struct PipelineOp;
 struct AllreduceOp;
 class CudaEngine;
@@ -124,7 +125,8 @@ class FairringBackend : public c10d::Backend {
   static constexpr size_t kRecentOps = 64;
   std::string listen_address() const;
   // Ops that waited for an earlier op of the group under the order rule
-  // (pipeline/op_order.h), CPU and CUDA engines together.
+  // (pipeline/op_order.h), CPU and CUDA engines together, and calls that
+  // waited for a delegated collective.
   uint64_t order_waits() const;
 
  private:
@@ -132,11 +134,22 @@ class FairringBackend : public c10d::Backend {
   // the group's ops take effect in issue order.  `collective`: also after
   // the last delegated collective (point-to-point ops are not ordered
   // against collectives, as on NCCL, where they run on streams of their own).
-  c10d::Backend& delegate(const char* kind, bool collective = true);
-  // Remembers a delegated collective: the group's next op waits for it to
-  // finish first (gloo runs its queued ops on several threads, in no order).
-  c10::intrusive_ptr<c10d::Work> delegated(c10::intrusive_ptr<c10d::Work> work);
-  void order_after_delegated();
+  c10d::Backend& delegate(const char* kind);
+  // A delegated collective: runs `call` on gloo after the ops issued before
+  // it (delegate) and after the delegated ones it conflicts with, and
+  // remembers it, so that a later op that conflicts with it waits for it
+  // (gloo runs its queued ops on several threads, in no order).  `fp`: every
+  // tensor of the call, as written.
+  template <typename Call>
+  c10::intrusive_ptr<c10d::Work> run_delegated(const char* kind, Footprint fp, Call call) {
+    order_after_delegated(fp);
+    auto work = call(delegate(kind));
+    remember_delegated(work, std::move(fp));
+    return work;
+  }
+  void remember_delegated(const c10::intrusive_ptr<c10d::Work>& work, Footprint fp);
+  // Waits for the pending delegated collectives whose memory `fp` overlaps.
+  void order_after_delegated(const Footprint& fp);
   uint64_t order_waits_device() const;
   // Numbers a native op, records it in recent_ and wraps its completion
   // (`done`) to record how it ended.
@@ -184,18 +197,20 @@ class FairringBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> submit_device(std::shared_ptr<PipelineOp> op, std::vector<at::Tensor> outputs,
                                                const char* kind);
   void wait_idle_device();
-  // The CUDA engine's abort(), drain() and close(), if it exists.
-  void abort_device(const std::string& why);
-  bool drain_device(std::chrono::milliseconds limit);
-  void close_device(const std::string& why);
+  // abort() of the CPU and CUDA engines (not of gloo).
+  void abort_engines(const std::string& why);
+  // f(the CUDA engine) if there is one (its abort(), drain(), close()); else true.
+  bool with_device_pipeline(const std::function<bool(Pipeline&)>& f);
   c10::intrusive_ptr<c10d::Store> store_;
   std::string job_uid_;
   Secret secret_{};
   // Lets a Work interrupted by Ctrl-C abort the group (work.h).
   std::shared_ptr<GroupAbortHook> abort_hook_;
   std::mutex delegated_mu_;
-  c10::intrusive_ptr<c10d::Work> delegated_;  // the last delegated collective, until an op waited for it
-  std::atomic<bool> has_delegated_{false};    // delegated_ is set
+  // Delegated collectives not yet seen done, with their footprints.
+  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, Footprint>> delegated_;
+  std::atomic<bool> has_delegated_{false};  // !delegated_.empty()
+  std::atomic<uint64_t> delegated_waits_{0};  // calls that waited for a delegated collective (order_waits)
   mutable std::mutex cuda_mu_;
   std::unique_ptr<CudaEngine> cuda_engine_;
 };

@@ -67,7 +67,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<Pi
   TORCH_CHECK(device.index() == current, "fairring: ", kind, " got a tensor on ", device.str(),
               " but this rank's current CUDA device is cuda:", static_cast<int>(current),
               "; call torch.cuda.set_device() with the tensor's device first (each rank drives one device)");
-  order_after_delegated();
+  order_after_delegated(aop->footprint);
   CudaEngine* engine = nullptr;
   {
     std::lock_guard<std::mutex> lock(cuda_mu_);
@@ -112,47 +112,17 @@ uint64_t FairringBackend::order_waits_device() const {
 #endif
 }
 
-// Without CUDA there is no engine: nothing to abort, drain or close.
+bool FairringBackend::with_device_pipeline(const std::function<bool(Pipeline&)>& f) {
 #ifdef FAIRRING_WITH_CUDA
-namespace {
-template <typename F>
-auto with_cuda_engine(std::mutex& mu, const std::unique_ptr<CudaEngine>& engine, F f) {
-  CudaEngine* e = nullptr;
+  CudaEngine* engine = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu);
-    e = engine.get();
+    std::lock_guard<std::mutex> lock(cuda_mu_);
+    engine = cuda_engine_.get();
   }
-  return f(e);
-}
-}  // namespace
-#endif
-
-void FairringBackend::abort_device(const std::string& why) {
-#ifdef FAIRRING_WITH_CUDA
-  with_cuda_engine(cuda_mu_, cuda_engine_, [&](CudaEngine* e) {
-    if (e) e->abort(why);
-  });
+  return engine == nullptr || f(*engine);
 #else
-  (void)why;
-#endif
-}
-
-bool FairringBackend::drain_device(std::chrono::milliseconds limit) {
-#ifdef FAIRRING_WITH_CUDA
-  return with_cuda_engine(cuda_mu_, cuda_engine_, [&](CudaEngine* e) { return !e || e->drain(limit); });
-#else
-  (void)limit;
-  return true;
-#endif
-}
-
-void FairringBackend::close_device(const std::string& why) {
-#ifdef FAIRRING_WITH_CUDA
-  with_cuda_engine(cuda_mu_, cuda_engine_, [&](CudaEngine* e) {
-    if (e) e->close(why);
-  });
-#else
-  (void)why;
+  (void)f;
+  return true;  // no device engine in this build
 #endif
 }
 

@@ -7,6 +7,7 @@
 #include "allreduce/plan.h"
 #include "allreduce/rail_plan.h"
 #include "pipeline/slice_schedule.h"
+#include "allreduce/node_arena.h"
 #include "backend/backend.h"
 #include "backend/init_store.h"
 #include "common/config.h"
@@ -141,6 +142,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         if (init->publish_failure(why)) init->await_failure_read(std::min(timeout, std::chrono::milliseconds(10000)));
       },
       py::call_guard<py::gil_scoped_release>(), "Tells the group's other ranks why this rank cannot create it.");
+  m.def("_sweep_stale_segments", [] { return sweep_stale_segments(); },
+        "Removes this user's /dev/shm segments of Fairring jobs whose creator exited over a minute ago; "
+        "returns how many");
   m.def("_quiesce_all", [] { Pipeline::quiesce_all(); },
       py::call_guard<py::gil_scoped_release>(),
         "Waits for in-flight all_reduces and lets the engines' threads drop their "

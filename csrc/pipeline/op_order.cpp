@@ -35,16 +35,26 @@ MemRange range_of(const at::Tensor& t) {
 }
 
 void Footprint::read(const at::Tensor& t) {
+  if (t.defined() && t.layout() != c10::kStrided) {
+    everything = true;
+    return;
+  }
   const MemRange r = range_of(t);
   if (r.end > r.begin) reads.push_back(r);
 }
 
 void Footprint::write(const at::Tensor& t) {
+  if (t.defined() && t.layout() != c10::kStrided) {
+    everything = true;
+    return;
+  }
   const MemRange r = range_of(t);
   if (r.end > r.begin) writes.push_back(r);
 }
 
 bool Footprint::conflicts_with(const Footprint& earlier) const {
+  if (empty() || earlier.empty()) return false;
+  if (everything || earlier.everything) return true;
   return any_overlap(writes, earlier.writes) || any_overlap(writes, earlier.reads) ||
          any_overlap(reads, earlier.writes);
 }

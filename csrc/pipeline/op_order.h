@@ -36,9 +36,13 @@ struct Footprint {
   c10::SmallVector<MemRange, 2> reads;
   c10::SmallVector<MemRange, 2> writes;
 
+  // Memory that cannot be told (a sparse tensor's): conflicts with every op
+  // that touches memory.
+  bool everything = false;
+
   void read(const at::Tensor& t);
   void write(const at::Tensor& t);
-  bool empty() const { return reads.empty() && writes.empty(); }
+  bool empty() const { return reads.empty() && writes.empty() && !everything; }
   // Whether an op with this footprint, issued after one with `earlier`, must
   // wait for it: a write of either overlaps what the other touches.
   bool conflicts_with(const Footprint& earlier) const;
