@@ -34,23 +34,17 @@ MemRange range_of(const at::Tensor& t) {
   return r;
 }
 
-void Footprint::read(const at::Tensor& t) {
+void Footprint::add(c10::SmallVectorImpl<MemRange>& to, const at::Tensor& t) {
   if (t.defined() && t.layout() != c10::kStrided) {
-    everything = true;
+    everything = true;  // a sparse tensor's memory is not one span
     return;
   }
   const MemRange r = range_of(t);
-  if (r.end > r.begin) reads.push_back(r);
+  if (r.end > r.begin) to.push_back(r);
 }
 
-void Footprint::write(const at::Tensor& t) {
-  if (t.defined() && t.layout() != c10::kStrided) {
-    everything = true;
-    return;
-  }
-  const MemRange r = range_of(t);
-  if (r.end > r.begin) writes.push_back(r);
-}
+void Footprint::read(const at::Tensor& t) { add(reads, t); }
+void Footprint::write(const at::Tensor& t) { add(writes, t); }
 
 bool Footprint::conflicts_with(const Footprint& earlier) const {
   if (empty() || earlier.empty()) return false;

@@ -46,6 +46,9 @@ struct Footprint {
   // Whether an op with this footprint, issued after one with `earlier`, must
   // wait for it: a write of either overlaps what the other touches.
   bool conflicts_with(const Footprint& earlier) const;
+
+ private:
+  void add(c10::SmallVectorImpl<MemRange>& to, const at::Tensor& t);
 };
 
 // The span of a tensor's elements in memory; empty for a tensor of no elements.
