@@ -424,5 +424,20 @@ def _run_ranks_once(
     return results
 
 
+def run_once(cache: dict, key, run: Callable):
+    """run() once per key for the whole test session: its result, or the
+    RunFailed it raised, is kept in `cache` and given (raised) again to every
+    test that asks for the same key."""
+    if key not in cache:
+        try:
+            cache[key] = ("ok", run())
+        except RunFailed as e:
+            cache[key] = ("failed", e)
+    kind, val = cache[key]
+    if kind == "failed":
+        raise val
+    return val
+
+
 def values(results: Sequence[RankResult]) -> list:
     return [r.value for r in results]

@@ -171,18 +171,9 @@ MISMATCH_TIMEOUT_S = 10
 
 
 def mismatch_results(topo):
-    if topo not in _mismatch_cache:
-        try:
-            res = launch.run_ranks(rank_collectives.mismatch_session, MISMATCH_TOPOLOGIES[topo],
-                                   args=(rank_collectives.MISMATCHES, MISMATCH_TIMEOUT_S), timeout_s=180,
-                                   check=False)
-            _mismatch_cache[topo] = ("ok", res)
-        except launch.RunFailed as e:
-            _mismatch_cache[topo] = ("failed", e)
-    kind, val = _mismatch_cache[topo]
-    if kind == "failed":
-        raise val
-    return val
+    return launch.run_once(_mismatch_cache, topo, lambda: launch.run_ranks(
+        rank_collectives.mismatch_session, MISMATCH_TOPOLOGIES[topo],
+        args=(rank_collectives.MISMATCHES, MISMATCH_TIMEOUT_S), timeout_s=180, check=False))
 
 
 @pytest.mark.parametrize("topo", list(MISMATCH_TOPOLOGIES))

@@ -35,18 +35,10 @@ _cache: dict = {}
 
 
 def _session(name):
-    if name not in _cache:
-        ids, env, _, _, use_opts = ar.TOPOLOGIES[name]
-        try:
-            res = launch.run_ranks(rank_order.session, ids, args=(TOPOLOGIES[name],), env=env, timeout_s=300,
-                                   pg_timeout_s=60, check=True)
-            _cache[name] = ("ok", [r.value for r in res])
-        except launch.RunFailed as e:
-            _cache[name] = ("failed", e)
-    kind, val = _cache[name]
-    if kind == "failed":
-        raise val
-    return val
+    ids, env = ar.TOPOLOGIES[name][:2]
+    return launch.run_once(_cache, name, lambda: [
+        r.value for r in launch.run_ranks(rank_order.session, ids, args=(TOPOLOGIES[name],), env=env,
+                                          timeout_s=300, pg_timeout_s=60, check=True)])
 
 
 @pytest.mark.parametrize("topo", list(TOPOLOGIES))

@@ -83,10 +83,6 @@ Footprint touched(const Groups&... groups) {
   return fp;
 }
 
-// How long a rank whose group creation failed first waits for the others to
-// read why before it raises (it may host the store, which goes with it).
-constexpr std::chrono::milliseconds kFailureReadLimit(10000);
-
 // A random id for names that must not collide between jobs (shared memory).
 std::string random_hex(int bytes) {
   std::vector<uint8_t> raw(bytes);
@@ -124,7 +120,7 @@ FairringBackend::FairringBackend(
     init->checkpoint("built");
   } catch (const std::exception& e) {
     const bool ours_first = init->publish_failure(e.what());
-    if (ours_first) init->await_failure_read(std::min(config.timeout, kFailureReadLimit));
+    if (ours_first) init->await_failure_read();
     // A bad setting of our own stays our error (a ValueError in Python).
     const bool own_setting = dynamic_cast<const c10::ValueError*>(&e) != nullptr ||
         dynamic_cast<const std::invalid_argument*>(&e) != nullptr;
@@ -493,7 +489,19 @@ void FairringBackend::order_after_delegated(const Footprint& fp) {
 }
 
 uint64_t FairringBackend::order_waits() const {
-  return engine_->order_waits() + order_waits_device() + delegated_waits_.load(std::memory_order_relaxed);
+  uint64_t device = 0;
+  with_device_pipeline([&](Pipeline& p) {
+    device = p.order_waits();
+    return true;
+  });
+  return engine_->order_waits() + device + delegated_waits_.load(std::memory_order_relaxed);
+}
+
+void FairringBackend::wait_idle_device() {
+  with_device_pipeline([](Pipeline& p) {
+    p.wait_idle();
+    return true;
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor>& tensors,
@@ -680,9 +688,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::barrier(const c10d::BarrierOptio
   // as before a delegated call; a group without any returns at once.
   wait_idle_device();
   // And for every delegated collective still running (its memory is not the barrier's).
-  Footprint everything;
-  everything.everything = true;
-  order_after_delegated(everything);
+  order_after_delegated(Footprint::all_memory());
   // Native: one byte all-reduced (MAX) through the pipeline, after every
   // collective issued before it; a small op, so it runs inline when idle.
   std::vector<at::Tensor> token{at::zeros({1}, at::kByte)};

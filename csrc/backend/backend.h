@@ -131,9 +131,9 @@ class FairringBackend : public c10d::Backend {
 
  private:
   // Lets the ops issued so far finish before a delegated op runs, so that
-  // the group's ops take effect in issue order.  `collective`: also after
-  // the last delegated collective (point-to-point ops are not ordered
-  // against collectives, as on NCCL, where they run on streams of their own).
+  // the group's ops take effect in issue order.  Point-to-point ops call
+  // only this: they are not ordered against delegated collectives, as on
+  // NCCL, where they run on streams of their own.
   c10d::Backend& delegate(const char* kind);
   // A delegated collective: runs `call` on gloo after the ops issued before
   // it (delegate) and after the delegated ones it conflicts with, and
@@ -150,7 +150,6 @@ class FairringBackend : public c10d::Backend {
   void remember_delegated(const c10::intrusive_ptr<c10d::Work>& work, Footprint fp);
   // Waits for the pending delegated collectives whose memory `fp` overlaps.
   void order_after_delegated(const Footprint& fp);
-  uint64_t order_waits_device() const;
   // Numbers a native op, records it in recent_ and wraps its completion
   // (`done`) to record how it ended.
   std::function<void(std::exception_ptr)> track(const char* kind, std::string what, int64_t bytes,
@@ -200,7 +199,7 @@ class FairringBackend : public c10d::Backend {
   // abort() of the CPU and CUDA engines (not of gloo).
   void abort_engines(const std::string& why);
   // f(the CUDA engine) if there is one (its abort(), drain(), close()); else true.
-  bool with_device_pipeline(const std::function<bool(Pipeline&)>& f);
+  bool with_device_pipeline(const std::function<bool(Pipeline&)>& f) const;
   c10::intrusive_ptr<c10d::Store> store_;
   std::string job_uid_;
   Secret secret_{};

@@ -103,16 +103,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<Pi
 #endif
 }
 
-uint64_t FairringBackend::order_waits_device() const {
-#ifdef FAIRRING_WITH_CUDA
-  std::lock_guard<std::mutex> lock(cuda_mu_);
-  return cuda_engine_ ? cuda_engine_->order_waits() : 0;
-#else
-  return 0;
-#endif
-}
-
-bool FairringBackend::with_device_pipeline(const std::function<bool(Pipeline&)>& f) {
+bool FairringBackend::with_device_pipeline(const std::function<bool(Pipeline&)>& f) const {
 #ifdef FAIRRING_WITH_CUDA
   CudaEngine* engine = nullptr;
   {
@@ -123,17 +114,6 @@ bool FairringBackend::with_device_pipeline(const std::function<bool(Pipeline&)>&
 #else
   (void)f;
   return true;  // no device engine in this build
-#endif
-}
-
-void FairringBackend::wait_idle_device() {
-#ifdef FAIRRING_WITH_CUDA
-  CudaEngine* engine = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(cuda_mu_);
-    engine = cuda_engine_.get();
-  }
-  if (engine) engine->wait_idle();
 #endif
 }
 

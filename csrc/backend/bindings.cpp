@@ -139,7 +139,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
          const std::string& why) {
         auto init = c10::make_intrusive<InitStore>(store, rank, size, timeout);
         // The first failure is this rank's: let the others read it before this rank raises.
-        if (init->publish_failure(why)) init->await_failure_read(std::min(timeout, std::chrono::milliseconds(10000)));
+        if (init->publish_failure(why)) init->await_failure_read();
       },
       py::call_guard<py::gil_scoped_release>(), "Tells the group's other ranks why this rank cannot create it.");
   m.def("_sweep_stale_segments", [] { return sweep_stale_segments(); },

@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <thread>
 
@@ -14,6 +15,9 @@ const std::string kFailureReadKey = "failure-read/";  // + rank: it has read the
 // How often a waiter looks for its keys and for a failure.  Group creation
 // is not latency-critical; this keeps the store's load low.
 constexpr auto kPollEvery = std::chrono::milliseconds(20);
+// How long the rank that failed first waits for the others to read why
+// before it raises (it may host the store, which goes with it).
+constexpr std::chrono::milliseconds kFailureReadLimit(10000);
 
 std::string string_of(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 }  // namespace
@@ -80,8 +84,8 @@ void InitStore::mark_failure_read() {
   }
 }
 
-void InitStore::await_failure_read(std::chrono::milliseconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
+void InitStore::await_failure_read() {
+  const auto deadline = std::chrono::steady_clock::now() + std::min(timeout_, kFailureReadLimit);
   try {
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;

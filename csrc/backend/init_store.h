@@ -32,10 +32,10 @@ class InitStore : public c10d::PrefixStore {
   // The group's first failure, as the other ranks report it.
   std::string first_failure();
   // For the rank that published the first failure, before its error leaves
-  // group creation: waits (up to `limit`) until every other rank has read
-  // it, so that none is left with a bare "connection reset" when this rank
-  // (perhaps the store's host) exits with its error.
-  void await_failure_read(std::chrono::milliseconds limit);
+  // group creation: waits (up to the timeout, at most 10 s) until every other
+  // rank has read it, so that none is left with a bare "connection reset"
+  // when this rank (perhaps the store's host) exits with its error.
+  void await_failure_read();
   // Every rank reached `stage` ("built"): returns once all have, throws the
   // first failure if one rank published it instead.
   void checkpoint(const std::string& stage);

@@ -50,7 +50,8 @@ void FairringWork::wait_interruptibly(std::chrono::milliseconds timeout) {
         {
           pybind11::gil_scoped_release no_gil;  // the abort joins nothing, but takes the engine's locks
           if (interrupt_hook_) {
-            (*interrupt_hook_)("rank " + std::to_string(rank_) + ": interrupted by a signal (" + kind + ") while waiting for " + what_);
+            (*interrupt_hook_)("rank " + std::to_string(rank_) + ": interrupted by a signal (" + kind +
+                               ") while waiting for " + what_);
           }
         }
         throw interrupted;

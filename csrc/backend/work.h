@@ -44,8 +44,8 @@ class FairringWork : public c10d::Work {
   // Returns once the op is done and its future completed, so that
   // get_future().value() works right after wait().  On the main thread a
   // pending signal's Python handler runs while it waits: if it raises (Ctrl-C:
-  // KeyboardInterrupt), the group is aborted (`on_interrupt`, the peers are
-  // told) and wait() raises that exception.
+  // KeyboardInterrupt), the group is aborted (the interrupt hook; the peers
+  // are told) and wait() raises that exception.
   bool wait(std::chrono::milliseconds timeout) override;
   // `what`: the op's kind, a literal ("all_reduce").
   void set_interrupt_hook(std::shared_ptr<GroupAbortHook> hook, const char* what) {

@@ -4,9 +4,11 @@
 
 namespace fairring {
 
+namespace {
 bool is_peer_lost(const std::string& why) {
   return why.find(kPeerExitedMark) != std::string::npos || why.find(kConnectionLostMark) != std::string::npos;
 }
+}  // namespace
 
 std::exception_ptr dist_error(const std::string& what) {
   const c10::SourceLocation here{__func__, __FILE__, static_cast<uint32_t>(__LINE__)};

@@ -17,8 +17,6 @@ namespace fairring {
 constexpr const char* kPeerExitedMark = ") exited while ";
 constexpr const char* kConnectionLostMark = "(did that rank exit or crash?)";
 
-bool is_peer_lost(const std::string& why);
-
 // The exception for a failed op with message `what`.
 std::exception_ptr dist_error(const std::string& what);
 

@@ -40,6 +40,13 @@ struct Footprint {
   // that touches memory.
   bool everything = false;
 
+  // What an op that may touch any memory conflicts with: every op that touches memory.
+  static Footprint all_memory() {
+    Footprint fp;
+    fp.everything = true;
+    return fp;
+  }
+
   void read(const at::Tensor& t);
   void write(const at::Tensor& t);
   bool empty() const { return reads.empty() && writes.empty() && !everything; }
