@@ -1,7 +1,8 @@
 """Multi-process test harness for Fairring.
 
-``run_ranks(fn, node_ids, ...)`` spawns one process per rank (multiprocessing
-"spawn" context), gives rank r ``FAIRRING_NODE_ID=node_ids[r]`` (so that several
+``run_ranks(fn, node_ids, ...)`` starts one process per rank (see _context:
+forked from a server that imported torch once, or a fresh interpreter), gives
+rank r ``FAIRRING_NODE_ID=node_ids[r]`` (so that several
 nodes are simulated on one machine), initialises the default process group on a
 fresh TCP port, runs ``fn(rank, world_size, *args)`` and returns one
 ``RankResult`` per rank.  A hard deadline kills every rank (the whole run fails,
@@ -46,6 +47,48 @@ def free_port() -> int:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# Ranks fork from a server process that imported these once (multiprocessing's
+# "forkserver"): a rank then starts in tens of milliseconds, not the ~2.5 s of
+# CPU a fresh interpreter spends importing torch (the suite starts about two
+# thousand ranks on 2 cores).  What those imports read from the environment
+# is the server's: torch.distributed reads TORCH_DISTRIBUTED_DEBUG, libgomp
+# OMP_NUM_THREADS, when loaded.  So a run whose ranks' environment differs
+# from the server's in anything but FAIRRING_* variables (Fairring reads its
+# own when a group is created, after the fork) and PYTEST_* ones (pytest's
+# note of the current test) gets fresh interpreters
+# ("spawn"), as does every run under FAIRRING_TEST_SPAWN=1.
+_PRELOAD = ["torch", "torch.distributed", "fairring_py", "launch"]
+_server_env: Optional[dict] = None
+
+
+def _context(rank_envs: Sequence[dict]):
+    """The multiprocessing context for ranks whose full environments are
+    ``rank_envs``."""
+    global _server_env
+    if os.environ.get("FAIRRING_TEST_SPAWN") == "1":
+        return mp.get_context("spawn")
+    if _server_env is None:
+        from multiprocessing import forkserver
+
+        env = dict(os.environ)
+        env["OMP_NUM_THREADS"] = "1"  # what every rank gets (base_env), for libgomp's load
+        saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(env)
+        try:
+            forkserver.set_forkserver_preload(_PRELOAD)
+            forkserver.ensure_running()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        _server_env = env
+    for e in rank_envs:
+        keys = (set(e) | set(_server_env)) - {"FAIRRING_NODE_ID", "RANK", "WORLD_SIZE"}
+        if any(e.get(k) != _server_env.get(k) for k in keys if not k.startswith(("FAIRRING_", "PYTEST_"))):
+            return mp.get_context("spawn")
+    return mp.get_context("forkserver")
 
 
 def list_shm(prefix: str = "fairring-") -> set:
@@ -141,11 +184,10 @@ def _rank_main(
     if os.environ.get("FAIRRING_TEST_DUMP_AFTER"):
         faulthandler.dump_traceback_later(float(os.environ["FAIRRING_TEST_DUMP_AFTER"]), exit=False)
 
-    for k, v in env.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = str(v)
+    # The whole environment, as a fresh interpreter started now would have it
+    # (a forked rank starts with the fork server's).
+    os.environ.clear()
+    os.environ.update(env)
     if node_id is not None:
         os.environ["FAIRRING_NODE_ID"] = node_id
     else:
@@ -282,7 +324,18 @@ def _run_ranks_once(
     harness's own); then store_addr must be rank 0's address in its namespace.
     """
     world_size = len(node_ids)
-    ctx = mp.get_context("spawn")
+    base_env = {"FAIRRING_SOCKET_IFNAME": None, "OMP_NUM_THREADS": "1"}
+    base_env.update(env or {})
+    rank_envs = []
+    for r in range(world_size):
+        e = dict(os.environ)
+        for k, v in list(base_env.items()) + list((rank_env[r] if rank_env is not None else {}).items()):
+            if v is None:
+                e.pop(k, None)
+            else:
+                e[k] = str(v)
+        rank_envs.append(e)
+    ctx = _context(rank_envs)
     q = ctx.Queue()
     port = free_port()
     # FAIRRING_TEST_LOG_DIR keeps the per-rank logs somewhere known (the GPU check's $OUT).
@@ -299,8 +352,6 @@ def _run_ranks_once(
         "destroy": destroy,
         "netns": list(netns) if netns else None,
     }
-    base_env = {"FAIRRING_SOCKET_IFNAME": None, "OMP_NUM_THREADS": "1"}
-    base_env.update(env or {})
     fn_ref = (fn.__module__, fn.__qualname__)
     if fn_ref[0] == "__main__":
         raise ValueError("fn must live in an importable module")
@@ -313,9 +364,7 @@ def _run_ranks_once(
     hung_at_exit = []
     try:
         for r in range(world_size):
-            e = dict(base_env)
-            if rank_env is not None:
-                e.update(rank_env[r])
+            e = rank_envs[r]
             log_path = os.path.join(logdir, f"rank{r}.log")
             log_paths.append(log_path)
             p = ctx.Process(
