@@ -8,11 +8,14 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 
 #include "allreduce/rail_plan.h"
 #include "allreduce/wait_check.h"
+#include "common/dist_error.h"
 #include "common/errors.h"
 #include "common/same_settings.h"
 #include "common/log.h"
@@ -129,9 +132,10 @@ CudaEngine::CudaEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
         const auto& c = static_cast<const CudaAllreduceOp&>(op);
         return c.enqueued ? c.done.get() : nullptr;
       },
-      [this] { return failed(); }, config.timeout);
+      [this] { return failed(); }, [this](const std::string& why) { fail(why); }, config.timeout);
   mover_ = std::make_unique<CudaMover>(*this);
   set_movers(*mover_, rail_.get());
+  if (rail_) rail_->start();  // its threads may fail the group, which reaches rail_
   start();
 }
 
@@ -140,7 +144,25 @@ CudaEngine::~CudaEngine() {
   held_.reset();  // waits for the held ops' device work (not after a failure)
   c10::cuda::CUDAGuard guard(device_);
   const int rank = topo().rank;
-  if (failed() || arena().aborted()) {
+  // Within the timeout, and not at all after a failure (a dead peer's event
+  // may never come): otherwise the leak path below.
+  bool idle = !failed() && !arena().aborted();
+  const auto until = Clock::now() + config().timeout;
+  std::vector<cudaStream_t> ours;
+  for (auto& s : streams_) ours.push_back(s->stream());
+  ours.push_back(tail_->stream());
+  ours.push_back(future_stream_->stream());
+  for (cudaStream_t s : ours) {
+    if (!idle) break;
+    try {
+      idle = caught_up(s, until);
+      if (!idle) FAIRRING_LOG(rank, "CUDA engine teardown: the device work did not finish within the timeout");
+    } catch (const std::exception& e) {
+      FAIRRING_LOG(rank, "CUDA engine teardown: %s", e.what());
+      idle = false;
+    }
+  }
+  if (!idle) {
     // Our streams may wait on a dead peer's events forever, and freeing
     // memory they use would wait for them (or pull it from under them):
     // leave it to the process's exit.  Destroying the streams and local
@@ -153,10 +175,6 @@ CudaEngine::~CudaEngine() {
   } else {
     // Phase 1: our device work is over, and with it every use of the peers'
     // memory and events, and of the rail's staging memory.
-    for (auto& s : streams_) cuda_ok_or_log(cudaStreamSynchronize(s->stream()), rank, "cudaStreamSynchronize (slot)");
-    for (auto* s : {tail_.get(), future_stream_.get()}) {
-      cuda_ok_or_log(cudaStreamSynchronize(s->stream()), rank, "cudaStreamSynchronize");
-    }
     rail_.reset();
     // Phases 2 and 3: close what we imported, then free what we exported
     // once every peer has closed it.
@@ -206,7 +224,10 @@ void CudaEngine::close_ipc() {
   memory_.reset();
 }
 
-void CudaEngine::on_loop_start() { cuda_check(cudaSetDevice(device_.index()), "cudaSetDevice"); }
+void CudaEngine::on_loop_start() {
+  cuda_check(cudaSetDevice(device_.index()), "cudaSetDevice");
+  relax_capture_mode_of_this_thread(topo().rank);
+}
 
 void CudaEngine::stage(PipelineOp& base, bool on_caller) {
   auto& op = static_cast<CudaAllreduceOp&>(base);
@@ -268,12 +289,55 @@ void CudaEngine::on_failed(const std::string& why) {
   if (rail_) rail_->abort(why);
 }
 
+bool CudaEngine::let_go(TimePoint until) {
+  // The staged rail's thread enqueues copies into the op's memory until it
+  // stops; what is enqueued already is held_'s (completion_call).
+  return !rail_ || rail_->let_go(until);
+}
+
+bool CudaEngine::caught_up(cudaStream_t stream, TimePoint until) {
+  c10::cuda::CUDAGuard guard(device_);
+  CudaEvent reached(device_);
+  cuda_check(cudaEventRecord(reached.get(), stream), "cudaEventRecord (waiting for the device)");
+  NodeControl& c = arena().control();
+  const int me = topo().local_rank;
+  auto pause = std::chrono::microseconds(20);
+  auto next_check = Clock::now();
+  for (;;) {
+    if (cuda_done(cudaEventQuery(reached.get()), "waiting for the CUDA collectives' device work")) return true;
+    const auto now = Clock::now();
+    if (now >= next_check) {
+      next_check = now + std::chrono::milliseconds(200);
+      if (arena().aborted()) throw std::runtime_error(arena().abort_message());
+      for (int x = 0; x < topo().ranks_per_node; ++x) {
+        if (x != me && !process_alive(c.pids[x])) {
+          throw std::runtime_error("rank " + std::to_string(topo().local_ranks()[x]) + " (pid " +
+                                   std::to_string(c.pids[x]) + ") exited while this rank's CUDA work waited for it");
+        }
+      }
+    }
+    if (now > until) return false;
+    std::this_thread::sleep_for(pause);
+    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
+  }
+}
+
 void CudaEngine::wait_device_idle() {
   // After a failure the device work may wait on a dead peer's events: the
   // host-side completion (every op failed) is all there is to wait for.
   if (failed()) return;
-  c10::cuda::CUDAGuard guard(device_);
-  cuda_check(cudaStreamSynchronize(tail_->stream()), "waiting for the CUDA all-reduces");
+  const auto timeout = config().timeout;
+  std::string why;
+  try {
+    if (caught_up(tail_->stream(), Clock::now() + timeout)) return;
+    why = "Timed out: the device work of this group's CUDA collectives did not finish within " +
+          std::to_string(timeout.count()) + " ms (is a local peer stalled?)";
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  why = attribute_to_rank(topo().rank, why);
+  fail(why);
+  std::rethrow_exception(dist_error("fairring: " + why));
 }
 
 bool CudaEngine::quiesce_device(TimePoint until) { return held_->wait_released(until); }

@@ -72,11 +72,18 @@ class CudaEngine : public Pipeline {
   void settle(PipelineOp& op, std::exception_ptr& error) override;
   std::function<void()> completion_call(const std::shared_ptr<PipelineOp>& op, std::exception_ptr error) override;
   void on_failed(const std::string& why) override;
+  bool let_go(TimePoint until) override;
   void wait_device_idle() override;
   bool quiesce_device(TimePoint until) override;
 
   // Teardown of the node's CUDA IPC resources, after our streams are idle.
   void close_ipc();
+  // Waits for the work queued so far on `stream`, at most until `until`;
+  // false if it is still running then.  Device work can wait on a local
+  // peer's IPC event forever, so the wait is polled (never a blocking
+  // synchronize) and throws, naming it, once a local peer has exited or the
+  // node has aborted.
+  bool caught_up(cudaStream_t stream, TimePoint until);
 
   c10::Device device_;
   int64_t area_ = 0;  // bytes of one staging area (the slice size)

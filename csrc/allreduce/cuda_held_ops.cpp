@@ -9,6 +9,7 @@
 #include "common/cuda_check.h"
 #include "common/cuda_resources.h"
 #include "common/log.h"
+#include "common/op_key.h"
 
 namespace fairring {
 
@@ -19,11 +20,13 @@ constexpr auto kPoll = std::chrono::milliseconds(1);
 }  // namespace
 
 HeldOps::HeldOps(int rank, c10::Device device, std::function<const CudaEvent*(const PipelineOp&)> done_event,
-                 std::function<bool()> failed, std::chrono::milliseconds teardown_limit)
+                 std::function<bool()> failed, std::function<void(const std::string&)> fault,
+                 std::chrono::milliseconds teardown_limit)
     : rank_(rank),
       device_(device),
       done_event_(std::move(done_event)),
       failed_(std::move(failed)),
+      fault_(std::move(fault)),
       teardown_limit_(teardown_limit) {
   thread_ = std::thread([this] { loop(); });
 }
@@ -58,9 +61,16 @@ void HeldOps::release_finished(std::unique_lock<std::mutex>& lock) {
       try {
         if (!cuda_done(cudaEventQuery(done->get()), "querying an all_reduce's completion")) return;
       } catch (const std::exception& e) {
-        FAIRRING_LOG(rank_, "CUDA all-reduce #%llu: %s; its tensors are not released",
-                     static_cast<unsigned long long>(held_.front()->seq), e.what());
+        const std::string why = std::string("a CUDA error in ") + collective_name(held_.front()->collective) + " #" +
+                                std::to_string(held_.front()->seq) + "'s device work: " + e.what();
+        FAIRRING_LOG(rank_, "%s; its tensors are not released", why.c_str());
         new std::shared_ptr<PipelineOp>(std::move(held_.front()));  // deliberately leaked
+        held_.pop_front();
+        // A device fault is sticky: every later op would fail on it too.
+        lock.unlock();
+        fault_(why);
+        lock.lock();
+        continue;
       }
     }
     std::shared_ptr<PipelineOp> op = std::move(held_.front());
@@ -77,6 +87,7 @@ void HeldOps::release_finished(std::unique_lock<std::mutex>& lock) {
 
 void HeldOps::loop() {
   cuda_ok_or_log(cudaSetDevice(device_.index()), rank_, "cudaSetDevice");
+  relax_capture_mode_of_this_thread(rank_);
   std::unique_lock<std::mutex> lock(mu_);
   std::chrono::steady_clock::time_point stop_by{};
   for (;;) {

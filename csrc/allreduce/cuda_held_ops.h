@@ -28,9 +28,12 @@ class HeldOps {
  public:
   // `done_event(op)`: the op's done event, or null if none of its device
   // work was enqueued.  `failed()`: the group failed, so held device work
-  // may wait forever on a dead peer: it stays held.
+  // may wait forever on a dead peer: it stays held.  `fault(why)`: querying
+  // an op's event reported a device error (an illegal address, say): the
+  // group fails with it (called from HeldOps' thread, no lock held).
   HeldOps(int rank, c10::Device device, std::function<const CudaEvent*(const PipelineOp&)> done_event,
-          std::function<bool()> failed, std::chrono::milliseconds teardown_limit);
+          std::function<bool()> failed, std::function<void(const std::string&)> fault,
+          std::chrono::milliseconds teardown_limit);
   // Waits (up to teardown_limit, not at all after a failure) for the held
   // ops' device work, then leaks what is left rather than free it under a
   // running kernel.
@@ -50,6 +53,7 @@ class HeldOps {
   const c10::Device device_;
   std::function<const CudaEvent*(const PipelineOp&)> done_event_;
   std::function<bool()> failed_;
+  std::function<void(const std::string&)> fault_;
   const std::chrono::milliseconds teardown_limit_;
 
   std::mutex mu_;

@@ -58,9 +58,12 @@ CudaStagedRail::CudaStagedRail(const c10::intrusive_ptr<c10d::Store>& store, con
   stage_ = connect_rail(store, topo, config, params, secret, std::move(cb), mesh_);
   // Polls each chunk's D2H event: the rail's thread never waits on the device.
   const int index = device_.index();
+  const int rank = topo_.rank;
   feeder_ = std::make_unique<RailFeeder>(*stage_, topo_.rank, "the GPU's copy of a reduced chunk to the host",
-                                         timeout_, failed_,
-                                         [index] { cuda_check(cudaSetDevice(index), "cudaSetDevice"); });
+                                         timeout_, failed_, [index, rank] {
+                                           cuda_check(cudaSetDevice(index), "cudaSetDevice");
+                                           relax_capture_mode_of_this_thread(rank);
+                                         });
 }
 
 CudaStagedRail::~CudaStagedRail() {
@@ -121,6 +124,10 @@ void CudaStagedRail::abort(const std::string& why) {
 void CudaStagedRail::back(uint64_t slice_seq) {
   try {
     c10::cuda::CUDAGuard guard(device_);
+    // The stage's thread is the TCP rail's, device-agnostic: relaxed here.
+    static thread_local bool relaxed = false;
+    if (!relaxed) relax_capture_mode_of_this_thread(topo_.rank);
+    relaxed = true;
     const int slot = static_cast<int>(slice_seq % slots_);
     for (const Copy& c : returns_[slot]) {
       cuda_check(cudaMemcpyAsync(c.device, c.host, c.bytes, cudaMemcpyHostToDevice, slot_stream_(slot)),
@@ -256,7 +263,9 @@ void CudaNcclRail::post_reduction(const RailTask& task, cudaStream_t ns) {
     for (int j : plan.contributors) nccl_->recv(wire ? message_in(j) : staging(j), bytes(plan.served), j, ns);
   }
   nccl_->group_end();
-  char* out = task.result ? task.result : task.shard_at(self);
+  // Only a serving rank has a shard of its own to reduce into (the shard
+  // list may not even reach our node's entry otherwise).
+  char* out = serving ? (task.result ? task.result : task.shard_at(self)) : nullptr;
   const char* result = out;  // what we send back
   if (serving) {
     if (wire) {
@@ -287,23 +296,26 @@ void CudaNcclRail::post_reduction(const RailTask& task, cudaStream_t ns) {
   }
 }
 
-// NCCL cannot put two ranks of a communicator on one GPU; require every rank
-// of the group on its own (compared by device UUID, which is unique across
-// machines).
+// NCCL cannot put two ranks of a communicator on one GPU.  The only
+// communicator is the rail's, so only the rail peers must be on distinct
+// GPUs (compared by device UUID, unique across machines): ranks of one node
+// may share a card (the intra-node steps are CUDA IPC), which is how a node
+// is tested on one GPU.
 void CudaNcclRail::check_own_gpus(const c10::intrusive_ptr<c10d::Store>& store) {
   cudaDeviceProp prop;
   cuda_check(cudaGetDeviceProperties(&prop, device_.index()), "cudaGetDeviceProperties");
   std::vector<uint8_t> mine(reinterpret_cast<const uint8_t*>(&prop.uuid),
                             reinterpret_cast<const uint8_t*>(&prop.uuid) + sizeof(prop.uuid));
   store->set("gpu_uuid/" + std::to_string(topo_.rank), mine);
-  for (int r = 0; r < topo_.size; ++r) {
+  for (int r : topo_.rail()) {
     if (r == topo_.rank) continue;
     if (store->get("gpu_uuid/" + std::to_string(r)) == mine) {
       throw std::invalid_argument(
-          "fairring: FAIRRING_GPU_TRANSPORT=nccl needs every rank on its own GPU, but ranks " +
+          "fairring: FAIRRING_GPU_TRANSPORT=nccl needs the ranks of a rail (local rank " +
+          std::to_string(topo_.local_rank) + " of every node) on distinct GPUs, but ranks " +
           std::to_string(std::min(r, topo_.rank)) + " and " + std::to_string(std::max(r, topo_.rank)) +
           " share " + device_.str() + " of rank " + std::to_string(topo_.rank) +
-          "'s machine. Use FAIRRING_GPU_TRANSPORT=tcp, or one GPU per rank.");
+          "'s machine. Use FAIRRING_GPU_TRANSPORT=tcp, or give each node's ranks their own GPUs.");
     }
   }
 }

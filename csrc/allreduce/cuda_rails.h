@@ -74,6 +74,9 @@ class CudaRail : public RailExchange {
   // the staging memory it uses to the process's exit instead of freeing it.
   // Otherwise the owner has synchronized the slot streams before destroying.
   void leak_on_destroy() { leak_ = true; }
+  // Starts the rail's own threads, if any, once its owner holds it (they
+  // may fail the group, which reaches the owner's pointer to the rail).
+  virtual void start() {}
 
  protected:
   bool leak_ = false;
@@ -87,8 +90,10 @@ class CudaStagedRail : public CudaRail {
                  SlotStream slot_stream, SliceDone done, Failed failed);
   ~CudaStagedRail() override;
 
+  void start() override { stage_->start(); }
   void post(RailTask task) override;
   void abort(const std::string& why) override;
+  bool let_go(std::chrono::steady_clock::time_point until) override { return stage_->let_go(until); }
 
  private:
   // A copy between a slot's pinned memory and the device.
@@ -128,6 +133,8 @@ class CudaNcclRail : public CudaRail {
   void post(RailTask task) override;
   // NCCL has no message to send: the communicator is aborted at destruction.
   void abort(const std::string& why) override;
+  // No thread of its own: its work is on the slot streams, held by the engine.
+  bool let_go(std::chrono::steady_clock::time_point) override { return true; }
 
  private:
   void check_own_gpus(const c10::intrusive_ptr<c10d::Store>& store);

@@ -90,6 +90,14 @@ void DeferredMover::synchronize() {
   if (error_) std::rethrow_exception(error_);
 }
 
+bool DeferredMover::let_go(std::chrono::steady_clock::time_point until) {
+  for (auto& s : streams_) {
+    std::unique_lock<std::mutex> lock(s->mu);
+    if (!s->cv.wait_until(lock, until, [&] { return !s->busy; })) return false;
+  }
+  return true;
+}
+
 void DeferredMover::require_peers(const char* what) const {
   if (!has_peers_) {
     throw std::logic_error(std::string("fairring: the schedule called the mover's ") + what +

@@ -58,6 +58,9 @@ class DeferredMover : public Mover {
   void synchronize();
   // The group failed: what is queued is dropped (its ops' tensors may go).
   void cancel() { cancelled_ = true; }
+  // After cancel(): blocks until no stream is inside a step (each is done
+  // with the memory it was given), or `until` passes; true if so.
+  bool let_go(std::chrono::steady_clock::time_point until);
 
  private:
   struct Stream {
@@ -94,6 +97,7 @@ class FencedRail : public RailExchange {
   FencedRail(DeferredMover& mover, RailExchange& inner, int rank, std::chrono::milliseconds timeout, Failed failed);
   void post(RailTask task) override;
   void abort(const std::string& why) override;
+  bool let_go(std::chrono::steady_clock::time_point until) override { return inner_.let_go(until); }
 
  private:
   DeferredMover& mover_;

@@ -79,6 +79,8 @@ HostEngine::HostEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
     mover_ = std::make_unique<HostMover>(arena());
     set_movers(*mover_, rail_.get());
   }
+  // Its thread may fail the group at once, which reaches rail_ and fenced_.
+  if (rail_) rail_->start();
   start();
 }
 
@@ -103,6 +105,13 @@ void HostEngine::on_failed(const std::string& why) {
   } else if (rail_) {
     rail_->abort(why);
   }
+}
+
+bool HostEngine::let_go(TimePoint until) {
+  // The deferred mover's streams, and the rail's thread (behind its fence).
+  if (deferred_ && !deferred_->let_go(until)) return false;
+  RailExchange* rail = fenced_ ? static_cast<RailExchange*>(fenced_.get()) : rail_.get();
+  return !rail || rail->let_go(until);
 }
 
 void HostEngine::op_done(PipelineOp&) {

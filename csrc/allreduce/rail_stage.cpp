@@ -3,10 +3,13 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <stdexcept>
 
 #include "allreduce/deadlines.h"
@@ -37,6 +40,15 @@ WireHeader header_for(const RailTask& t, WireKind kind, uint64_t bytes) {
   h.key = t.key;
   h.bytes = bytes;
   return h;
+}
+
+// FAIRRING_TEST_RAIL_REDUCE_DELAY_MS=<ms>: the server sleeps that long
+// before its first reduction of a shard into the caller's chunk (tests: a rail thread
+// that is slow, descheduled or stopped at the point where it writes into
+// an op's memory, while the op fails).
+std::chrono::milliseconds test_reduce_delay() {
+  const char* v = std::getenv("FAIRRING_TEST_RAIL_REDUCE_DELAY_MS");
+  return std::chrono::milliseconds(v ? std::atoll(v) : 0);
 }
 
 // Throws the message users see when ranks issued different collectives.
@@ -79,17 +91,62 @@ RailStage::RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callb
   }
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw std::runtime_error("fairring: eventfd failed");
-  thread_ = std::thread([this] { loop(); });
+  reduce_delay_ = test_reduce_delay();
+}
+
+void RailStage::start() {
+  thread_ = std::thread([this] {
+    loop();
+    released();
+  });
 }
 
 RailStage::~RailStage() {
+  bool failed;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
+    failed = !abort_reason_.empty();
   }
   wake();
   if (thread_.joinable()) thread_.join();
   if (wake_fd_ >= 0) close(wake_fd_);
+  if (!failed) close_gracefully();
+}
+
+void RailStage::close_gracefully() {
+  // Closing a socket that holds unread bytes (a peer's heartbeat) resets the
+  // connection, and a reset throws away what the peer has not read yet: our
+  // last message of an op it is still finishing.  So every channel sends
+  // its end of stream first, then reads (and drops) what still comes until
+  // the peer's end of stream (it stops its heartbeats once it sees ours),
+  // for at most kCloseDrain.
+  constexpr auto kCloseDrain = std::chrono::seconds(1);
+  std::vector<int> open;
+  for (auto* list : {&clients_, &servers_}) {
+    for (auto& ch : *list) {
+      if (ch && ::shutdown(ch->fd(), SHUT_WR) == 0) open.push_back(ch->fd());
+    }
+  }
+  const auto until = Clock::now() + kCloseDrain;
+  std::vector<char> scratch(64 << 10);
+  while (!open.empty() && Clock::now() < until) {
+    std::vector<struct pollfd> fds;
+    for (int fd : open) fds.push_back({fd, POLLIN, 0});
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+    if (poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(left, 1))) <= 0) continue;
+    std::vector<int> still;
+    for (const auto& p : fds) {
+      if (p.revents == 0) {
+        still.push_back(p.fd);
+        continue;
+      }
+      const ssize_t r = recv(p.fd, scratch.data(), scratch.size(), MSG_DONTWAIT);
+      if (r > 0 || (r < 0 && (errno == EAGAIN || errno == EINTR))) still.push_back(p.fd);
+      // 0: the peer's end of stream; < 0: the connection is gone anyway.
+    }
+    open.swap(still);
+  }
 }
 
 void RailStage::wake() {
@@ -114,11 +171,32 @@ void RailStage::abort(const std::string& why) {
   wake();
 }
 
+void RailStage::released() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = true;
+  }
+  released_cv_.notify_all();
+}
+
+bool RailStage::let_go(std::chrono::steady_clock::time_point until) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return released_cv_.wait_until(lock, until, [&] { return released_; });
+}
+
 void RailStage::send_aborts(const std::string& why) {
+  for (auto* list : {&clients_, &servers_}) {
+    for (auto& ch : *list) {
+      if (ch) ch->queue_abort(why);
+    }
+  }
+  // Nothing left reads or writes a task's memory: the pipeline may hand the
+  // failed ops' tensors back while the aborts go out.
+  released();
   const auto deadline = Clock::now() + std::chrono::seconds(1);
   for (auto* list : {&clients_, &servers_}) {
     for (auto& ch : *list) {
-      if (ch) ch->send_abort_now(why, deadline);
+      if (ch) ch->flush_abort(deadline);
     }
   }
 }
@@ -192,6 +270,10 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
                if (--s->contributions_missing > 0) return;
                // All pieces are in: reduce in node order, send back.
                const RailTask& t = s->task;
+               if (reduce_delay_.count() > 0) {
+                 std::this_thread::sleep_for(reduce_delay_);
+                 reduce_delay_ = std::chrono::milliseconds(0);  // once
+               }
                char* own = t.shard_at(topo_.node);
                char* out = t.result ? t.result : own;
                std::vector<const void*> inputs(topo_.num_nodes);

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -52,9 +53,15 @@ class RailStage : public RailExchange {
             std::chrono::milliseconds timeout, int slots, int64_t max_shard_bytes,
             WireDtype wire = WireDtype::kNone);
   ~RailStage() override;
+  // Starts the stage's thread.  Separate from the constructor: the thread
+  // may call `callbacks.failed` at once, which reaches the owner's members
+  // (the owner's pointer to this stage among them), so the owner starts it
+  // once it is wired up.
+  void start();
 
   void post(RailTask task) override;
   void abort(const std::string& why) override;
+  bool let_go(std::chrono::steady_clock::time_point until) override;
 
  private:
   struct SliceState;
@@ -69,11 +76,17 @@ class RailStage : public RailExchange {
   void maybe_finish();
   void wake();
   void send_aborts(const std::string& why);
+  // From the stage's thread, once it reads and writes no task's memory any
+  // more (it may still send an abort): let_go() returns.
+  void released();
+  // At destruction of a stage that did not fail: see rail_stage.cpp.
+  void close_gracefully();
 
   Topology topo_;
   ReduceFn reduce_;
   Callbacks callbacks_;
   std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds reduce_delay_{0};  // tests only (rail_stage.cpp)
   std::vector<std::unique_ptr<Channel>> clients_;  // by node; null for ours
   std::vector<std::unique_ptr<Channel>> servers_;  // by node; null for ours
   int wake_fd_ = -1;
@@ -92,6 +105,8 @@ class RailStage : public RailExchange {
   std::deque<RailTask> incoming_;
   std::string abort_reason_;
   bool stopping_ = false;
+  bool released_ = false;  // see released()
+  std::condition_variable released_cv_;
 
   std::deque<std::unique_ptr<SliceState>> active_;  // thread-only
   std::thread thread_;
@@ -103,9 +118,9 @@ class RailStage : public RailExchange {
 int64_t rail_stage_bytes_per_slot(const Config& config, const PlanParams& params, int ranks_per_node, int num_nodes);
 
 // Connects this rank's rail (`mesh`: a TCP connection to the same local rank
-// of every other node) and starts its stage, which reduces with the CPU
-// kernels and sizes its buffers from the plan's bound.  Collective over the
-// rail.
+// of every other node) and builds its stage (not started: RailStage::start),
+// which reduces with the CPU kernels and sizes its buffers from the plan's
+// bound.  Collective over the rail.
 std::unique_ptr<RailStage> connect_rail(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo,
                                         const Config& config, const PlanParams& params, const Secret& secret,
                                         RailStage::Callbacks callbacks, std::unique_ptr<TcpMesh>& mesh);

@@ -67,6 +67,17 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<Pi
   TORCH_CHECK(device.index() == current, "fairring: ", kind, " got a tensor on ", device.str(),
               " but this rank's current CUDA device is cuda:", static_cast<int>(current),
               "; call torch.cuda.set_device() with the tensor's device first (each rank drives one device)");
+  {
+    // The engine's own streams and threads run the op, outside any graph: a
+    // captured op would be recorded instead of run (and never matched).
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    cuda_check(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(device.index()).stream(), &capturing),
+               "cudaStreamIsCapturing");
+    TORCH_CHECK(capturing == cudaStreamCaptureStatusNone, "fairring: ", kind, " of a CUDA tensor while the current "
+                "stream is being captured into a CUDA graph (torch.cuda.graph / make_graphed_callables) is not "
+                "supported: Fairring runs collectives on its own streams and threads, outside the graph. Issue the "
+                "collective outside the captured region.");
+  }
   order_after_delegated(aop->footprint);
   CudaEngine* engine = nullptr;
   {

@@ -23,6 +23,11 @@ bool cuda_done(cudaError_t query_result, const std::string& what) {
   return true;
 }
 
+void relax_capture_mode_of_this_thread(int rank) {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cuda_ok_or_log(cudaThreadExchangeStreamCaptureMode(&mode), rank, "cudaThreadExchangeStreamCaptureMode");
+}
+
 bool cuda_ok_or_log(cudaError_t err, int rank, const char* what) {
   if (err == cudaSuccess) return true;
   (void)cudaGetLastError();

@@ -21,6 +21,14 @@ void cuda_check(cudaError_t err, const std::string& what);
 // when not yet (cudaErrorNotReady, cleared), throws on any other error.
 bool cuda_done(cudaError_t query_result, const std::string& what);
 
+// First on each of Fairring's own threads that call the CUDA runtime (the
+// engine's loop, the rail's and feeder's, HeldOps'): puts the thread in
+// relaxed stream-capture mode, so that its event queries and copies do not
+// invalidate a CUDA graph the user captures meanwhile on another thread
+// (torch.cuda.graph captures in global mode, which forbids such calls on
+// every thread not in relaxed mode; PyTorch's NCCL watchdog does the same).
+void relax_capture_mode_of_this_thread(int rank);
+
 // For teardown, where nothing may throw: clears the error and logs it
 // (FAIRRING_DEBUG) with `rank`.  True if err was cudaSuccess.
 bool cuda_ok_or_log(cudaError_t err, int rank, const char* what);

@@ -1,5 +1,6 @@
 #include "pipeline/pipeline.h"
 
+#include <c10/util/Exception.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -237,6 +238,7 @@ void Pipeline::complete(const std::shared_ptr<PipelineOp>& op, std::exception_pt
     fail(why);
     error = op_failed(*op, why);
   }
+  if (error && failure_.failed()) error = after_let_go(op, error);
   settle(*op, error);
   auto done = std::move(op->on_complete);
   op->on_complete = nullptr;
@@ -257,6 +259,35 @@ void Pipeline::complete(const std::shared_ptr<PipelineOp>& op, std::exception_pt
   } else {
     completions_.post(std::move(call));
   }
+}
+
+std::exception_ptr Pipeline::after_let_go(const std::shared_ptr<PipelineOp>& op, std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(let_go_mu_);
+  if (let_go_ == LetGo::kNotAsked) {
+    const auto limit = config_.timeout;
+    let_go_ = let_go(std::chrono::steady_clock::now() + limit) ? LetGo::kReleased : LetGo::kStuck;
+    if (let_go_ == LetGo::kStuck) {
+      FAIRRING_LOG(topo_.rank,
+                   "%sa rail or stream thread of this rank did not stop within %lld ms of the group's failure; "
+                   "the failed ops' tensors are kept (and may still change) until the group is destroyed",
+                   device_, static_cast<long long>(limit.count()));
+    }
+  }
+  if (let_go_ == LetGo::kReleased) return error;
+  kept_.push_back(op);
+  std::string what;
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    what = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+    what = "fairring: the op failed";
+  }
+  return dist_error(what + " [a rail or stream thread of rank " + std::to_string(topo_.rank) +
+                    " had not stopped within the timeout: this op's tensors may still change until the process "
+                    "group is destroyed]");
 }
 
 void Pipeline::fail(const std::string& why) {

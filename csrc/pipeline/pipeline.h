@@ -30,6 +30,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "allreduce/node_arena.h"
 #include "allreduce/plan.h"
@@ -136,6 +137,11 @@ class Pipeline {
                                                 std::exception_ptr error) = 0;
   // The group failed: stop the device's own threads and rails.
   virtual void on_failed(const std::string& why) { (void)why; }
+  // After on_failed: blocks until no thread of the device's own (rails,
+  // streams) reads or writes host memory of an op any more, or `until`
+  // passes; true if so.  Device work already enqueued is the engine's to
+  // hold (its tensors stay allocated until it is over).
+  virtual bool let_go(TimePoint until) = 0;
   // After wait_idle's host part: the device work of every op is over.
   virtual void wait_device_idle() {}
   // After quiesce's host part: the device holds nothing of the caller's.
@@ -152,6 +158,12 @@ class Pipeline {
   // `on_caller`: the op ran inline, so its future may complete right here.
   void complete(const std::shared_ptr<PipelineOp>& op, std::exception_ptr error, bool on_caller = false);
   std::exception_ptr op_failed(const PipelineOp& op, const std::string& why) const;
+  // A failed op's tensors go back to its caller only once the engine's own
+  // threads have let go of them (let_go), at most the group's timeout after
+  // the failure; if they have not by then, the op is kept here, with its
+  // tensors, until the engine is destroyed (its threads joined), and its
+  // error says so.  Returns the error to complete the op with.
+  std::exception_ptr after_let_go(const std::shared_ptr<PipelineOp>& op, std::exception_ptr error);
 
   Topology topo_;
   Config config_;
@@ -182,6 +194,10 @@ class Pipeline {
   // caller while inline_busy_.
   uint64_t next_slice_seq_ = 0;
   std::thread loop_;
+
+  std::mutex let_go_mu_;  // after_let_go()
+  enum class LetGo { kNotAsked, kReleased, kStuck } let_go_ = LetGo::kNotAsked;
+  std::vector<std::shared_ptr<PipelineOp>> kept_;  // failed ops a thread may still touch
 
   // Runs completion_call()s, off the pipeline.
   CompletionPool completions_;

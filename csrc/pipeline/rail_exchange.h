@@ -7,6 +7,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -51,6 +52,11 @@ class RailExchange {
   virtual void post(RailTask task) = 0;
   // Tells every rail peer why we stop, then stops (from any thread).
   virtual void abort(const std::string& why) = 0;
+  // After abort(): blocks until the exchange touches the memory of no task
+  // posted to it any more (a chunk lives in the caller's tensor), or `until`
+  // passes; true if it got there.  The pipeline returns a failed op's
+  // tensors to its caller only after this (Pipeline::complete).
+  virtual bool let_go(std::chrono::steady_clock::time_point until) = 0;
 };
 
 }  // namespace fairring

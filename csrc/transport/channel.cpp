@@ -167,11 +167,17 @@ bool Channel::progress_recv() {
   }
 }
 
-void Channel::send_abort_now(const std::string& why, Clock::time_point deadline) {
+void Channel::queue_abort(const std::string& why) {
   // Keep only a message already partly on the wire; the rest is moot.
   while (sendq_.size() > 1 || (sendq_.size() == 1 && sendq_.front().sent == 0)) {
     if (!sendq_.back().heartbeat) --data_sends_;
     sendq_.pop_back();
+  }
+  if (!sendq_.empty() && sendq_.front().owned.empty() && sendq_.front().header.bytes > 0) {
+    Send& partial = sendq_.front();
+    partial.owned.assign(partial.header.bytes, '\0');
+    partial.data = nullptr;
+    partial.on_done = nullptr;  // its task is gone
   }
   Send s;
   s.header.kind = static_cast<uint32_t>(WireKind::kAbort);
@@ -179,6 +185,9 @@ void Channel::send_abort_now(const std::string& why, Clock::time_point deadline)
   s.header.bytes = s.owned.size();
   ++data_sends_;
   sendq_.push_back(std::move(s));
+}
+
+void Channel::flush_abort(Clock::time_point deadline) {
   try {
     while (!sendq_.empty() && Clock::now() < deadline) {
       if (!progress_send()) {

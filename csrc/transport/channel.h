@@ -83,9 +83,13 @@ class Channel {
   bool progress_send();
   bool progress_recv();
 
-  // Best effort, bounded: finish the message in flight, then tell the peer
-  // why we give up.
-  void send_abort_now(const std::string& why, Clock::time_point deadline);
+  // Giving up, in two steps.  queue_abort: drops what is queued but the
+  // message already partly on the wire, whose rest now comes from zeros
+  // (the peer reads it whole, then the abort; its bytes are moot), and
+  // queues the abort; after it the channel reads no memory of ours.
+  // flush_abort: best effort, bounded, sends what is queued.
+  void queue_abort(const std::string& why);
+  void flush_abort(Clock::time_point deadline);
 
   Clock::time_point last_recv_progress;
   // When the socket last took bytes of a queued send (or the queue was
