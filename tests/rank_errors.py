@@ -701,3 +701,46 @@ def init_failure_store_host_exits(rank, world, port, out_dir, timeout_s):
             json.dump(res, f)
         os._exit(launch.DELIBERATE_EXIT)
     return res
+
+
+def memory_after_failure(rank, world, slow_rank, delay_s, drop):
+    """An all_reduce of 2x1 fails while ``slow_rank``'s rail thread sits
+    (FAIRRING_TEST_RAIL_REDUCE_DELAY_MS) right before it reduces its shard
+    into that rank's tensor.  Returns the error, when it came, and whether
+    the tensor changed after the error had been raised (it must not, unless
+    the error says the rail thread still holds it).  ``drop``: a 16 MiB
+    tensor, dropped right after the error instead (its pages go back to the
+    system unless Fairring still holds them: a late write would crash)."""
+    x = torch.full((4 * 1024 * 1024 if drop else 65536,), float(rank + 1))
+    t0 = time.monotonic()
+    err = _attempt(lambda: dist.all_reduce(x))
+    err["at"] = time.monotonic() - t0
+    snap = None if drop else x.clone()
+    if drop:
+        del x
+    # Past the point where the slow rail thread wakes up and writes.
+    time.sleep(max(0.0, delay_s + 1.0 - (time.monotonic() - t0)))
+    changed = 0 if drop else int((x != snap).sum())
+    return {"error": err, "changed_after_error": changed}
+
+
+def killed_during_init(rank, world, sync_dir, kill_after_s):
+    """Creates the group itself (env://), while a thread SIGKILLs this rank
+    ``kill_after_s`` into it; rank 0's thread first writes what /dev/shm
+    holds then (rank 1 is still late: FAIRRING_TEST_ARENA_DELAY_MS)."""
+    import signal
+    import threading
+
+    def killer():
+        time.sleep(kill_after_s)
+        if rank == 0:
+            with open(os.path.join(sync_dir, "shm.tmp"), "w") as f:
+                f.write("\n".join(sorted(launch.list_shm())))
+            os.replace(os.path.join(sync_dir, "shm.tmp"), os.path.join(sync_dir, "shm"))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=killer, daemon=True).start()
+    import fairring_py  # noqa: F401
+
+    dist.init_process_group("fairring", rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    time.sleep(60)  # never reached before the kill

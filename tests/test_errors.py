@@ -334,6 +334,50 @@ def test_rank_stopped_mid_stream_is_named(culprit):
     assert not problems, "\n".join(problems) + "\n" + _fmt(res)
 
 
+@pytest.mark.parametrize("delay_s,held", [(3.5, False), (6.0, True)], ids=["lets-go-in-time", "still-held"])
+def test_failed_op_memory_is_not_touched_after_its_error(delay_s, held):
+    """Rank 0's rail thread stalls (an injected sleep) right before it reduces
+    its shard into rank 0's tensor, while the group fails around it (timeout
+    2 s: rank 1 gives up on rank 0 at 2.5 s, rank 0 on the network at 2.7 s).
+    The op's error must not reach rank 0's caller while that thread may still
+    write the tensor: it comes once the thread let go (3.5 s), and the tensor
+    stays as it was after it.  A thread that does not let go within the
+    timeout (6 s) gets the error at failure + timeout, and the error says the
+    tensor is still held: the rank drops its 16 MiB tensor then, and must not
+    crash when the thread writes at 6 s (Fairring keeps it allocated).  Before
+    the fix the error came at 2.7 s and the tensor changed at 3.5 s, or, once
+    dropped (unmapped), the write crashed the rank with SIGSEGV: what
+    test_netfaults.py::test_peer_stops_reading saw once, at exit."""
+    timeout_s = 2
+    res = launch.run_ranks(rank_errors.memory_after_failure, ["a", "b"], args=(0, delay_s, held),
+                           rank_env=[{"FAIRRING_TEST_RAIL_REDUCE_DELAY_MS": int(delay_s * 1000)}, {}],
+                           pg_timeout_s=timeout_s, timeout_s=90, check=False)
+    problems = [f"rank {r.rank} did not finish cleanly:\n{r.describe()}" for r in res
+                if not (r.ok and r.exitcode == 0)]
+    assert not problems, "\n".join(problems)
+    for r in res:
+        e = r.value["error"]
+        if not (e["raised"] and e["is_runtime"]):
+            problems.append(f"rank {r.rank}: no RuntimeError: {e}")
+        elif not re.search(r"\brank 0\b", e["msg"]):
+            problems.append(f"rank {r.rank}: the error does not name rank 0: {e['msg'][:400]!r}")
+    e0, changed = res[0].value["error"], res[0].value["changed_after_error"]
+    says_held = "may still change" in e0.get("msg", "")
+    if held:
+        if not says_held:
+            problems.append(f"rank 0: the error does not say the tensor is still held: {e0}")
+        if not 2 * timeout_s + 0.3 <= e0["elapsed"] <= delay_s:
+            problems.append(f"rank 0: error after {e0['elapsed']:.1f}s, expected at failure + timeout")
+    else:
+        if changed:
+            problems.append(f"rank 0: {changed} elements of the failed op's tensor changed after its error")
+        if says_held:
+            problems.append(f"rank 0: the thread let go in time, yet the error says it holds the tensor: {e0}")
+        if e0["elapsed"] < delay_s - 0.2:
+            problems.append(f"rank 0: error after {e0['elapsed']:.1f}s, before the rail thread let go")
+    assert not problems, "\n".join(problems) + "\n" + _fmt(res)
+
+
 @pytest.mark.parametrize("nodes", [["a", "a"], ["a", "a", "b", "b"]], ids=["1x2", "2x2"])
 def test_fork_after_init(nodes):
     res = launch.run_ranks(rank_errors.fork_after_init, nodes, timeout_s=120)
@@ -453,6 +497,26 @@ def test_whole_job_killed_leaves_no_segment():
     assert names, "the ranks mapped no shared memory segment (nothing was tested)"
     left = sorted(n for n in names if n in launch.list_shm())
     assert not left, f"segments of a job whose ranks were all killed remain in /dev/shm: {left}"
+
+
+def test_job_killed_while_a_rank_is_late_leaves_no_segment():
+    """Rank 1 of 1x2 is 4 s late to the node's shared memory; both ranks are
+    SIGKILLed 2.5 s into group creation.  The segment is created only once
+    every local rank is there to open it (and unlinked by the last one), so
+    nothing of the job is in /dev/shm while rank 1 is late, nor after the
+    kill.  Before, rank 0 created it at once and the kill left it behind
+    (12 MiB with the default options) until a later import swept it."""
+    before = launch.list_shm()
+    with tempfile.TemporaryDirectory(prefix="fairring-test-sync-") as d:
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(launch.free_port())}
+        res = launch.run_ranks(rank_errors.killed_during_init, ["a", "a"], args=(d, 2.5), backend=None, env=env,
+                               rank_env=[{}, {"FAIRRING_TEST_ARENA_DELAY_MS": 4000}], timeout_s=60, check=False)
+        assert all(r.exitcode == -9 for r in res), launch.describe_all(res)
+        with open(os.path.join(d, "shm")) as f:
+            during = {n for n in f.read().split("\n") if n} - before
+    after = launch.list_shm() - before
+    assert not during, f"segments in /dev/shm while a local rank was late: {sorted(during)}"
+    assert not after, f"segments left in /dev/shm by a job killed during group creation: {sorted(after)}"
 
 
 @pytest.mark.parametrize("nodes,bad", [(["a", "a"], 1), (["a", "a", "b", "b"], 2)], ids=["1x2", "2x2"])

@@ -3,7 +3,10 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "common/log.h"
 #include <new>
@@ -52,7 +55,23 @@ NodeArena::NodeArena(
   const std::string ready_key = "fairring/shm_ready/" + std::to_string(topo.node);
   const std::string mapped_key = "fairring/shm_mapped/" + std::to_string(topo.node);
 
+  // The segment is created once every local rank is here to open it, so
+  // that its name exists from its creation to the last rank's open (a few
+  // milliseconds), not for as long as the slowest rank takes to start: a
+  // job killed meanwhile leaves nothing in /dev/shm.
+  const std::string here_key = "fairring/shm_here/" + std::to_string(topo.node) + "/";
+  if (topo.local_rank != 0) {
+    // FAIRRING_TEST_ARENA_DELAY_MS: a rank slow to get here (tests).
+    if (const char* d = std::getenv("FAIRRING_TEST_ARENA_DELAY_MS")) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(d)));
+    }
+    store->set(here_key + std::to_string(topo.local_rank), std::vector<uint8_t>{1});
+  }
+
   if (topo.local_rank == 0) {
+    std::vector<std::string> here;
+    for (int x = 1; x < ranks_; ++x) here.push_back(here_key + std::to_string(x));
+    store->wait(here, timeout);
     // Names a crash left behind (see below) go first.
     if (int n = sweep_stale_segments()) {
       FAIRRING_DEBUG_LOG(topo.rank, "removed %d shared memory segment(s) of crashed jobs from /dev/shm", n);
