@@ -415,3 +415,86 @@ def test_bad_arguments():
     # Lower-case op names are accepted.
     out = run(torch.empty(8), [x, x], "sum")
     assert torch.equal(out, torch.full((8,), 2.0))
+
+
+# ---- NaNs: the CUDA kernels' rule (kernels/nan_rule.h) against the CPU's ----
+
+def _nan_cases(dtype):
+    """Pairs (a, b) whose sum or product is a NaN in every way one can be:
+    a NaN operand (signs, payloads, quiet or signalling) on either side or
+    both, and invalid operations on numbers (inf - inf, 0 x inf)."""
+    if dtype == torch.float32:
+        bits, int_t = [0x7FC00000, 0xFFC00000 - (1 << 32), 0x7FC12345, 0xFFA00001 - (1 << 32), 0x7F800001], torch.int32
+    else:
+        bits, int_t = [0x7FF8000000000000, -0x0008000000000000, 0x7FF8000012345678, -0x000FFFFFFFFFFFFF,
+                       0x7FF0000000000001], torch.int64
+    def bits_of(values):
+        return torch.tensor(values, dtype=dtype).view(int_t).tolist()
+
+    nums = bits_of([0.0, -0.0, 1.5, -2.25, float("inf"), float("-inf")])
+    inf, ninf, zero, nzero = bits_of([float("inf"), float("-inf"), 0.0, -0.0])
+    nans = bits
+    pairs = [(n, x) for n in nans for x in nums] + [(x, n) for n in nans for x in nums]
+    pairs += [(n, m) for n in nans for m in nans]
+    pairs += [(inf, ninf), (ninf, inf), (zero, inf), (nzero, inf), (ninf, nzero), (inf, zero)] + [(x, y) for x in nums
+                                                                                                for y in nums]
+    # Built from bits: a signalling NaN must not go through a Python float.
+    a = torch.tensor([p[0] for p in pairs], dtype=int_t).view(dtype)
+    b = torch.tensor([p[1] for p in pairs], dtype=int_t).view(dtype)
+    return a, b
+
+
+def _bits(t):
+    return t.view(torch.int32 if t.dtype == torch.float32 else torch.int64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("op", ["sum", "product"])
+@pytest.mark.parametrize("isa", ["generic", "auto"])
+def test_device_nan_rule_gives_the_cpu_kernels_nans(dtype, op, isa):
+    """The CUDA kernels' sum and product return a GPU's canonical NaN, fixed
+    up by nan_rule::like_x86; that must give the CPU kernel's bits for every
+    NaN case, two inputs and three with AVG's division (a GPU said 0x7FFFFFFF
+    where the CPU keeps the operand's sign and payload, or says 0xFFC00000)."""
+    _C._reduce_isa_for_test(isa)
+    try:
+        a, b = _nan_cases(dtype)
+        c = torch.full_like(a, 3.0)
+        for inputs, divisor in (([a, b], 0), ([a, b, c], 3), ([b, a], 0)):
+            cpu = torch.empty_like(a)
+            _C._reduce_for_test(cpu, inputs, op, divisor)
+            dev = _C._device_nan_rule_for_test(inputs, op, divisor)
+            assert torch.isnan(cpu).sum() > len(a) // 3, "the cases are meant to give NaNs"
+            wrong = (_bits(cpu) != _bits(dev)).nonzero().flatten().tolist()
+            assert not wrong, [(inputs[0][i].item(), inputs[1][i].item(), hex(_bits(cpu)[i].item()),
+                                hex(_bits(dev)[i].item())) for i in wrong[:8]]
+    finally:
+        _C._reduce_isa_for_test("auto")
+
+
+def _half_of(f32):
+    """float32 -> float16 as the kernels round (a NaN becomes 0x7E00 with its
+    sign; torch's own conversions do not keep a NaN's sign)."""
+    h = f32.half().view(torch.int16).clone()
+    sign = (f32.view(torch.int32) < 0).to(torch.int16) * -32768
+    return torch.where(torch.isnan(f32), sign | 0x7E00, h)
+
+
+def test_device_nan_rule_for_half_precision():
+    """float16 PRODUCT of -inf and -0.0: the CPU kernel says 0xFE00 (x86's
+    negative default NaN, rounded); a GPU's canonical NaN would round to
+    0x7E00.  The device computes halves in float32, so the rule in float32
+    then rounded must give the CPU kernel's half."""
+    a16 = torch.tensor([-1024, 31744, 32256, -512], dtype=torch.int16).view(torch.float16)  # -inf inf nan -nan
+    b16 = torch.tensor([-32768, -1024, 15360, 16384], dtype=torch.int16).view(torch.float16)  # -0 -inf 1 2
+    a32 = torch.tensor([0xFF800000 - (1 << 32), 0x7F800000, 0x7FC00000, 0xFFC00000 - (1 << 32)],
+                       dtype=torch.int32).view(torch.float32)
+    b32 = b16.float()  # no NaN among them: exact
+    for op in ("product", "sum"):
+        cpu = torch.empty_like(a16)
+        _C._reduce_for_test(cpu, [a16, b16], op, 0)
+        dev = _half_of(_C._device_nan_rule_for_test([a32, b32], op, 0))
+        assert cpu.view(torch.int16).tolist() == dev.tolist(), (op, cpu.view(torch.int16), dev)
+    cpu = torch.empty_like(a16)
+    _C._reduce_for_test(cpu, [a16, b16], "product", 0)
+    assert cpu.view(torch.int16)[0].item() == -512  # 0xFE00

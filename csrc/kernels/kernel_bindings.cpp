@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/nan_rule.h"
 #include "allreduce/wire_codec.h"
 #include "common/reduce_op.h"
 #include "kernels/convert_cpu.h"
@@ -86,6 +87,56 @@ void reduce_for_test(
   }
 }
 
+// What the CUDA kernel computes for float32/float64 SUM and PRODUCT (then
+// AVG's division), on the host: each step's IEEE result with a GPU's NaN
+// (one canonical NaN for every NaN result), then nan_rule::like_x86, as
+// reduce_cuda.cu does.  The tests compare it with the CPU kernel.
+template <typename T, typename U>
+void device_nan_rule(T* out, const std::vector<const T*>& in, int64_t count, bool product, int64_t divisor,
+                     U canonical) {
+  auto gpu = [&](T r) {
+    if (r == r) return r;
+    T c;
+    std::memcpy(&c, &canonical, sizeof(c));
+    return c;
+  };
+  for (int64_t e = 0; e < count; ++e) {
+    T acc = in[0][e];
+    for (size_t i = 1; i < in.size(); ++i) {
+      const T x = in[i][e];
+      acc = nan_rule::like_x86(acc, x, gpu(product ? acc * x : acc + x));
+    }
+    if (divisor > 0) {
+      const T d = static_cast<T>(divisor);
+      acc = nan_rule::like_x86(acc, d, gpu(acc / d));
+    }
+    out[e] = acc;
+  }
+}
+
+at::Tensor device_nan_rule_for_test(const std::vector<at::Tensor>& inputs, const std::string& op_name,
+                                    int64_t divisor) {
+  TORCH_CHECK_VALUE(!inputs.empty(), "_device_nan_rule_for_test needs at least one input tensor");
+  const RedOp op = parse_redop(op_name);
+  TORCH_CHECK_VALUE(op == RedOp::kSum || op == RedOp::kProduct, "_device_nan_rule_for_test: sum or product");
+  at::Tensor out = at::empty_like(inputs[0]);
+  for (const auto& t : inputs) check_tensor(t, "input", out);
+  const int64_t count = out.numel();
+  const bool product = op == RedOp::kProduct;
+  if (out.scalar_type() == at::kFloat) {
+    std::vector<const float*> in;
+    for (const auto& t : inputs) in.push_back(t.data_ptr<float>());
+    device_nan_rule(out.data_ptr<float>(), in, count, product, divisor, uint32_t{0x7FFFFFFFu});
+  } else if (out.scalar_type() == at::kDouble) {
+    std::vector<const double*> in;
+    for (const auto& t : inputs) in.push_back(t.data_ptr<double>());
+    device_nan_rule(out.data_ptr<double>(), in, count, product, divisor, uint64_t{0x7FFFFFFFFFFFFFFFull});
+  } else {
+    TORCH_CHECK_VALUE(false, "_device_nan_rule_for_test: float32 or float64");
+  }
+  return out;
+}
+
 at::Tensor wire_narrow_for_test(const at::Tensor& src, const std::string& fmt, int64_t scale_exp) {
   check_tensor(src, "src", src);
   const HalfFormat f = parse_half_format(fmt);
@@ -153,6 +204,10 @@ void register_kernel_bindings(pybind11::module& m) {
       "kernel, then divided by `divisor` if it is > 0 (floating types only). All "
       "tensors must be contiguous CPU tensors of one dtype and size; out may be "
       "one of the inputs.");
+  m.def("_device_nan_rule_for_test", &device_nan_rule_for_test, pybind11::arg("inputs"), pybind11::arg("op"),
+        pybind11::arg("divisor") = 0,
+        "Test hook: the CUDA kernel's float32/float64 sum or product (then division by `divisor` if > 0) as "
+        "computed on a GPU (canonical NaNs) and corrected by kernels/nan_rule.h, on the host.");
   m.def("_wire_narrow_for_test", &wire_narrow_for_test, pybind11::arg("src"), pybind11::arg("fmt"),
         pybind11::arg("scale_exp") = 0,
         "Test hook: the wire bits (int16) of a contiguous float32/float64 CPU tensor times 2^scale_exp, "

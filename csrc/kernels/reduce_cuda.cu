@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "kernels/half_bits_cuda.cuh"
+#include "kernels/nan_rule.h"
 
 namespace fairring {
 namespace {
@@ -77,16 +78,17 @@ __device__ __forceinline__ A wrap_mul(A a, A b) {
   return static_cast<A>(static_cast<W>(static_cast<W>(static_cast<U>(a)) * static_cast<W>(static_cast<U>(b))));
 }
 
+// Floating point: the device's IEEE result with the CPU's NaNs (nan_rule.h).
 struct OpSum {
-  __device__ static float apply(float a, float b) { return __fadd_rn(a, b); }
-  __device__ static double apply(double a, double b) { return __dadd_rn(a, b); }
+  __device__ static float apply(float a, float b) { return nan_rule::like_x86(a, b, __fadd_rn(a, b)); }
+  __device__ static double apply(double a, double b) { return nan_rule::like_x86(a, b, __dadd_rn(a, b)); }
   template <typename A>
   __device__ static A apply(A a, A b) { return wrap_add(a, b); }
 };
 
 struct OpProduct {
-  __device__ static float apply(float a, float b) { return __fmul_rn(a, b); }
-  __device__ static double apply(double a, double b) { return __dmul_rn(a, b); }
+  __device__ static float apply(float a, float b) { return nan_rule::like_x86(a, b, __fmul_rn(a, b)); }
+  __device__ static double apply(double a, double b) { return nan_rule::like_x86(a, b, __dmul_rn(a, b)); }
   template <typename A>
   __device__ static A apply(A a, A b) { return wrap_mul(a, b); }
 };
@@ -127,8 +129,8 @@ struct OpXor {
   __device__ static A apply(A a, A b) { return static_cast<A>(a ^ b); }
 };
 
-__device__ __forceinline__ float divide(float a, float d) { return __fdiv_rn(a, d); }
-__device__ __forceinline__ double divide(double a, double d) { return __ddiv_rn(a, d); }
+__device__ __forceinline__ float divide(float a, float d) { return nan_rule::like_x86(a, d, __fdiv_rn(a, d)); }
+__device__ __forceinline__ double divide(double a, double d) { return nan_rule::like_x86(a, d, __ddiv_rn(a, d)); }
 template <typename A>
 __device__ __forceinline__ A divide(A a, A) { return a; }  // integers never get a divisor
 
