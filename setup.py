@@ -5,6 +5,10 @@
 The CPU sources (csrc/**/*.cpp) are always built.  When the installed torch has
 CUDA and nvcc is found, the CUDA sources (csrc/**/*.cu) are compiled in too and
 FAIRRING_WITH_CUDA is defined, so the same tree serves both builds.
+
+FAIRRING_SANITIZE=thread (or address, undefined) builds the C++ sources with
+that sanitizer (-fsanitize=..., -O1 -g); see "Sanitizer builds" in the README
+for how to run the tests under it (the runtime must be preloaded).
 """
 import glob
 import hashlib
@@ -64,8 +68,24 @@ def _wheel_cuda_includes(site):
     return out
 
 
+_SANITIZERS = ("thread", "address", "undefined")
+
+
+def _sanitize_flags():
+    """FAIRRING_SANITIZE=thread|address|undefined: compile and link flags."""
+    which = os.environ.get("FAIRRING_SANITIZE", "").strip()
+    if not which:
+        return [], []
+    if which not in _SANITIZERS:
+        raise SystemExit(f"FAIRRING_SANITIZE={which!r}: expected one of {', '.join(_SANITIZERS)}")
+    flag = f"-fsanitize={which}"
+    return [flag, "-O1", "-g", "-fno-omit-frame-pointer"], [flag]
+
+
 def _extension():
-    cxx_flags = ["-O3", "-fwrapv", "-Wall", "-Wno-unused-function"]
+    san_cxx, san_link = _sanitize_flags()
+    # The sanitizer's -O1 comes after -O3 and wins.
+    cxx_flags = ["-O3", "-fwrapv", "-Wall", "-Wno-unused-function"] + san_cxx
     include_dirs = [os.path.join(HERE, "csrc")]
     sources = _sources("*.cpp")
     if _want_cuda():
@@ -86,14 +106,14 @@ def _extension():
                  '"%s"' % os.environ.get("TORCH_CUDA_ARCH_LIST", "torch's default (the GPUs seen at build time)")),
             ],
             extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3"]},
-            extra_link_args=["-lrt", "-ldl"],  # dl: NCCL is loaded at run time
+            extra_link_args=["-lrt", "-ldl"] + san_link,  # dl: NCCL is loaded at run time
         )
     return cpp_extension.CppExtension(
         "fairring_py._C",
         sources,
         include_dirs=include_dirs,
         extra_compile_args={"cxx": cxx_flags},
-        extra_link_args=["-lrt"],
+        extra_link_args=["-lrt"] + san_link,
     )
 
 
