@@ -17,6 +17,7 @@
 #include "allreduce/wait_check.h"
 #include "common/dist_error.h"
 #include "common/errors.h"
+#include "common/fault_injection.h"
 #include "common/same_settings.h"
 #include "common/log.h"
 #include "kernels/reduce_cuda.h"
@@ -100,43 +101,80 @@ CudaEngine::CudaEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
   // Host counters and slot headers only: no host data areas (the data is on
   // the device).  A shared-memory name of its own, too.
   set_arena(std::make_unique<NodeArena>(prefixed, topo, job_uid + "-cuda", num_slots(), 64, config.timeout));
-  if (k > 1) {
-    const std::string key = "node" + std::to_string(topo.node);
-    memory_ = std::make_unique<SharedDeviceMemory>(prefixed, key + "/mem", topo.local_ranks(), topo.local_rank,
-                                                   static_cast<size_t>(2 * area_ * num_slots()), config.timeout);
-    events_ = std::make_unique<SharedEvents>(prefixed, key + "/events", topo.local_ranks(), topo.local_rank,
-                                             kPeerSteps * num_slots(), config.timeout);
-  }
-  for (int s = 0; s < num_slots(); ++s) {
-    streams_.push_back(std::make_unique<DedicatedStream>(device_, /*high_priority=*/true));
-    slice_end_.push_back(new_event());
-  }
-  tail_ = std::make_unique<DedicatedStream>(device_, true);
-  future_stream_ = std::make_unique<DedicatedStream>(device_, false);
-
-  if (n > 1) {
-    SlotStream slot_stream = [this](int slot) { return streams_[slot]->stream(); };
-    RailExchange::SliceDone done = [this](uint64_t seq) { chunk_back(seq); };
-    if (config.gpu_transport == "nccl") {
-      rail_ = std::make_unique<CudaNcclRail>(prefixed, topo, config, params(), device_, std::move(slot_stream),
-                                             std::move(done));
-    } else {
-      rail_ = std::make_unique<CudaStagedRail>(prefixed, topo, config, params(), secret, device_, area_,
-                                               std::move(slot_stream), std::move(done),
-                                               [this](const std::string& why) { fail(why); });
+  // Construction steps (FAIRRING_TEST_FAIL_AT): ipc, streams, rail, held, start.
+  try {
+    construction_step("ipc");
+    if (k > 1) {
+      const std::string key = "node" + std::to_string(topo.node);
+      memory_ = std::make_unique<SharedDeviceMemory>(prefixed, key + "/mem", topo.local_ranks(), topo.local_rank,
+                                                     static_cast<size_t>(2 * area_ * num_slots()), config.timeout);
+      events_ = std::make_unique<SharedEvents>(prefixed, key + "/events", topo.local_ranks(), topo.local_rank,
+                                               kPeerSteps * num_slots(), config.timeout);
     }
+    construction_step("streams");
+    for (int s = 0; s < num_slots(); ++s) {
+      streams_.push_back(std::make_unique<DedicatedStream>(device_, /*high_priority=*/true));
+      slice_end_.push_back(new_event());
+    }
+    tail_ = std::make_unique<DedicatedStream>(device_, true);
+    future_stream_ = std::make_unique<DedicatedStream>(device_, false);
+
+    construction_step("rail");
+    if (n > 1) {
+      SlotStream slot_stream = [this](int slot) { return streams_[slot]->stream(); };
+      RailExchange::SliceDone done = [this](uint64_t seq) { chunk_back(seq); };
+      if (config.gpu_transport == "nccl") {
+        rail_ = std::make_unique<CudaNcclRail>(prefixed, topo, config, params(), device_, std::move(slot_stream),
+                                               std::move(done));
+      } else {
+        rail_ = std::make_unique<CudaStagedRail>(prefixed, topo, config, params(), secret, device_, area_,
+                                                 std::move(slot_stream), std::move(done),
+                                                 [this](const std::string& why) { fail(why); });
+      }
+    }
+    construction_step("held");
+    held_ = std::make_unique<HeldOps>(
+        topo.rank, device_,
+        [](const PipelineOp& op) -> const CudaEvent* {
+          const auto& c = static_cast<const CudaAllreduceOp&>(op);
+          return c.enqueued ? c.done.get() : nullptr;
+        },
+        [this] { return failed(); }, [this](const std::string& why) { fail(why); }, config.timeout);
+    mover_ = std::make_unique<CudaMover>(*this);
+    set_movers(*mover_, rail_.get());
+    construction_step("start");
+    if (rail_) rail_->start();  // its threads may fail the group, which reaches rail_
+  } catch (...) {
+    unwind_construction();
+    throw;
   }
-  held_ = std::make_unique<HeldOps>(
-      topo.rank, device_,
-      [](const PipelineOp& op) -> const CudaEvent* {
-        const auto& c = static_cast<const CudaAllreduceOp&>(op);
-        return c.enqueued ? c.done.get() : nullptr;
-      },
-      [this] { return failed(); }, [this](const std::string& why) { fail(why); }, config.timeout);
-  mover_ = std::make_unique<CudaMover>(*this);
-  set_movers(*mover_, rail_.get());
-  if (rail_) rail_->start();  // its threads may fail the group, which reaches rail_
   start();
+}
+
+void CudaEngine::unwind_construction() noexcept {
+  // In reverse order of construction; nothing was enqueued yet.
+  held_.reset();
+  mover_.reset();
+  rail_.reset();
+  c10::cuda::CUDAGuard guard(device_);
+  for (cudaEvent_t ev : slice_end_) cuda_ok_or_log(cudaEventDestroy(ev), topo().rank, "cudaEventDestroy");
+  slice_end_.clear();
+  future_stream_.reset();
+  tail_.reset();
+  streams_.clear();
+  // A peer may have mapped our memory and opened our events already, and is
+  // failing on its own schedule: close what we opened of theirs, leave ours
+  // to the process's exit rather than free it under a peer.
+  if (events_) {
+    events_->close_peers();
+    events_->leak_own();
+    events_.reset();
+  }
+  if (memory_) {
+    memory_->close_peers();
+    memory_->leak_own();
+    memory_.reset();
+  }
 }
 
 CudaEngine::~CudaEngine() {

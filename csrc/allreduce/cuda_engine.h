@@ -78,6 +78,9 @@ class CudaEngine : public Pipeline {
 
   // Teardown of the node's CUDA IPC resources, after our streams are idle.
   void close_ipc();
+  // A constructor that throws: frees what it built, in reverse order, and
+  // leaves memory and events that peers may have opened to the process's exit.
+  void unwind_construction() noexcept;
   // Waits for the work queued so far on `stream`, at most until `until`;
   // false if it is still running then.  Device work can wait on a local
   // peer's IPC event forever, so the wait is polled (never a blocking

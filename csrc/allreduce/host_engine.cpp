@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "common/fault_injection.h"
 #include "kernels/copy_cpu.h"
 #include "kernels/reduce_cpu.h"
 
@@ -58,15 +59,18 @@ HostEngine::HostEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
   require_memory(required_memory(config, params(), topo.ranks_per_node, topo.num_nodes));
   const char* deferred = std::getenv("FAIRRING_TEST_DEFERRED_MOVER");
   const bool test_deferred = deferred && std::string(deferred) == "1";
+  // Construction steps (FAIRRING_TEST_FAIL_AT): arena, rail, movers, start.
+  construction_step("arena");
   set_arena(std::make_unique<NodeArena>(store, topo, job_uid, num_slots(), config.slice_size, config.timeout,
                                         test_deferred ? DeferredMover::kCounters : 0));
-
+  construction_step("rail");
   if (topo.num_nodes > 1) {
     RailStage::Callbacks cb;
     cb.slice_done = [this](uint64_t seq) { chunk_back(seq); };
     cb.failed = [this](const std::string& why) { fail(why); };
     rail_ = connect_rail(store, topo, config, params(), secret, std::move(cb), mesh_);
   }
+  construction_step("movers");
   if (test_deferred) {
     deferred_ = std::make_unique<DeferredMover>(arena(), topo.local_rank, topo.ranks_per_node, num_slots(), topo.rank,
                                                 config.timeout);
@@ -79,6 +83,7 @@ HostEngine::HostEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
     mover_ = std::make_unique<HostMover>(arena());
     set_movers(*mover_, rail_.get());
   }
+  construction_step("start");
   // Its thread may fail the group at once, which reaches rail_ and fenced_.
   if (rail_) rail_->start();
   start();

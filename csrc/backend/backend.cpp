@@ -114,28 +114,10 @@ FairringBackend::FairringBackend(
   // Every rank ends group creation the same way: built, or failed with the
   // first rank's cause (a rank that fails tells the others through the store).
   auto init = c10::make_intrusive<InitStore>(store, rank, size, config.timeout);
-  try {
+  build_collectively(*init, [&] {
     validate(config_);
     build(init, node_key);
-    init->checkpoint("built");
-  } catch (const std::exception& e) {
-    const bool ours_first = init->publish_failure(e.what());
-    if (ours_first) init->await_failure_read();
-    // A bad setting of our own stays our error (a ValueError in Python).
-    const bool own_setting = dynamic_cast<const c10::ValueError*>(&e) != nullptr ||
-        dynamic_cast<const std::invalid_argument*>(&e) != nullptr;
-    if (ours_first || own_setting) throw;
-    // Another rank failed first; ours may only follow from it (a segment
-    // its node-mate removed while failing): report the cause.
-    const std::exception_ptr original = std::current_exception();
-    std::string first;
-    try {
-      first = init->first_failure();
-    } catch (...) {
-      std::rethrow_exception(original);
-    }
-    throw std::runtime_error(first + " (then on this rank: " + e.what() + ")");
-  }
+  });
   store_ = store;  // for the CUDA engine, created at the first CUDA all-reduce
   abort_hook_ = std::make_shared<GroupAbortHook>([this](const std::string& why) {
     abort_engines(why);

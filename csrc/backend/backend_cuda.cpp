@@ -6,6 +6,7 @@
 #include "allreduce/cuda_engine.h"
 #include "allreduce/plan.h"
 #include "backend/backend.h"
+#include "backend/init_store.h"
 #include "backend/reduce_input.h"
 #include "kernels/reduce_cpu.h"
 
@@ -84,8 +85,13 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<Pi
     std::lock_guard<std::mutex> lock(cuda_mu_);
     if (!cuda_engine_) {
       // Collective: every rank reaches its first CUDA collective in the same
-      // place of the issue order.
-      cuda_engine_ = std::make_unique<CudaEngine>(store_, topo_, config_, job_uid_, secret_, device);
+      // place of the issue order.  Built like the group (init_store.h): a
+      // rank that fails tells the others, whose waits end with its cause.
+      auto init = c10::make_intrusive<InitStore>(c10::make_intrusive<c10d::PrefixStore>("fairring-cuda-init/", store_),
+                                                 getRank(), getSize(), config_.timeout);
+      build_collectively(*init, [&] {
+        cuda_engine_ = std::make_unique<CudaEngine>(init, topo_, config_, job_uid_, secret_, device);
+      });
     }
     engine = cuda_engine_.get();
   }

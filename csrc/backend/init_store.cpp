@@ -107,4 +107,28 @@ void InitStore::checkpoint(const std::string& stage) {
   wait(keys);
 }
 
+void build_collectively(InitStore& init, const std::function<void()>& build) {
+  try {
+    build();
+    init.checkpoint("built");
+  } catch (const std::exception& e) {
+    const bool ours_first = init.publish_failure(e.what());
+    if (ours_first) init.await_failure_read();
+    // A bad setting of our own stays our error (a ValueError in Python).
+    const bool own_setting = dynamic_cast<const c10::ValueError*>(&e) != nullptr ||
+        dynamic_cast<const std::invalid_argument*>(&e) != nullptr;
+    if (ours_first || own_setting) throw;
+    // Another rank failed first; ours may only follow from it (a segment
+    // its node-mate removed while failing): report the cause.
+    const std::exception_ptr original = std::current_exception();
+    std::string first;
+    try {
+      first = init.first_failure();
+    } catch (...) {
+      std::rethrow_exception(original);
+    }
+    throw std::runtime_error(first + " (then on this rank: " + e.what() + ")");
+  }
+}
+
 }  // namespace fairring

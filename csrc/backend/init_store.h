@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,5 +48,12 @@ class InitStore : public c10d::PrefixStore {
   int size_;
   std::chrono::milliseconds timeout_;
 };
+
+// Runs `build` (collective: every rank of the group runs it through `init`)
+// and the "built" checkpoint.  If it throws, the rank publishes its error
+// and rethrows it if it was the first (or a bad setting of its own: a
+// ValueError stays one); a rank that failed only after another did raises
+// the first cause, with its own appended.  So every rank ends the same way.
+void build_collectively(InitStore& init, const std::function<void()>& build);
 
 }  // namespace fairring
