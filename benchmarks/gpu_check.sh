@@ -5,12 +5,13 @@
 # 1. preflight: the GPU's compute mode and MIG state, the Python prerequisites;
 # 2. builds fairring_py._C in place with its CUDA parts, for sm_90 only
 #    (TORCH_CUDA_ARCH_LIST=9.0, override it for another GPU), ninja in parallel;
-# 3. runs the GPU test sessions (kernels; the all-reduce on 1x2, 2x1, 2x2, 3x1
+# 3. runs the GPU test sessions (a smoke run first, which stops the script if
+#    it fails; kernels; the all-reduce on 1x2, 2x1, 2x2, 3x1
 #    simulated clusters; the checks of issue 10: is_completed() polling, slow
 #    producers, 256 KiB slices of 4-8 MB tensors, groups created and destroyed
-#    three times), the kernel tests under compute-sanitizer memcheck if it
-#    exists, and the timings (kernels vs D2D copy, all-reduce vs NCCL where it
-#    can run, per-op latency).
+#    three times), the timings (kernels vs D2D copy, all-reduce vs NCCL where
+#    it can run, per-op latency), and last the kernel tests under
+#    compute-sanitizer memcheck if it exists.
 # Every session has its own limit (about 2 minutes) inside an overall budget,
 # so that the whole script, build included, stays under 8 minutes.  On a
 # timeout the pytest process and every rank dump their Python stacks
@@ -96,6 +97,11 @@ session() {
     timeout -k 5 "$lim" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   tail -n 15 "$OUT/$name.log"
+  if [ "$rc" != 0 ]; then
+    # The lines that say what failed, not a bare FAILED.
+    echo "-- $name: failing lines"
+    grep -E "^(E |FAILED|ERROR)|Error:|rank [0-9]+: " "$OUT/$name.log" | grep -v "^E *$" | head -n 40
+  fi
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
     echo "== $name TIMED OUT after ${lim}s (stacks in $OUT/$name.log and $OUT/ranks/$name/)"; fail=1
   elif [ "$rc" != 0 ]; then
@@ -104,22 +110,31 @@ session() {
 }
 
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider)
+# First a smoke run (1x2 and 2x1, small and large, group timeout 25 s): if
+# the all-reduce does not work at all, nothing after it can say more.
+session smoke 60 "${PYTEST[@]}" -x tests/test_gpu_allreduce.py -k "smoke"
+if [ "$fail" != 0 ]; then
+  step "done: FAILED at the smoke run (results under $OUT)"
+  exit 1
+fi
 session kernels 90 "${PYTEST[@]}" tests/test_gpu_kernels.py tests/test_gpu_options.py
 session review 120 "${PYTEST[@]}" tests/test_gpu_allreduce.py \
   -k "(slice256K or 3x1 or shared_gpu or nccl) and not compressed"
 session allreduce 120 "${PYTEST[@]}" tests/test_gpu_allreduce.py \
-  -k "not slice256K and not 3x1 and not shared_gpu and not nccl and not compressed and not budget"
+  -k "not smoke and not slice256K and not 3x1 and not shared_gpu and not nccl and not compressed and not budget"
 # Compressed rails (FAIRRING_WIRE_DTYPE) on both transports, and their memory budget.
 session wire 180 "${PYTEST[@]}" tests/test_gpu_allreduce.py -k "compressed or budget"
+session timings 100 "$PY" benchmarks/gpu_bench.py --quick --json "$OUT/gpu_bench.json"
+# Last: memcheck slows every kernel and copy down a lot (a few cases only),
+# and without the caching allocator it sees each buffer's real bounds.
 SANITIZER="$(command -v compute-sanitizer || ls "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" 2>/dev/null || true)"
 if [ -n "$SANITIZER" ]; then
-  # A few cases: memcheck slows every kernel and copy down a lot.
-  session memcheck 90 "$SANITIZER" --tool memcheck --error-exitcode 9 --print-limit 20 \
-    "${PYTEST[@]}" tests/test_gpu_kernels.py -k "float32-SUM or bfloat16-AVG or int8-MAX or unaligned or wire_message"
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 session memcheck 90 "$SANITIZER" --tool memcheck --error-exitcode 9 \
+    --print-limit 20 "${PYTEST[@]}" tests/test_gpu_kernels.py \
+    -k "float32-SUM or bfloat16-AVG or int8-MAX or unaligned or wire_message or nan_bits"
 else
   step "memcheck SKIPPED: no compute-sanitizer (in PATH or \$CUDA_HOME/bin)"
 fi
-session timings 100 "$PY" benchmarks/gpu_bench.py --quick --json "$OUT/gpu_bench.json"
 
 step "done: $([ "$fail" = 0 ] && echo OK || echo FAILED) (results under $OUT)"
 exit "$fail"

@@ -282,7 +282,8 @@ def stop_mid_stream(rank, world, culprit, timeout_s):
     works = [dist.all_reduce(torch.ones(2_000_003), async_op=True) for _ in range(4)]
     if rank == culprit:
         # Someone must wake us: a sleeper outside this process.
-        subprocess.Popen(["sh", "-c", f"sleep {2 * timeout_s + 6}; kill -CONT {os.getpid()}"])
+        # Every survivor has given up by 1.35 x timeout (deadlines.h).
+        subprocess.Popen(["sh", "-c", f"sleep {1.5 * timeout_s + 2}; kill -CONT {os.getpid()}"])
         os.kill(os.getpid(), signal.SIGSTOP)
         for w in works:
             _attempt(w.wait)

@@ -14,6 +14,9 @@ from gpu_support import requires_gpu
 SIZES = [1, 13, 1031, 4099, 65537, 262147]
 
 TOPOLOGIES = {
+    # gpu_check.sh's first session: small and large on one node and on two.
+    "smoke-1x2": (["a", "a"], {}, ["correctness"], {"sizes": [1, 4099, (4 << 20) + 3]}),
+    "smoke-2x1": (["a", "b"], {}, ["correctness"], {"sizes": [1, 4099, (4 << 20) + 3]}),
     "1x2": (["a", "a"], {}, ["correctness", "streams", "errors", "ddp", "collectives", "issue_order"], {"sizes": SIZES}),
     "2x1": (["a", "b"], {}, ["correctness", "streams", "collectives", "issue_order"], {"sizes": SIZES}),
     "2x2": (["a", "a", "b", "b"], {}, ["correctness", "streams", "errors", "ddp", "collectives", "issue_order"],
@@ -68,8 +71,10 @@ _cache: dict = {}
 def session(name):
     if name not in _cache:
         ids, env, sections, cfg = TOPOLOGIES[name]
-        res = launch.run_ranks(rank_gpu_checks.session, ids, args=(sections, cfg), env=env, timeout_s=420,
-                               pg_timeout_s=120, check=False)
+        # Below gpu_check.sh's per-session limits (90-180 s): a hang fails
+        # the test, with every rank's stacks, before the script gives up.
+        res = launch.run_ranks(rank_gpu_checks.session, ids, args=(sections, cfg), env=env, timeout_s=80,
+                               pg_timeout_s=25, check=False)
         _cache[name] = res
     return _cache[name]
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import refs
+import test_kernels
 import test_wire_dtype
 from gpu_support import BUILT_WITH_CUDA, requires_gpu
 from fairring_py import _C
@@ -91,6 +92,26 @@ def test_half_nan_and_inf_bits_match_cpu():
             g = torch.empty_like(a, device="cuda")
             _C._reduce_cuda_for_test(g, [a.cuda(), b.cuda()], op, 0)
             assert torch.equal(_bits(g.cpu()), _bits(cpu_out)), f"{dtype} {op}"
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("op", ["SUM", "PRODUCT", "AVG"])
+def test_float_nan_bits_match_cpu(dtype, op):
+    """Every way a sum, product or AVG can give a NaN (test_kernels._nan_cases:
+    NaN operands of both signs and several payloads, signalling ones, inf -
+    inf, 0 x inf): the GPU kernel's bits are the CPU kernel's (nan_rule.h)."""
+    a, b = test_kernels._nan_cases(dtype)
+    c = torch.full_like(a, 3.0)
+    for inputs in ([a, b], [b, a], [a, b, c]):
+        divisor = len(inputs) if op == "AVG" else 0
+        cpu_out = torch.empty_like(a)
+        _C._reduce_for_test(cpu_out, inputs, op, divisor)
+        g = torch.empty_like(a, device="cuda")
+        _C._reduce_cuda_for_test(g, [t.cuda() for t in inputs], op, divisor)
+        torch.cuda.synchronize()
+        wrong = (_bits(g.cpu()).view(-1) != _bits(cpu_out).view(-1)).sum().item()
+        assert wrong == 0, f"{dtype} {op} with {len(inputs)} inputs: {wrong} bytes differ from the CPU kernel"
 
 
 @requires_gpu

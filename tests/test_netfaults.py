@@ -35,7 +35,7 @@ import rank_netfaults
 
 from fairring_py.bench import netns
 
-TIMEOUT_S = 8
+TIMEOUT_S = 6
 NUMEL = 4 * 1024 * 1024  # 16 MiB of float32: 16 slices, several in flight
 
 
