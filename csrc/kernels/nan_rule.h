@@ -15,45 +15,41 @@
 #include <cstdint>
 #include <cstring>
 
-#ifdef __CUDACC__
-#define FAIRRING_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define FAIRRING_HOST_DEVICE inline
-#endif
+#include "kernels/host_device.h"
 
 namespace fairring {
 namespace nan_rule {
 
-FAIRRING_HOST_DEVICE uint32_t bits(float f) {
+FAIRRING_HOST_DEVICE inline uint32_t bits(float f) {
   uint32_t u;
   memcpy(&u, &f, sizeof(u));
   return u;
 }
-FAIRRING_HOST_DEVICE uint64_t bits(double d) {
+FAIRRING_HOST_DEVICE inline uint64_t bits(double d) {
   uint64_t u;
   memcpy(&u, &d, sizeof(u));
   return u;
 }
-FAIRRING_HOST_DEVICE float float_of(uint32_t u) {
+FAIRRING_HOST_DEVICE inline float float_of(uint32_t u) {
   float f;
   memcpy(&f, &u, sizeof(f));
   return f;
 }
-FAIRRING_HOST_DEVICE double double_of(uint64_t u) {
+FAIRRING_HOST_DEVICE inline double double_of(uint64_t u) {
   double d;
   memcpy(&d, &u, sizeof(d));
   return d;
 }
 
-FAIRRING_HOST_DEVICE float quiet(float f) { return float_of(bits(f) | 0x00400000u); }
-FAIRRING_HOST_DEVICE double quiet(double d) { return double_of(bits(d) | 0x0008000000000000ull); }
-FAIRRING_HOST_DEVICE float default_nan(float) { return float_of(0xFFC00000u); }
-FAIRRING_HOST_DEVICE double default_nan(double) { return double_of(0xFFF8000000000000ull); }
+FAIRRING_HOST_DEVICE inline float quiet(float f) { return float_of(bits(f) | 0x00400000u); }
+FAIRRING_HOST_DEVICE inline double quiet(double d) { return double_of(bits(d) | 0x0008000000000000ull); }
+FAIRRING_HOST_DEVICE inline float default_nan(float) { return float_of(0xFFC00000u); }
+FAIRRING_HOST_DEVICE inline double default_nan(double) { return double_of(0xFFF8000000000000ull); }
 
 // `r`: the IEEE result of `a` op `b` as some hardware computed it (its NaN
 // may be anything).  Returns `r`, or, if it is a NaN, the NaN x86 returns.
 template <typename T>
-FAIRRING_HOST_DEVICE T like_x86(T a, T b, T r) {
+FAIRRING_HOST_DEVICE inline T like_x86(T a, T b, T r) {
   if (r == r) return r;
   if (b != b) return quiet(b);
   if (a != a) return quiet(a);

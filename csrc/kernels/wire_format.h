@@ -12,11 +12,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define FAIRRING_HOST_DEVICE __host__ __device__
-#else
-#define FAIRRING_HOST_DEVICE
-#endif
+#include "kernels/host_device.h"
 
 namespace fairring {
 
