@@ -3,11 +3,11 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
 
+#include "common/fault_injection.h"
 #include "common/log.h"
 #include <new>
 #include <stdexcept>
@@ -62,9 +62,7 @@ NodeArena::NodeArena(
   const std::string here_key = "fairring/shm_here/" + std::to_string(topo.node) + "/";
   if (topo.local_rank != 0) {
     // FAIRRING_TEST_ARENA_DELAY_MS: a rank slow to get here (tests).
-    if (const char* d = std::getenv("FAIRRING_TEST_ARENA_DELAY_MS")) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(d)));
-    }
+    std::this_thread::sleep_for(test_delay("FAIRRING_TEST_ARENA_DELAY_MS"));
     store->set(here_key + std::to_string(topo.local_rank), std::vector<uint8_t>{1});
   }
 

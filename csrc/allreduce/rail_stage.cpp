@@ -9,13 +9,13 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <stdexcept>
 
 #include "allreduce/deadlines.h"
 #include "allreduce/rail_plan.h"
 #include "common/config.h"
 #include "common/errors.h"
+#include "common/fault_injection.h"
 #include "kernels/reduce_cpu.h"
 #include "transport/tcp_mesh.h"
 
@@ -40,15 +40,6 @@ WireHeader header_for(const RailTask& t, WireKind kind, uint64_t bytes) {
   h.key = t.key;
   h.bytes = bytes;
   return h;
-}
-
-// FAIRRING_TEST_RAIL_REDUCE_DELAY_MS=<ms>: the server sleeps that long
-// before its first reduction of a shard into the caller's chunk (tests: a rail thread
-// that is slow, descheduled or stopped at the point where it writes into
-// an op's memory, while the op fails).
-std::chrono::milliseconds test_reduce_delay() {
-  const char* v = std::getenv("FAIRRING_TEST_RAIL_REDUCE_DELAY_MS");
-  return std::chrono::milliseconds(v ? std::atoll(v) : 0);
 }
 
 // Throws the message users see when ranks issued different collectives.
@@ -91,7 +82,11 @@ RailStage::RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callb
   }
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw std::runtime_error("fairring: eventfd failed");
-  reduce_delay_ = test_reduce_delay();
+  // FAIRRING_TEST_RAIL_REDUCE_DELAY_MS: the server sleeps that long before
+  // its first reduction of a shard into the caller's chunk (tests: a rail
+  // thread slow, descheduled or stopped where it writes into an op's memory
+  // while the op fails).
+  reduce_delay_ = test_delay("FAIRRING_TEST_RAIL_REDUCE_DELAY_MS");
 }
 
 void RailStage::start() {

@@ -1,13 +1,15 @@
-// Test hook: a failure injected at a named step of an engine's construction,
+// Test hooks: a failure injected at a named step of an engine's construction,
 // to test that every step unwinds what the steps before it built.
 // FAIRRING_TEST_FAIL_AT=<step> on a rank makes its construction throw when
 // it reaches that step (the steps are listed where they are called:
 // host_engine.cpp, cuda_engine.cpp).
 #pragma once
 
+#include <chrono>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace fairring {
 
@@ -17,6 +19,13 @@ inline void construction_step(const char* step) {
     throw std::runtime_error(std::string("fairring: injected failure at construction step '") + step +
                              "' (FAIRRING_TEST_FAIL_AT)");
   }
+}
+
+// Test hook: how long the environment variable `var` (milliseconds) says a
+// step should be late; 0 when unset.
+inline std::chrono::milliseconds test_delay(const char* var) {
+  const char* v = std::getenv(var);
+  return std::chrono::milliseconds(v ? std::atoll(v) : 0);
 }
 
 }  // namespace fairring

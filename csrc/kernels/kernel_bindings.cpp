@@ -94,12 +94,7 @@ void reduce_for_test(
 template <typename T, typename U>
 void device_nan_rule(T* out, const std::vector<const T*>& in, int64_t count, bool product, int64_t divisor,
                      U canonical) {
-  auto gpu = [&](T r) {
-    if (r == r) return r;
-    T c;
-    std::memcpy(&c, &canonical, sizeof(c));
-    return c;
-  };
+  auto gpu = [&](T r) { return r == r ? r : nan_rule::bit_cast<T>(canonical); };
   for (int64_t e = 0; e < count; ++e) {
     T acc = in[0][e];
     for (size_t i = 1; i < in.size(); ++i) {
@@ -123,14 +118,17 @@ at::Tensor device_nan_rule_for_test(const std::vector<at::Tensor>& inputs, const
   for (const auto& t : inputs) check_tensor(t, "input", out);
   const int64_t count = out.numel();
   const bool product = op == RedOp::kProduct;
+  // `canonical`: a GPU's NaN, in the bits of T.
+  auto run = [&](auto zero, auto canonical) {
+    using T = decltype(zero);
+    std::vector<const T*> in;
+    for (const auto& t : inputs) in.push_back(t.data_ptr<T>());
+    device_nan_rule(out.data_ptr<T>(), in, count, product, divisor, canonical);
+  };
   if (out.scalar_type() == at::kFloat) {
-    std::vector<const float*> in;
-    for (const auto& t : inputs) in.push_back(t.data_ptr<float>());
-    device_nan_rule(out.data_ptr<float>(), in, count, product, divisor, uint32_t{0x7FFFFFFFu});
+    run(float{}, uint32_t{0x7FFFFFFFu});
   } else if (out.scalar_type() == at::kDouble) {
-    std::vector<const double*> in;
-    for (const auto& t : inputs) in.push_back(t.data_ptr<double>());
-    device_nan_rule(out.data_ptr<double>(), in, count, product, divisor, uint64_t{0x7FFFFFFFFFFFFFFFull});
+    run(double{}, uint64_t{0x7FFFFFFFFFFFFFFFull});
   } else {
     TORCH_CHECK_VALUE(false, "_device_nan_rule_for_test: float32 or float64");
   }

@@ -20,31 +20,21 @@
 namespace fairring {
 namespace nan_rule {
 
-FAIRRING_HOST_DEVICE inline uint32_t bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof(u));
-  return u;
-}
-FAIRRING_HOST_DEVICE inline uint64_t bits(double d) {
-  uint64_t u;
-  memcpy(&u, &d, sizeof(u));
-  return u;
-}
-FAIRRING_HOST_DEVICE inline float float_of(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof(f));
-  return f;
-}
-FAIRRING_HOST_DEVICE inline double double_of(uint64_t u) {
-  double d;
-  memcpy(&d, &u, sizeof(d));
-  return d;
+// The same bits as another type of the same width (memcpy: host and device).
+template <typename To, typename From>
+FAIRRING_HOST_DEVICE inline To bit_cast(From from) {
+  static_assert(sizeof(To) == sizeof(From), "bit_cast between types of different widths");
+  To to;
+  memcpy(&to, &from, sizeof(to));
+  return to;
 }
 
-FAIRRING_HOST_DEVICE inline float quiet(float f) { return float_of(bits(f) | 0x00400000u); }
-FAIRRING_HOST_DEVICE inline double quiet(double d) { return double_of(bits(d) | 0x0008000000000000ull); }
-FAIRRING_HOST_DEVICE inline float default_nan(float) { return float_of(0xFFC00000u); }
-FAIRRING_HOST_DEVICE inline double default_nan(double) { return double_of(0xFFF8000000000000ull); }
+FAIRRING_HOST_DEVICE inline float quiet(float f) { return bit_cast<float>(bit_cast<uint32_t>(f) | 0x00400000u); }
+FAIRRING_HOST_DEVICE inline double quiet(double d) {
+  return bit_cast<double>(bit_cast<uint64_t>(d) | 0x0008000000000000ull);
+}
+FAIRRING_HOST_DEVICE inline float default_nan(float) { return bit_cast<float>(0xFFC00000u); }
+FAIRRING_HOST_DEVICE inline double default_nan(double) { return bit_cast<double>(0xFFF8000000000000ull); }
 
 // `r`: the IEEE result of `a` op `b` as some hardware computed it (its NaN
 // may be anything).  Returns `r`, or, if it is a NaN, the NaN x86 returns.
