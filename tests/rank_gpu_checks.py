@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import os
+import signal
+import time
 import traceback
 
 import torch
@@ -124,12 +126,128 @@ def sec_errors(rank, world, cfg):
     if torch.cuda.device_count() > 1:
         other = torch.device("cuda", (dev.index + 1) % torch.cuda.device_count())
         expect("tensor on another device", lambda: dist.all_reduce(torch.ones(8, device=other)), "current CUDA device")
+    _capture_is_refused(dev, failures)
     # The group still works afterwards (the errors were raised before anything was issued).
     x = torch.ones(8, device=dev)
     dist.all_reduce(x)
     if not torch.all(x.cpu() == world):
         failures.add("all_reduce after the rejected calls: wrong result")
     return {"failures": failures}
+
+
+def _capture_is_refused(dev, failures):
+    """An all_reduce issued while the current stream is captured into a CUDA
+    graph is refused with a clear error, and the capture stays valid (the
+    engine's threads must not invalidate it: they run in relaxed mode)."""
+    t = torch.ones(1024, device=dev)
+    side = torch.cuda.Stream(device=dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    graph = torch.cuda.CUDAGraph()
+    error = None
+    with torch.cuda.stream(side):
+        graph.capture_begin()
+        try:
+            dist.all_reduce(t)
+        except Exception as e:  # noqa: BLE001
+            error = e
+        finally:
+            try:
+                graph.capture_end()
+            except Exception as e:  # noqa: BLE001
+                failures.add(f"graph capture: the capture was invalidated: {type(e).__name__}: {str(e)[:300]}")
+    torch.cuda.current_stream(dev).wait_stream(side)
+    if error is None:
+        failures.add("graph capture: all_reduce during capture raised nothing")
+    elif "CUDA graph" not in str(error):
+        failures.add(f"graph capture: the error does not say why: {str(error)[:300]}")
+
+
+def _sleep_on_device(dev, seconds):
+    """Queues a kernel that spins for about `seconds` on the current stream."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(20_000_000)
+    end.record()
+    end.synchronize()
+    cycles_per_s = 20_000_000 / (start.elapsed_time(end) / 1000)
+    torch.cuda._sleep(int(cycles_per_s * seconds))
+
+
+def _poll_until_completed(work, limit_s):
+    """Seconds until is_completed() turned true, or None past `limit_s`."""
+    t0 = time.monotonic()
+    while not work.is_completed():
+        if time.monotonic() - t0 > limit_s:
+            return None
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+
+def device_stall(rank, world, timeout_s):
+    """The watchdog: the last rank's device is busy for 3x the group timeout
+    when it issues an all_reduce, so every rank's device work for it waits
+    that long.  Its Work is done on the host at once (as with NCCL); the
+    watchdog must turn it failed, naming the op, well before the kernel
+    ends, and fail the group."""
+    dev = _device(rank)
+    failures = Failures()
+    t = torch.full((1 << 16,), float(rank + 1), device=dev)
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    stall_s = 3 * timeout_s
+    if rank == world - 1:
+        _sleep_on_device(dev, stall_s)
+    work = dist.all_reduce(t, async_op=True)
+    took = _poll_until_completed(work, stall_s - 2)
+    error = work.exception() if took is not None else None
+    if took is None:
+        failures.add(f"is_completed() still false after {stall_s - 2} s: the stalled device work went unseen")
+    elif error is None:
+        failures.add(f"is_completed() after {took:.1f} s without an error, while the device was stalled for {stall_s} s")
+    else:
+        msg = str(error)
+        if "all_reduce #" not in msg or "device work" not in msg:
+            failures.add(f"the Work's error does not name the op and its device work: {msg[:400]}")
+        try:
+            work.wait()
+            failures.add("wait() returned after the watchdog failed the op")
+        except Exception:  # noqa: BLE001
+            pass
+    try:
+        dist.all_reduce(torch.ones(4, device=dev))
+        failures.add("an all_reduce after the watchdog fired succeeded: the group did not fail")
+    except Exception:  # noqa: BLE001
+        pass
+    return {"failures": failures, "seconds": took, "error": str(error)[:500] if error else None}
+
+
+def peer_killed_with_work_queued(rank, world, timeout_s):
+    """A local peer is SIGKILLed with its part of an all_reduce queued on its
+    device (behind a long kernel): the others' device work waits on it
+    forever.  Their Work must fail, naming the dead rank, within the timeout,
+    and the group must tear down without hanging."""
+    dev = _device(rank)
+    failures = Failures()
+    t = torch.full((1 << 16,), float(rank + 1), device=dev)
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    victim = world - 1
+    if rank == victim:
+        _sleep_on_device(dev, 60)
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()  # enqueued: its records are promised to the peers
+        os.kill(os.getpid(), signal.SIGKILL)
+    work = dist.all_reduce(t, async_op=True)
+    took = _poll_until_completed(work, timeout_s + 15)
+    error = work.exception() if took is not None else None
+    if took is None:
+        failures.add(f"is_completed() still false {timeout_s + 15} s after the peer was killed")
+    elif error is None:
+        failures.add(f"is_completed() after {took:.1f} s without an error, though rank {victim} died before its part "
+                     f"ran (result {t[:4].tolist()})")
+    elif f"rank {victim}" not in str(error) and "Timed out" not in str(error):
+        failures.add(f"the error names neither the dead rank nor a timeout: {str(error)[:400]}")
+    return {"failures": failures, "seconds": took, "error": str(error)[:500] if error else None}
 
 
 def sec_ddp(rank, world, cfg):

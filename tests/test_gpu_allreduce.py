@@ -71,10 +71,10 @@ _cache: dict = {}
 def session(name):
     if name not in _cache:
         ids, env, sections, cfg = TOPOLOGIES[name]
-        # Below gpu_check.sh's per-session limits (90-180 s): a hang fails
-        # the test, with every rank's stacks, before the script gives up.
-        res = launch.run_ranks(rank_gpu_checks.session, ids, args=(sections, cfg), env=env, timeout_s=80,
-                               pg_timeout_s=25, check=False)
+        # Below gpu_check.sh's step caps (40-70 s): a hang fails the test,
+        # with every rank's stacks, before the script gives up on the step.
+        res = launch.run_ranks(rank_gpu_checks.session, ids, args=(sections, cfg), env=env, timeout_s=40,
+                               pg_timeout_s=20, check=False)
         _cache[name] = res
     return _cache[name]
 
@@ -169,7 +169,7 @@ def test_ddp_matches_gloo(name):
 def test_nccl_with_a_shared_gpu_is_a_clear_error():
     res = launch.run_ranks(rank_gpu_checks.session, ["a", "b"], args=(["nccl_shared_gpu"], {}),
                            env={"FAIRRING_GPU_TRANSPORT": "nccl", "CUDA_VISIBLE_DEVICES": "0"},
-                           timeout_s=180, pg_timeout_s=60, check=False)
+                           timeout_s=40, pg_timeout_s=20, check=False)
     bad = [r for r in res if not (r.ok and r.exitcode == 0)]
     assert not bad, launch.describe_all(res)
     for rank, r in enumerate(res):
@@ -201,3 +201,27 @@ def test_slow_producer_on_a_side_stream(name):
 @pytest.mark.parametrize("name", ["1x2-slice256K", "2x2-slice256K"])
 def test_groups_created_and_destroyed_three_times_exit_cleanly(name):
     _section(name, "group_cycles")  # also: every rank exited 0, in time (not hung at exit)
+
+
+# The watchdog (one GPU serves both ranks).  Short group timeouts: the stall
+# is 3x the timeout, the test's limit covers it and the teardown.
+@requires_gpu
+def test_watchdog_fails_stalled_device_work_naming_the_op():
+    timeout_s = 3
+    res = launch.run_ranks(rank_gpu_checks.device_stall, ["a", "a"], args=(timeout_s,), timeout_s=30,
+                           pg_timeout_s=timeout_s, check=False)
+    bad = [r for r in res if not (r.ok and r.exitcode == 0)]
+    assert not bad, launch.describe_all(res)
+    for r in res:
+        assert not r.value["failures"], f"rank {r.rank}: " + "\n".join(r.value["failures"])
+
+
+@requires_gpu
+def test_local_peer_killed_with_device_work_queued():
+    timeout_s = 3
+    res = launch.run_ranks(rank_gpu_checks.peer_killed_with_work_queued, ["a", "a"], args=(timeout_s,),
+                           timeout_s=30, pg_timeout_s=timeout_s, check=False)
+    victim, survivor = res[1], res[0]
+    assert victim.exitcode == -9, launch.describe_all(res)
+    assert survivor.ok and survivor.exitcode == 0, launch.describe_all(res)
+    assert not survivor.value["failures"], "\n".join(survivor.value["failures"])

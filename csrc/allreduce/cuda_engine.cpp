@@ -86,7 +86,8 @@ class CudaEngine::CudaMover : public Mover {
 };
 
 CudaEngine::CudaEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const Config& config,
-                       const std::string& job_uid, const Secret& secret, c10::Device device)
+                       const std::string& job_uid, const Secret& secret, c10::Device device,
+                       std::function<void()> peers_failed)
     : Pipeline(topo, config, "CUDA "), device_(device) {
   area_ = round_up(config.slice_size, 256);
   const int k = topo.ranks_per_node;
@@ -125,7 +126,7 @@ CudaEngine::CudaEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
       RailExchange::SliceDone done = [this](uint64_t seq) { chunk_back(seq); };
       if (config.gpu_transport == "nccl") {
         rail_ = std::make_unique<CudaNcclRail>(prefixed, topo, config, params(), device_, std::move(slot_stream),
-                                               std::move(done));
+                                               std::move(done), std::move(peers_failed));
       } else {
         rail_ = std::make_unique<CudaStagedRail>(prefixed, topo, config, params(), secret, device_, area_,
                                                  std::move(slot_stream), std::move(done),
@@ -133,13 +134,23 @@ CudaEngine::CudaEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
       }
     }
     construction_step("held");
-    held_ = std::make_unique<HeldOps>(
-        topo.rank, device_,
-        [](const PipelineOp& op) -> const CudaEvent* {
-          const auto& c = static_cast<const CudaAllreduceOp&>(op);
-          return c.enqueued ? c.done.get() : nullptr;
-        },
-        [this] { return failed(); }, [this](const std::string& why) { fail(why); }, config.timeout);
+    HeldOps::Hooks hooks;
+    hooks.thread_start = [this] {
+      cuda_ok_or_log(cudaSetDevice(device_.index()), this->topo().rank, "cudaSetDevice");
+      relax_capture_mode_of_this_thread(this->topo().rank);
+    };
+    hooks.finished = [this](const PipelineOp& op) {
+      const auto& c = static_cast<const CudaAllreduceOp&>(op);
+      if (!c.enqueued) return true;  // nothing of it reached the device
+      return cuda_done(cudaEventQuery(c.done->get()), "querying a collective's completion");
+    };
+    hooks.check_peers = [this] { check_peers(); };
+    hooks.fault = [this](const std::string& why) { fail(why); };
+    hooks.device_failed = [](const PipelineOp& op, const std::string& why) {
+      const auto& c = static_cast<const CudaAllreduceOp&>(op);
+      if (c.device_failed) c.device_failed(why);
+    };
+    held_ = std::make_unique<HeldOps>(topo.rank, std::move(hooks), config.timeout);
     mover_ = std::make_unique<CudaMover>(*this);
     set_movers(*mover_, rail_.get());
     construction_step("start");
@@ -179,7 +190,9 @@ void CudaEngine::unwind_construction() noexcept {
 
 CudaEngine::~CudaEngine() {
   stop();
-  held_.reset();  // waits for the held ops' device work (not after a failure)
+  // Waits for the held ops' device work (not after a failure).  held_ itself
+  // lives on until the rail's threads, which may still fail the group, are gone.
+  held_->stop();
   c10::cuda::CUDAGuard guard(device_);
   const int rank = topo().rank;
   // Within the timeout, and not at all after a failure (a dead peer's event
@@ -324,7 +337,8 @@ std::function<void()> CudaEngine::completion_call(const std::shared_ptr<Pipeline
 }
 
 void CudaEngine::on_failed(const std::string& why) {
-  if (rail_) rail_->abort(why);
+  if (rail_) rail_->abort(why);  // the NCCL rail aborts its communicator: its kernels end
+  if (held_) held_->group_failed(why);
 }
 
 bool CudaEngine::let_go(TimePoint until) {
@@ -337,8 +351,6 @@ bool CudaEngine::caught_up(cudaStream_t stream, TimePoint until) {
   c10::cuda::CUDAGuard guard(device_);
   CudaEvent reached(device_);
   cuda_check(cudaEventRecord(reached.get(), stream), "cudaEventRecord (waiting for the device)");
-  NodeControl& c = arena().control();
-  const int me = topo().local_rank;
   auto pause = std::chrono::microseconds(20);
   auto next_check = Clock::now();
   for (;;) {
@@ -346,17 +358,23 @@ bool CudaEngine::caught_up(cudaStream_t stream, TimePoint until) {
     const auto now = Clock::now();
     if (now >= next_check) {
       next_check = now + std::chrono::milliseconds(200);
-      if (arena().aborted()) throw std::runtime_error(arena().abort_message());
-      for (int x = 0; x < topo().ranks_per_node; ++x) {
-        if (x != me && !process_alive(c.pids[x])) {
-          throw std::runtime_error("rank " + std::to_string(topo().local_ranks()[x]) + " (pid " +
-                                   std::to_string(c.pids[x]) + ") exited while this rank's CUDA work waited for it");
-        }
-      }
+      check_peers();
     }
     if (now > until) return false;
     std::this_thread::sleep_for(pause);
     pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
+  }
+}
+
+void CudaEngine::check_peers() {
+  if (arena().aborted()) throw std::runtime_error(arena().abort_message());
+  if (rail_) rail_->check();
+  NodeControl& c = arena().control();
+  for (int x = 0; x < topo().ranks_per_node; ++x) {
+    if (x != topo().local_rank && !process_alive(c.pids[x])) {
+      throw std::runtime_error("rank " + std::to_string(topo().local_ranks()[x]) + " (pid " +
+                               std::to_string(c.pids[x]) + ") exited while this rank's CUDA work waited for it");
+    }
   }
 }
 

@@ -27,10 +27,10 @@
 #include <string>
 #include <vector>
 
-#include "allreduce/cuda_held_ops.h"
 #include "allreduce/cuda_rails.h"
 #include "common/config.h"
 #include "common/cuda_resources.h"
+#include "pipeline/held_ops.h"
 #include "pipeline/pipeline.h"
 #include "topology/topology.h"
 #include "transport/cuda_ipc.h"
@@ -41,7 +41,8 @@ class Store;
 
 namespace fairring {
 
-struct CudaAllreduceOp : PipelineOp {  cudaEvent_t ready = nullptr;  // recorded on the caller's stream at submit; the engine destroys it
+struct CudaAllreduceOp : PipelineOp {
+  cudaEvent_t ready = nullptr;  // recorded on the caller's stream at submit; the engine destroys it
   // Recorded after the op's last device work; shared with the Work.  The
   // engine holds the op (its tensors) until it has passed (HeldOps), so that
   // the caching allocator cannot hand the memory out while the engine's
@@ -51,13 +52,20 @@ struct CudaAllreduceOp : PipelineOp {  cudaEvent_t ready = nullptr;  // recorded
   // Then from a completion worker, in order, with `stream` waiting on `done`:
   // completes the future (its callbacks may block).
   std::function<void(std::exception_ptr, const c10::cuda::CUDAStream& stream)> after_complete;
+  // The watchdog (HeldOps) gave up on its device work, after the host side
+  // succeeded: its Work reports `why` from then on.
+  std::function<void(const std::string& why)> device_failed;
 };
 
 class CudaEngine : public Pipeline {
  public:
   // Collective over the group; runs on `device` (the rank's current device).
+  // `peers_failed` throws a peer's published construction failure (the
+  // init store's, init_store.h), so that a wait outside the store (NCCL's
+  // init) ends with it too.
   CudaEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const Config& config,
-             const std::string& job_uid, const Secret& secret, c10::Device device);
+             const std::string& job_uid, const Secret& secret, c10::Device device,
+             std::function<void()> peers_failed);
   ~CudaEngine() override;
 
   c10::Device device() const { return device_; }
@@ -87,6 +95,9 @@ class CudaEngine : public Pipeline {
   // synchronize) and throws, naming it, once a local peer has exited or the
   // node has aborted.
   bool caught_up(cudaStream_t stream, TimePoint until);
+  // Throws, naming it, if a local peer has exited, the node has aborted or
+  // the rail's transport has failed.
+  void check_peers();
 
   c10::Device device_;
   int64_t area_ = 0;  // bytes of one staging area (the slice size)

@@ -142,7 +142,8 @@ void CudaStagedRail::back(uint64_t slice_seq) {
 // ---- CudaNcclRail ----
 
 CudaNcclRail::CudaNcclRail(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const Config& config,
-                           const PlanParams& params, c10::Device device, SlotStream slot_stream, SliceDone done)
+                           const PlanParams& params, c10::Device device, SlotStream slot_stream, SliceDone done,
+                           std::function<void()> interrupted)
     : topo_(topo),
       device_(device),
       slot_stream_(std::move(slot_stream)),
@@ -157,7 +158,7 @@ CudaNcclRail::CudaNcclRail(const c10::intrusive_ptr<c10d::Store>& store, const T
   c10::cuda::CUDAGuard guard(device_);
   check_own_gpus(store);
   nccl_ = std::make_unique<NcclRail>(store, "nccl/rail" + std::to_string(topo.local_rank), n, topo.node,
-                                     config.timeout, topo.rank);
+                                     config.timeout, topo.rank, std::move(interrupted));
   stream_ = std::make_unique<DedicatedStream>(device_, true);
   buffers_ = nccl_rail_buffers(config, params, topo.ranks_per_node, n);
   void* staging = nullptr;
@@ -181,7 +182,15 @@ CudaNcclRail::~CudaNcclRail() {
   if (staging_ && !leak_) cuda_ok_or_log(cudaFree(staging_), rank, "cudaFree (NCCL staging)");
 }
 
-void CudaNcclRail::abort(const std::string&) { leak_on_destroy(); }
+void CudaNcclRail::abort(const std::string&) {
+  leak_on_destroy();
+  nccl_->abort();
+}
+
+void CudaNcclRail::check() {
+  const std::string error = nccl_->async_error();
+  if (!error.empty()) throw std::runtime_error("the NCCL rail failed: " + error);
+}
 
 // The exchange of one chunk on the NCCL stream, after the slot stream's work
 // so far and before its next: all-gather and broadcast share shards, the

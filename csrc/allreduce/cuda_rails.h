@@ -77,6 +77,9 @@ class CudaRail : public RailExchange {
   // Starts the rail's own threads, if any, once its owner holds it (they
   // may fail the group, which reaches the owner's pointer to the rail).
   virtual void start() {}
+  // From the watchdog, any thread: throws, naming it, if the rail's
+  // transport has failed on its own (NCCL reports such errors only when asked).
+  virtual void check() {}
 
  protected:
   bool leak_ = false;
@@ -126,13 +129,17 @@ class CudaNcclRail : public CudaRail {
  public:
   // Collective over the group (every rank must be on its own GPU) and then
   // over the rail.
+  // `interrupted` throws a peer's published construction failure (NcclRail).
   CudaNcclRail(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const Config& config,
-               const PlanParams& params, c10::Device device, SlotStream slot_stream, SliceDone done);
+               const PlanParams& params, c10::Device device, SlotStream slot_stream, SliceDone done,
+               std::function<void()> interrupted);
   ~CudaNcclRail() override;
 
   void post(RailTask task) override;
-  // NCCL has no message to send: the communicator is aborted at destruction.
+  // Aborts the communicator at once: NCCL kernels waiting on a dead peer
+  // end, and the device work queued behind them can finish.
   void abort(const std::string& why) override;
+  void check() override;
   // No thread of its own: its work is on the slot streams, held by the engine.
   bool let_go(std::chrono::steady_clock::time_point) override { return true; }
 

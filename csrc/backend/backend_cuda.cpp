@@ -16,6 +16,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "backend/cuda_work.h"
+#include "common/dist_error.h"
 #endif
 
 namespace fairring {
@@ -90,7 +91,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<Pi
       auto init = c10::make_intrusive<InitStore>(c10::make_intrusive<c10d::PrefixStore>("fairring-cuda-init/", store_),
                                                  getRank(), getSize(), config_.timeout);
       build_collectively(*init, [&] {
-        cuda_engine_ = std::make_unique<CudaEngine>(init, topo_, config_, job_uid_, secret_, device);
+        cuda_engine_ = std::make_unique<CudaEngine>(init, topo_, config_, job_uid_, secret_, device,
+                                                     [init] { init->throw_if_failed(); });
       });
     }
     engine = cuda_engine_.get();
@@ -115,6 +117,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<Pi
   aop->after_complete = [work](std::exception_ptr error, const c10::cuda::CUDAStream& stream) {
     work->complete_future(error, stream);
   };
+  aop->device_failed = [work](const std::string& why) { work->fail_on_device(dist_error("fairring: " + why)); };
   engine->submit(std::move(aop));
   return work;
 #endif

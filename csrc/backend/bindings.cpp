@@ -19,6 +19,7 @@ namespace py = pybind11;
 namespace fairring {
 void register_kernel_bindings(py::module& m);  // kernels/kernel_bindings.cpp
 void register_cuda_kernel_bindings(py::module& m);  // kernels/cuda_kernel_bindings.cpp
+void register_held_ops_bindings(py::module& m);  // pipeline/held_ops_bindings.cpp
 }
 
 namespace {
@@ -230,4 +231,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   register_kernel_bindings(m);
   register_cuda_kernel_bindings(m);
+  register_held_ops_bindings(m);
 }

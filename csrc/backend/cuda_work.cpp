@@ -31,6 +31,21 @@ void CudaFairringWork::complete_future(std::exception_ptr error, const c10::cuda
   future_->markCompleted(c10::IValue(outputs_));
 }
 
+void CudaFairringWork::fail_on_device(std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(device_mu_);
+  if (!device_error_) device_error_ = std::move(error);
+}
+
+std::exception_ptr CudaFairringWork::device_error() const {
+  std::lock_guard<std::mutex> lock(device_mu_);
+  return device_error_;
+}
+
+std::exception_ptr CudaFairringWork::exception() const {
+  if (std::exception_ptr host = c10d::Work::exception()) return host;
+  return device_error();
+}
+
 void CudaFairringWork::stream_wait() {
   c10::cuda::CUDAGuard guard(device_);
   cuda_check(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device_.index()).stream(), done_->get(), 0),
@@ -58,6 +73,8 @@ bool CudaFairringWork::wait(std::chrono::milliseconds timeout) {
     }
   }
   future_->wait();
+  // Only what the watchdog knows by now: wait() does not wait for the device.
+  if (std::exception_ptr device = device_error()) std::rethrow_exception(device);
   return ok;
 }
 
@@ -68,7 +85,7 @@ void CudaFairringWork::synchronize() {
 
 bool CudaFairringWork::isCompleted() {
   if (!c10d::Work::isCompleted()) return false;
-  if (exception()) return true;
+  if (exception()) return true;  // failed on the host, or the watchdog gave up on the device
   c10::cuda::CUDAGuard guard(device_);
   return cuda_done(cudaEventQuery(done_->get()), "querying the all_reduce's completion");
 }

@@ -36,11 +36,7 @@ void InitStore::wait(const std::vector<std::string>& keys, const std::chrono::mi
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     if (PrefixStore::check(keys)) return;
-    if (PrefixStore::check({kFailureKey})) {
-      const std::string why = string_of(PrefixStore::get(kFailureKey));
-      mark_failure_read();
-      throw std::runtime_error("fairring: could not create the process group: " + why);
-    }
+    throw_if_failed();
     if (std::chrono::steady_clock::now() > deadline) {
       std::string names;
       for (const auto& k : keys) names += (names.empty() ? "" : ", ") + k;
@@ -51,6 +47,13 @@ void InitStore::wait(const std::vector<std::string>& keys, const std::chrono::mi
     }
     std::this_thread::sleep_for(kPollEvery);
   }
+}
+
+void InitStore::throw_if_failed() {
+  if (!PrefixStore::check({kFailureKey})) return;
+  const std::string why = string_of(PrefixStore::get(kFailureKey));
+  mark_failure_read();
+  throw std::runtime_error("fairring: could not create the process group: " + why);
 }
 
 bool InitStore::publish_failure(const std::string& why) {

@@ -25,6 +25,9 @@ class InitStore : public c10d::PrefixStore {
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
 
+  // Throws a peer's published failure, if there is one (for waits outside
+  // the store, NCCL's init say, to end with it too).
+  void throw_if_failed();
   // Publishes this rank's failure (only the first failure of the group is
   // kept).  False if another rank's came first: this one may be only its
   // consequence (a peer removed what we were opening), and the caller should

@@ -10,9 +10,12 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "common/log.h"
@@ -21,24 +24,44 @@ namespace fairring {
 
 namespace {
 
-// The slice of NCCL's C API used here, declared by hand (it has been stable
-// since NCCL 2.7): results and data types are C enums (int), the unique id is
-// 128 opaque bytes, a communicator an opaque pointer.
+// The slice of NCCL's C API used here, declared by hand (stable since NCCL
+// 2.14): results and data types are C enums (int), the unique id is 128
+// opaque bytes, a communicator an opaque pointer.
 constexpr int kNcclSuccess = 0;
+constexpr int kNcclInProgress = 7;
 constexpr int kNcclUint8 = 1;
 struct UniqueId {
   char internal[128];
 };
+// ncclConfig_t as NCCL 2.14 declared it.  Later versions only append
+// fields, read `size` bytes of the caller's struct, and take the defaults
+// for what a config of an older `version` lacks.
+struct CommConfig {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int blocking;
+};
+constexpr unsigned int kNcclApiMagic = 0xcafebeef;
+constexpr unsigned int kConfigVersion = 21400;  // NCCL_VERSION(2, 14, 0)
 
 #ifdef FAIRRING_HAVE_NCCL_H
 // Where NCCL's header is present at build time, check the declarations.
-static_assert(kNcclSuccess == ncclSuccess && kNcclUint8 == ncclUint8, "NCCL enum values changed");
+static_assert(kNcclSuccess == ncclSuccess && kNcclInProgress == ncclInProgress && kNcclUint8 == ncclUint8,
+              "NCCL enum values changed");
 static_assert(sizeof(UniqueId) == sizeof(ncclUniqueId), "NCCL unique id size changed");
+static_assert(kNcclApiMagic == NCCL_API_MAGIC, "NCCL config magic changed");
+static_assert(offsetof(CommConfig, magic) == offsetof(ncclConfig_t, magic) &&
+                  offsetof(CommConfig, version) == offsetof(ncclConfig_t, version) &&
+                  offsetof(CommConfig, blocking) == offsetof(ncclConfig_t, blocking),
+              "ncclConfig_t's first fields moved");
 #endif
 
 struct NcclApi {
   int (*get_unique_id)(UniqueId*) = nullptr;
-  int (*comm_init_rank)(void**, int, UniqueId, int) = nullptr;
+  int (*comm_init_rank_config)(void**, int, UniqueId, int, CommConfig*) = nullptr;
+  int (*comm_get_async_error)(void*, int*) = nullptr;
+  int (*comm_finalize)(void*) = nullptr;
   int (*comm_destroy)(void*) = nullptr;
   int (*comm_abort)(void*) = nullptr;
   int (*send)(const void*, size_t, int, int, void*, cudaStream_t) = nullptr;
@@ -46,6 +69,7 @@ struct NcclApi {
   int (*group_start)() = nullptr;
   int (*group_end)() = nullptr;
   const char* (*error_string)(int) = nullptr;
+  const char* (*last_error)(void*) = nullptr;  // optional
   std::string load_error;
 };
 
@@ -96,7 +120,9 @@ const NcclApi& nccl(int rank = -1) {
     }
     std::string& e = api.load_error;
     bind(lib, "ncclGetUniqueId", api.get_unique_id, e);
-    bind(lib, "ncclCommInitRank", api.comm_init_rank, e);
+    bind(lib, "ncclCommInitRankConfig", api.comm_init_rank_config, e);
+    bind(lib, "ncclCommGetAsyncError", api.comm_get_async_error, e);
+    bind(lib, "ncclCommFinalize", api.comm_finalize, e);
     bind(lib, "ncclCommDestroy", api.comm_destroy, e);
     bind(lib, "ncclCommAbort", api.comm_abort, e);
     bind(lib, "ncclSend", api.send, e);
@@ -104,6 +130,8 @@ const NcclApi& nccl(int rank = -1) {
     bind(lib, "ncclGroupStart", api.group_start, e);
     bind(lib, "ncclGroupEnd", api.group_end, e);
     bind(lib, "ncclGetErrorString", api.error_string, e);
+    if (!e.empty()) e += " (Fairring needs NCCL 2.14 or newer)";
+    api.last_error = reinterpret_cast<const char* (*)(void*)>(dlsym(lib, "ncclGetLastError"));
     Dl_info info;
     const bool found = api.get_unique_id && dladdr(reinterpret_cast<void*>(api.get_unique_id), &info) != 0;
     FAIRRING_DEBUG_LOG(rank, "FAIRRING_GPU_TRANSPORT=nccl: using %s",
@@ -116,17 +144,27 @@ const NcclApi& nccl(int rank = -1) {
   return api;
 }
 
-void check(int result, const char* what) {
-  if (result != kNcclSuccess) {
-    throw std::runtime_error(std::string("fairring: NCCL ") + what + " failed: " + nccl().error_string(result));
+// NCCL's name for `result`, and its last error message where it has one.
+std::string describe(int result, void* comm) {
+  std::string d = nccl().error_string(result);
+  const char* last = nccl().last_error ? nccl().last_error(comm) : nullptr;
+  if (last && *last) d += std::string(" (") + last + ")";
+  return d;
+}
+
+void check(int result, const char* what, void* comm = nullptr) {
+  if (result != kNcclSuccess && result != kNcclInProgress) {
+    throw std::runtime_error(std::string("fairring: NCCL ") + what + " failed: " + describe(result, comm));
   }
 }
 
 }  // namespace
 
 NcclRail::NcclRail(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, int size, int index,
-                   std::chrono::milliseconds timeout, int rank) {
+                   std::chrono::milliseconds timeout, int rank, std::function<void()> interrupted)
+    : rank_(rank), timeout_(timeout) {
   const NcclApi& api = nccl(rank);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   UniqueId id;
   if (index == 0) {
     check(api.get_unique_id(&id), "ncclGetUniqueId");
@@ -137,27 +175,138 @@ NcclRail::NcclRail(const c10::intrusive_ptr<c10d::Store>& store, const std::stri
     if (raw.size() != sizeof(id)) throw std::runtime_error("fairring: malformed NCCL unique id in the store");
     std::memcpy(&id, raw.data(), sizeof(id));
   }
-  check(api.comm_init_rank(&comm_, size, id, index), "ncclCommInitRank");
-}
-
-NcclRail::~NcclRail() {
-  if (!comm_) return;
-  if (abort_) {
-    nccl().comm_abort(comm_);
-  } else {
-    nccl().comm_destroy(comm_);
+  CommConfig config{sizeof(CommConfig), kNcclApiMagic, kConfigVersion, /*blocking=*/0};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int r = api.comm_init_rank_config(&comm_, size, id, index, &config);
+    if (r != kNcclSuccess && r != kNcclInProgress) {
+      const std::string why = describe(r, comm_);
+      if (comm_) api.comm_abort(comm_);
+      comm_ = nullptr;
+      throw std::runtime_error("fairring: NCCL ncclCommInitRankConfig failed: " + why);
+    }
+  }
+  try {
+    settle("ncclCommInitRankConfig (the rail's peers joining its communicator)", deadline, interrupted);
+  } catch (...) {
+    abort();
+    throw;
   }
 }
 
-void NcclRail::group_start() { check(nccl().group_start(), "ncclGroupStart"); }
-void NcclRail::group_end() { check(nccl().group_end(), "ncclGroupEnd"); }
+NcclRail::~NcclRail() {
+  if (!comm_) return;  // aborted
+  if (abort_on_destroy_) {
+    abort();
+    return;
+  }
+  // Finalize (flushes what is left, waits for nothing but NCCL's own
+  // teardown), bounded; a communicator that does not get there is aborted.
+  try {
+    check(nccl().comm_finalize(comm_), "ncclCommFinalize", comm_);
+    settle("ncclCommFinalize", std::chrono::steady_clock::now() + timeout_);
+  } catch (const std::exception& e) {
+    FAIRRING_LOG(rank_, "NCCL rail teardown: %s; aborting its communicator", e.what());
+    abort();
+    return;
+  }
+  const int r = nccl().comm_destroy(comm_);
+  if (r != kNcclSuccess) FAIRRING_LOG(rank_, "NCCL rail teardown: ncclCommDestroy: %s", describe(r, comm_).c_str());
+  comm_ = nullptr;
+}
+
+void NcclRail::check_live(const char* what) const {
+  if (!comm_) {
+    throw std::runtime_error(std::string("fairring: NCCL ") + what +
+                             ": the rail's communicator was aborted (the group failed)");
+  }
+}
+
+void NcclRail::settle(const char* what, std::chrono::steady_clock::time_point deadline,
+                      const std::function<void()>& interrupted) {
+  auto pause = std::chrono::microseconds(10);
+  auto next_interrupt_check = std::chrono::steady_clock::now();
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      check_live(what);
+      int state = kNcclInProgress;
+      check(nccl().comm_get_async_error(comm_, &state), "ncclCommGetAsyncError", comm_);
+      if (state == kNcclSuccess) return;
+      if (state != kNcclInProgress) {
+        throw std::runtime_error(std::string("fairring: NCCL ") + what + " failed: " + describe(state, comm_));
+      }
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now > deadline) {
+      throw std::runtime_error(std::string("fairring: Timed out: NCCL ") + what + " did not finish within " +
+                               std::to_string(timeout_.count()) + " ms (is a rail peer stalled or gone?)");
+    }
+    if (interrupted && now >= next_interrupt_check) {
+      next_interrupt_check = now + std::chrono::milliseconds(100);
+      interrupted();
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
+  }
+}
+
+void NcclRail::group_start() {
+  group_lock_.lock();
+  if (!comm_) {
+    group_lock_.unlock();
+    throw std::runtime_error("fairring: NCCL rail exchange: the rail's communicator was aborted (the group failed)");
+  }
+  const int r = nccl().group_start();
+  if (r != kNcclSuccess) {
+    group_lock_.unlock();
+    check(r, "ncclGroupStart");
+  }
+}
+
+void NcclRail::check_in_group(int result, const char* what) {
+  if (result == kNcclSuccess || result == kNcclInProgress) return;
+  (void)nccl().group_end();  // close the group this thread opened
+  group_lock_.unlock();
+  check(result, what, comm_);
+}
+
+void NcclRail::group_end() {
+  if (!group_lock_.owns_lock()) throw std::logic_error("fairring: NCCL group_end() without group_start()");
+  const int r = nccl().group_end();
+  group_lock_.unlock();
+  check(r, "ncclGroupEnd (a rail exchange)");
+  if (r == kNcclInProgress) {
+    settle("ncclGroupEnd (a rail exchange)", std::chrono::steady_clock::now() + timeout_);
+  }
+}
 
 void NcclRail::send(const void* buf, size_t bytes, int peer, cudaStream_t stream) {
-  check(nccl().send(buf, bytes, kNcclUint8, peer, comm_, stream), "ncclSend");
+  if (!group_lock_.owns_lock()) throw std::logic_error("fairring: NCCL send outside group_start()/group_end()");
+  check_in_group(nccl().send(buf, bytes, kNcclUint8, peer, comm_, stream), "ncclSend");
 }
 
 void NcclRail::recv(void* buf, size_t bytes, int peer, cudaStream_t stream) {
-  check(nccl().recv(buf, bytes, kNcclUint8, peer, comm_, stream), "ncclRecv");
+  if (!group_lock_.owns_lock()) throw std::logic_error("fairring: NCCL recv outside group_start()/group_end()");
+  check_in_group(nccl().recv(buf, bytes, kNcclUint8, peer, comm_, stream), "ncclRecv");
+}
+
+std::string NcclRail::async_error() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!comm_) return "";
+  int state = kNcclSuccess;
+  const int r = nccl().comm_get_async_error(comm_, &state);
+  if (r != kNcclSuccess) return std::string("ncclCommGetAsyncError failed: ") + describe(r, comm_);
+  if (state == kNcclSuccess || state == kNcclInProgress) return "";
+  return describe(state, comm_);
+}
+
+void NcclRail::abort() {
+  std::lock_guard<std::mutex> lock(mu_);  // an exchange being enqueued is quick: nothing in it waits
+  if (!comm_) return;
+  const int r = nccl().comm_abort(comm_);
+  if (r != kNcclSuccess) FAIRRING_LOG(rank_, "NCCL rail: ncclCommAbort: %s", nccl().error_string(r));
+  comm_ = nullptr;
 }
 
 }  // namespace fairring

@@ -1,0 +1,105 @@
+// Completed ops whose device work may still run, held (with their tensors)
+// until it is over, and the device side of the group's watchdog.  Used by
+// the CUDA engine; free of CUDA itself (the device is behind Hooks), so that
+// its rules are unit-tested on the CPU (tests/test_held_ops.py).
+//
+// The CUDA engine's streams are its own and die with it, so it cannot
+// recordStream on them: instead the caching allocator gets a tensor back
+// only once the op's `done` event has passed.  One thread polls the oldest
+// op (ops finish in issue order on the engine's tail stream).
+//
+// The watchdog: an op's Work is done on the host once its device work is
+// enqueued (as with NCCL), so a device that never gets there (a local peer
+// killed with work queued, a stalled NCCL transfer) would otherwise go
+// unseen.  The oldest op gets the group's timeout from when it became the
+// oldest; past it, or 2 s after a peer is found gone (its own part done, a
+// peer that exits leaves ours to finish within that), the group fails
+// naming the op, and every held op whose device work has not finished is
+// reported failed to its Work (device_failed).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "pipeline/pipeline_op.h"
+
+namespace fairring {
+
+class HeldOps {
+ public:
+  struct Hooks {
+    // On HeldOps' thread, first (select the device, say).
+    std::function<void()> thread_start;
+    // The op's device work is over (true also if none of it was enqueued);
+    // throws on a device error.  Quick, never blocks.
+    std::function<bool(const PipelineOp&)> finished;
+    // Throws (naming it) if a peer the device work may wait on is gone.
+    // Called about every 200 ms while the oldest op's work is pending.
+    std::function<void()> check_peers;
+    // Fails the group (from HeldOps' thread, no lock held): the oldest op's
+    // device work timed out, its peer died, or the device reported a fault.
+    std::function<void(const std::string&)> fault;
+    // The op's device work did not (or may never) finish: its Work reports
+    // `why` (from HeldOps' thread, no lock held; once per op).
+    std::function<void(const PipelineOp&, const std::string&)> device_failed;
+  };
+  // `timeout`: the group's; the oldest op's device work gets that long, and
+  // teardown waits at most that long for the held ops.
+  HeldOps(int rank, Hooks hooks, std::chrono::milliseconds timeout);
+  ~HeldOps();  // stop()
+
+  void hold(std::shared_ptr<PipelineOp> op);
+  // The group failed: held ops whose device work has not finished are
+  // reported failed with `why`; they stay held until it does (or forever).
+  void group_failed(const std::string& why);
+  // True once nothing is held (or the group failed), before `until`.
+  bool wait_released(std::chrono::steady_clock::time_point until);
+  // Waits (up to the timeout, not at all after a failure) for the held ops'
+  // device work, then leaks what is left rather than free it under a
+  // running kernel; stops the thread.  Idempotent.
+  void stop();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Held {
+    std::shared_ptr<PipelineOp> op;
+    Clock::time_point since;    // held, or became the oldest, whichever is later
+    bool reported = false;      // device_failed was called for it
+  };
+
+  void loop();
+  // Releases the held ops whose device work is over, oldest first; under
+  // mu_, dropping each outside it.  Stops at the first one still running,
+  // and watches it (timeout, peers) unless the group failed.
+  void release_finished(std::unique_lock<std::mutex>& lock);
+  // After a failure: releases every op that has finished (in any order),
+  // reports the others once.
+  void release_after_failure(std::unique_lock<std::mutex>& lock);
+  // Drops `op` outside the lock: its last reference may take a while (or
+  // the GIL, for its Python object), and hold() takes the lock.
+  void drop(std::shared_ptr<PipelineOp> op, std::unique_lock<std::mutex>& lock);
+  std::string name(const PipelineOp& op) const;
+
+  const int rank_;
+  Hooks hooks_;
+  const std::chrono::milliseconds timeout_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Held> held_;
+  std::string failure_;  // the group's failure, once told (group_failed)
+  bool failed_ = false;
+  bool dropping_ = false;  // the thread is dropping an op outside the lock
+  bool stopping_ = false;
+  Clock::time_point next_peer_check_{};
+  Clock::time_point peer_trouble_since_{};  // check_peers first threw for the oldest op
+  std::thread thread_;
+};
+
+}  // namespace fairring

@@ -1,0 +1,106 @@
+// _held_ops_scenario_for_test: HeldOps (held_ops.h) against a scripted
+// device, for tests/test_held_ops.py: when each op's device work finishes
+// (or never), which op faults, when a peer dies or the group fails from
+// elsewhere.  Returns what HeldOps did, with the time of each event.
+#include <pybind11/stl.h>
+#include <torch/extension.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "pipeline/held_ops.h"
+
+namespace py = pybind11;
+
+namespace fairring {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Event = std::tuple<double, std::string, int64_t, std::string>;  // ms, kind, op seq (-1: none), text
+
+struct Recorder {
+  const Clock::time_point t0 = Clock::now();
+  std::mutex mu;
+  std::vector<Event> events;
+
+  double ms() const { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+  void add(const std::string& kind, int64_t seq, const std::string& text) {
+    const double at = ms();
+    std::lock_guard<std::mutex> lock(mu);
+    events.emplace_back(at, kind, seq, text);
+  }
+};
+
+std::vector<Event> run_scenario(int64_t timeout_ms, const std::vector<int64_t>& finish_ms, int64_t error_op,
+                                int64_t peer_dies_ms, int64_t fail_ms, int64_t run_ms) {
+  auto rec = std::make_shared<Recorder>();
+  HeldOps* held_ptr = nullptr;
+  HeldOps::Hooks hooks;
+  hooks.finished = [rec, finish_ms, error_op](const PipelineOp& op) {
+    const int64_t due = finish_ms.at(op.seq);
+    if (static_cast<int64_t>(op.seq) == error_op && rec->ms() >= std::max<int64_t>(due, 0)) {
+      throw std::runtime_error("an illegal memory access was encountered (scripted)");
+    }
+    return due >= 0 && rec->ms() >= due;
+  };
+  hooks.check_peers = [rec, peer_dies_ms] {
+    if (peer_dies_ms >= 0 && rec->ms() >= peer_dies_ms) {
+      throw std::runtime_error("rank 1 (pid 4242) exited while this rank's CUDA work waited for it");
+    }
+  };
+  // As the engine: fail() tells HeldOps through on_failed.
+  hooks.fault = [rec, &held_ptr](const std::string& why) {
+    rec->add("fault", -1, why);
+    held_ptr->group_failed(why);
+  };
+  hooks.device_failed = [rec](const PipelineOp& op, const std::string& why) {
+    rec->add("device_failed", static_cast<int64_t>(op.seq), why);
+  };
+  HeldOps held(0, std::move(hooks), std::chrono::milliseconds(timeout_ms));
+  held_ptr = &held;
+  for (size_t i = 0; i < finish_ms.size(); ++i) {
+    std::shared_ptr<PipelineOp> op(new PipelineOp, [rec](PipelineOp* p) {
+      rec->add("released", static_cast<int64_t>(p->seq), "");
+      delete p;
+    });
+    op->seq = i;
+    held.hold(std::move(op));
+  }
+  auto sleep_until_ms = [&](int64_t t) {
+    std::this_thread::sleep_until(rec->t0 + std::chrono::milliseconds(t));
+  };
+  if (fail_ms >= 0) {
+    sleep_until_ms(fail_ms);
+    rec->add("group_failed", -1, "");
+    held.group_failed("the group failed elsewhere (scripted)");
+  }
+  sleep_until_ms(run_ms);
+  rec->add("stop", -1, "");
+  held.stop();
+  rec->add("stopped", -1, "");
+  std::lock_guard<std::mutex> lock(rec->mu);
+  return rec->events;
+}
+
+}  // namespace
+
+void register_held_ops_bindings(py::module& m) {
+  m.def(
+      "_held_ops_scenario_for_test",
+      [](int64_t timeout_ms, const std::vector<int64_t>& finish_ms, int64_t error_op, int64_t peer_dies_ms,
+         int64_t fail_ms, int64_t run_ms) {
+        py::gil_scoped_release no_gil;
+        return run_scenario(timeout_ms, finish_ms, error_op, peer_dies_ms, fail_ms, run_ms);
+      },
+      py::arg("timeout_ms"), py::arg("finish_ms"), py::arg("error_op") = -1, py::arg("peer_dies_ms") = -1,
+      py::arg("fail_ms") = -1, py::arg("run_ms"));
+}
+
+}  // namespace fairring
