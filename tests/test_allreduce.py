@@ -34,7 +34,7 @@ TOPOLOGIES = {
     "2x2-slice4K": (["a", "a", "b", "b"],
                     {"FAIRRING_SLICE_SIZE": "4K", "FAIRRING_PARALLELISM": "2", "FAIRRING_TOTAL_MEMORY": "1M"},
                     BASE, {"sizes": FEW_SIZES + [262147]}, False),
-    # The device-like host mover (csrc/allreduce/deferred_mover.h): every step runs
+    # The device-like host mover (csrc/devices/deferred_mover.h): every step runs
     # later on a per-slot stream, ordered across ranks only by the events the schedule
     # asks for, as on the CUDA path.  A missing wait shows up as wrong numbers here.
     "1x3-deferred": (["a", "a", "a"],

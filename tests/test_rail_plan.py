@@ -1,4 +1,4 @@
-"""The rail exchange's plan walk (csrc/allreduce/rail_plan.h), shared by the
+"""The rail exchange's plan walk (csrc/plan/rail_plan.h), shared by the
 TCP and NCCL rails: across all nodes of a rail, what node a sends to node b is
 exactly what node b expects from node a, with the same size, for real slice
 plans (tiny and odd chunks, fewer shards than nodes).  No processes."""

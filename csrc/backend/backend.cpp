@@ -1,4 +1,5 @@
 #include "backend/backend.h"
+#include "collectives/collectives.h"
 
 #include <sys/random.h>
 #include <unistd.h>
@@ -7,9 +8,9 @@
 
 #include <algorithm>
 
-#include "allreduce/cuda_engine.h"
-#include "allreduce/host_engine.h"
-#include "allreduce/op.h"
+#include "devices/cuda_engine.h"
+#include "devices/host_engine.h"
+#include "devices/host_op.h"
 #include "backend/init_store.h"
 #include "backend/reduce_input.h"
 #include "common/log.h"
@@ -324,7 +325,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_cpu(std::vector<at::Te
                 t.layout(), " tensor on ", t.device().str());
   }
   ReduceInput in = prepare_reduce_input(tensors, op);
-  auto aop = std::make_shared<AllreduceOp>();
+  auto aop = std::make_shared<HostOp>();
   aop->buffer = in.buffer;
   aop->users = std::move(in.users);
   aop->dtype = in.dtype;
@@ -337,12 +338,13 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_cpu(std::vector<at::Te
                     coalesced ? "fairring:all_reduce_coalesced" : "fairring:all_reduce");
 }
 
-c10::intrusive_ptr<c10d::Work> FairringBackend::submit_cpu(std::shared_ptr<AllreduceOp> op, c10d::OpType type,
+c10::intrusive_ptr<c10d::Work> FairringBackend::submit_cpu(std::shared_ptr<HostOp> op, c10d::OpType type,
                                                            std::vector<at::Tensor> outputs, const char* kind,
                                                            const char* title) {
   order_after_delegated(op->footprint);
   auto work = c10::make_intrusive<FairringWork>(getRank(), type, std::move(outputs), title);
-  const int64_t blocks = blockwise(op->collective) ? getSize() : 1;
+  op->def = &collective_def(op->collective);
+  const int64_t blocks = op->def->cut() == Cut::kBlockwise ? getSize() : 1;
   op->on_complete = track(kind, describe_args(op->key()), op->numel * blocks * c10::elementSize(op->dtype),
                           [work](std::exception_ptr error) { work->mark_done(error); });
   op->after_complete = [work](std::exception_ptr error) { work->complete_future(error); };
@@ -385,7 +387,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
   TORCH_CHECK(blockwise_fits(c10::elementSize(in.dtype), world, params), "fairring: ", kind, " on ", world,
               " ranks does not fit a slice of FAIRRING_SLICE_SIZE=", config_.slice_size, " bytes; raise it");
 
-  auto op = in.buffer.is_cpu() ? std::make_shared<AllreduceOp>() : new_device_op();
+  auto op = in.buffer.is_cpu() ? std::make_shared<HostOp>() : new_device_op();
   op->collective = collective;
   op->buffer = in.buffer;
   op->dtype = in.dtype;
@@ -411,7 +413,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
     op->users = outputs;
   }
   if (!op->buffer.is_cpu()) return submit_device(std::move(op), outputs, kind);
-  return submit_cpu(std::static_pointer_cast<AllreduceOp>(op), type, outputs, kind,
+  return submit_cpu(std::static_pointer_cast<HostOp>(op), type, outputs, kind,
                     scatter ? "fairring:reduce_scatter" : "fairring:all_gather");
 }
 
@@ -502,7 +504,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor
   // The tensor's bytes, whatever its dtype: the root's reach every rank
   // exactly (pipeline/slice_schedule.h, the broadcast's phases).
   const at::Tensor& t = tensors[0];
-  auto op = t.is_cpu() ? std::make_shared<AllreduceOp>() : new_device_op();
+  auto op = t.is_cpu() ? std::make_shared<HostOp>() : new_device_op();
   op->collective = Collective::kBroadcast;
   op->root = static_cast<int32_t>(opts.rootRank);
   const bool root = getRank() == opts.rootRank;
@@ -525,13 +527,47 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor
   op->op = RedOp::kSum;  // compared between ranks, not applied
   op->numel = t.numel() * static_cast<int64_t>(t.element_size());
   if (!t.is_cpu()) return submit_device(std::move(op), tensors, "broadcast");
-  return submit_cpu(std::static_pointer_cast<AllreduceOp>(op), c10d::OpType::BROADCAST, tensors, "broadcast",
+  return submit_cpu(std::static_pointer_cast<HostOp>(op), c10d::OpType::BROADCAST, tensors, "broadcast",
                     "fairring:broadcast");
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::reduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::ReduceOptions& opts) {
-  return run_delegated("reduce", touched(tensors),
+  // One dense CPU tensor is native (collectives/reduce.cpp); the rest
+  // (several tensors, sparse, device tensors) goes to gloo.
+  const bool native = tensors.size() == 1 && opts.rootTensor == 0 && tensors[0].layout() == c10::kStrided &&
+                      tensors[0].device().is_cpu();
+  if (!native) {
+    return run_delegated("reduce", touched(tensors),
                          [&](c10d::Backend& gloo) { return gloo.reduce(tensors, opts); });
+  }
+  check_same_process("reduce");
+  TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < getSize(), "fairring: reduce to rank ", opts.rootRank,
+                    ", which is not a rank of this group of ", getSize());
+  const at::Tensor& t = tensors[0];
+  const RedOp redop = to_redop(opts.reduceOp, t.scalar_type());
+  const bool root = getRank() == opts.rootRank;
+  auto scale = premul_factor(opts.reduceOp, t.scalar_type(), "reduce");
+  // The root's tensor gets the result; the others' are only read (a copy
+  // when PREMUL_SUM scales it), and nothing is copied back into them.
+  ReduceInput in = prepare_reduce_input(tensors, redop, "reduce", /*copy=*/!root && scale != nullptr);
+  auto op = std::make_shared<HostOp>();
+  op->collective = Collective::kReduce;
+  op->root = static_cast<int32_t>(opts.rootRank);
+  op->buffer = in.buffer;
+  op->dtype = in.dtype;
+  op->op = redop;
+  op->numel = in.numel;
+  op->stage = stage_of(in, std::move(scale));
+  if (root) {
+    op->users = std::move(in.users);
+    op->footprint.write(t);
+  } else {
+    op->footprint.read(t);
+    // On a node of one rank the sums this rank serves need memory of their
+    // own (reduce.cpp): never the caller's tensor.
+    if (topo_.ranks_per_node == 1 && topo_.num_nodes > 1) op->output = at::empty({in.numel}, in.buffer.options().dtype(in.dtype));
+  }
+  return submit_cpu(std::move(op), c10d::OpType::REDUCE, tensors, "reduce", "fairring:reduce");
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                           std::vector<at::Tensor>& inputs,
@@ -674,7 +710,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::barrier(const c10d::BarrierOptio
   // Native: one byte all-reduced (MAX) through the pipeline, after every
   // collective issued before it; a small op, so it runs inline when idle.
   std::vector<at::Tensor> token{at::zeros({1}, at::kByte)};
-  auto op = std::make_shared<AllreduceOp>();
+  auto op = std::make_shared<HostOp>();
   op->collective = Collective::kBarrier;
   op->buffer = token[0];
   op->dtype = at::kByte;

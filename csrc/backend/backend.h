@@ -29,7 +29,7 @@ namespace fairring {
 class HostEngine;
 class Pipeline;
 struct PipelineOp;
-struct AllreduceOp;
+struct HostOp;
 class CudaEngine;
 class InitStore;
 
@@ -170,7 +170,7 @@ class FairringBackend : public c10d::Backend {
                                                   c10d::OpType type);
   // Every native CPU collective, once: its Work (`outputs`, profiler title
   // "fairring:<kind>"), its record in recent_ops, and the op on the pipeline.
-  c10::intrusive_ptr<c10d::Work> submit_cpu(std::shared_ptr<AllreduceOp> op, c10d::OpType type,
+  c10::intrusive_ptr<c10d::Work> submit_cpu(std::shared_ptr<HostOp> op, c10d::OpType type,
                                             std::vector<at::Tensor> outputs, const char* kind, const char* title);
 
   Topology topo_;

@@ -3,9 +3,10 @@
 // in a build without CUDA, is a clear error (all_reduce) or goes to gloo
 // (the others: see device_native).
 
-#include "allreduce/cuda_engine.h"
-#include "allreduce/plan.h"
+#include "devices/cuda_engine.h"
+#include "plan/plan.h"
 #include "backend/backend.h"
+#include "collectives/collectives.h"
 #include "backend/init_store.h"
 #include "backend/reduce_input.h"
 #include "kernels/reduce_cpu.h"
@@ -32,7 +33,7 @@ bool FairringBackend::device_native(const at::Tensor& t) {
 
 std::shared_ptr<PipelineOp> FairringBackend::new_device_op() {
 #ifdef FAIRRING_WITH_CUDA
-  return std::make_shared<CudaAllreduceOp>();
+  return std::make_shared<CudaOp>();
 #else
   TORCH_CHECK(false, "fairring: no device collectives in this build");
 #endif
@@ -63,7 +64,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<Pi
   (void)outputs;
   TORCH_CHECK(false, "fairring: ", kind, " of device tensors is not supported by this build");
 #else
-  auto aop = std::static_pointer_cast<CudaAllreduceOp>(base);
+  auto aop = std::static_pointer_cast<CudaOp>(base);
   const c10::Device device = aop->buffer.device();
   const c10::DeviceIndex current = c10::cuda::current_device();
   TORCH_CHECK(device.index() == current, "fairring: ", kind, " got a tensor on ", device.str(),
@@ -110,7 +111,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<Pi
   if (rec != cudaSuccess) cudaEventDestroy(aop->ready);
   cuda_check(rec, "cudaEventRecord on the caller's stream");
   // No recordStream: the engine holds the op's tensors until its device work is over.
-  const int64_t blocks = blockwise(aop->collective) ? getSize() : 1;
+  aop->def = &collective_def(aop->collective);
+  const int64_t blocks = aop->def->cut() == Cut::kBlockwise ? getSize() : 1;
   aop->on_complete = track((std::string(kind) + " (CUDA)").c_str(), describe_args(aop->key()),
                            aop->numel * blocks * c10::elementSize(aop->dtype),
                            [work](std::exception_ptr error) { work->mark_done(error); });

@@ -4,10 +4,8 @@
 #include <torch/extension.h>
 #include <torch/version.h>
 
-#include "allreduce/plan.h"
-#include "allreduce/rail_plan.h"
-#include "pipeline/slice_schedule.h"
-#include "allreduce/node_arena.h"
+#include "plan/plan.h"
+#include "node/node_arena.h"
 #include "backend/backend.h"
 #include "backend/init_store.h"
 #include "common/config.h"
@@ -17,9 +15,10 @@
 namespace py = pybind11;
 
 namespace fairring {
-void register_kernel_bindings(py::module& m);  // kernels/kernel_bindings.cpp
-void register_cuda_kernel_bindings(py::module& m);  // kernels/cuda_kernel_bindings.cpp
-void register_held_ops_bindings(py::module& m);  // pipeline/held_ops_bindings.cpp
+void register_kernel_bindings(py::module& m);  // testing/kernel_hooks.cpp
+void register_cuda_kernel_bindings(py::module& m);  // testing/cuda_kernel_hooks.cpp
+void register_held_ops_bindings(py::module& m);  // testing/held_ops_hooks.cpp
+void register_plan_hooks(py::module& m);  // testing/plan_hooks.cpp
 }
 
 namespace {
@@ -36,12 +35,6 @@ py::dict topology_dict(const fairring::Topology& t) {
   d["node_ranks"] = t.node_ranks;
   d["rail"] = t.rail();
   return d;
-}
-
-py::list ranges(const std::vector<fairring::Range>& rs) {
-  py::list out;
-  for (const auto& r : rs) out.append(py::make_tuple(r.offset, r.count));
-  return out;
 }
 
 }  // namespace
@@ -153,83 +146,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_topology_for_test", [](const std::vector<std::string>& keys, int rank) {
     return topology_dict(build_topology(keys, rank));
   });
-  m.def("_split_even_for_test", [](int64_t count, int parts, int64_t align) {
-    return ranges(split_even(count, parts, align));
-  });
-  // A collective by its name ("all_reduce", "reduce_scatter", ...).
-  const auto collective_named = [](const std::string& name) {
-    for (int32_t c = 1; c <= static_cast<int32_t>(Collective::kAllGather); ++c) {
-      if (name == collective_name(static_cast<Collective>(c))) return static_cast<Collective>(c);
-    }
-    throw std::invalid_argument("fairring: no collective named " + name);
-  };
-  m.def(
-      "_plan_for_test",
-      [collective_named](int64_t numel, int64_t elem_size, int ranks_per_node, int num_nodes, int64_t slice_bytes,
-                         int64_t min_chunk_bytes, int64_t min_shard_bytes, const std::string& collective) {
-        const Collective c = collective_named(collective);
-        PlanParams p;
-        p.slice_bytes = slice_bytes;
-        p.min_chunk_bytes = min_chunk_bytes;
-        p.min_shard_bytes = min_shard_bytes;
-        py::list slices;
-        const int64_t n = num_slices(c, numel, elem_size, ranks_per_node * num_nodes, p);
-        for (int64_t i = 0; i < n; ++i) {
-          SlicePlan s = plan_slice(c, numel, elem_size, i, ranks_per_node, num_nodes, p);
-          py::dict d;
-          d["slice"] = py::make_tuple(s.slice.offset, s.slice.count);
-          d["chunks"] = ranges(s.chunks);
-          py::list shards;
-          for (const auto& sh : s.shards) shards.append(ranges(sh));
-          d["shards"] = shards;
-          d["replicated"] = s.replicated;
-          slices.append(d);
-        }
-        return slices;
-      },
-      py::arg("numel"), py::arg("elem_size"), py::arg("ranks_per_node"), py::arg("num_nodes"),
-      py::arg("slice_bytes") = PlanParams().slice_bytes, py::arg("min_chunk_bytes") = PlanParams().min_chunk_bytes,
-      py::arg("min_shard_bytes") = PlanParams().min_shard_bytes, py::arg("collective") = "all_reduce");
-  m.def("_blockwise_fits_for_test", [](int64_t elem_size, int world, int64_t slice_bytes) {
-    PlanParams p;
-    p.slice_bytes = slice_bytes;
-    return blockwise_fits(elem_size, world, p);
-  });
-
-  // The rail exchange of a chunk with these shards, seen from `node`.
-  m.def("_rail_walk_for_test", [](const std::vector<std::pair<int64_t, int64_t>>& shards, int node, int num_nodes) {
-    std::vector<Range> rs;
-    for (const auto& s : shards) rs.push_back(Range{s.first, s.second});
-    const RailPlan p = plan_rail(rs, node, num_nodes);
-    py::dict d;
-    py::list remote;
-    for (const auto& r : p.remote) remote.append(py::make_tuple(r.node, r.shard.offset, r.shard.count));
-    d["remote"] = remote;
-    d["serves"] = p.serves;
-    d["served"] = py::make_tuple(p.served.offset, p.served.count);
-    d["contributors"] = p.contributors;
-    return d;
-  });
-
-  // The phase list of a collective (by name) on a node of `ranks_per_node`.
-  m.def("_phases_for_test", [collective_named](const std::string& collective, int ranks_per_node) {
-    const PhaseList l = phases_of(collective_named(collective), ranks_per_node);
-    std::vector<std::string> names;
-    for (Phase p : l.phases) names.push_back(phase_name(p));
-    return py::make_tuple(names, l.front);
-  });
-
-  m.def(
-      "_max_shard_bytes_for_test",
-      [](int ranks_per_node, int num_nodes, int64_t slice_bytes, int64_t min_chunk_bytes, int64_t min_shard_bytes) {
-        PlanParams p;
-        p.slice_bytes = slice_bytes;
-        p.min_chunk_bytes = min_chunk_bytes;
-        p.min_shard_bytes = min_shard_bytes;
-        return max_shard_bytes(p, ranks_per_node, num_nodes);
-      });
-
   register_kernel_bindings(m);
   register_cuda_kernel_bindings(m);
   register_held_ops_bindings(m);
+  register_plan_hooks(m);
 }

@@ -16,6 +16,7 @@ const char* collective_name(Collective c) {
     case Collective::kBroadcast: return "broadcast";
     case Collective::kReduceScatter: return "reduce_scatter";
     case Collective::kAllGather: return "all_gather";
+    case Collective::kReduce: return "reduce";
   }
   return "collective";
 }
@@ -29,6 +30,7 @@ std::string describe_args(const OpKey& k) {
     case Collective::kBarrier: return "";
     case Collective::kAllGather: return elements + " per rank";
     case Collective::kReduceScatter: return elements + " per rank" + with;
+    case Collective::kReduce: return elements + with + " to rank " + std::to_string(k.root);
     case Collective::kAllReduce: break;
   }
   return elements + with;

@@ -16,7 +16,10 @@ namespace fairring {
 // so that it is reported as the mismatch it is against an all-reduce.
 // kReduceScatter and kAllGather move one block of `numel` elements per rank
 // (plan.h: "blockwise"), each with its own phase list.
-enum class Collective : int32_t { kAllReduce = 1, kBarrier = 2, kBroadcast = 3, kReduceScatter = 4, kAllGather = 5 };
+// kReduce is an all-reduce whose result only the root keeps.
+enum class Collective : int32_t {
+  kAllReduce = 1, kBarrier = 2, kBroadcast = 3, kReduceScatter = 4, kAllGather = 5, kReduce = 6
+};
 
 const char* collective_name(Collective c);
 
@@ -26,7 +29,7 @@ struct OpKey {
   int32_t collective = 0;
   int32_t dtype = 0;    // c10::ScalarType
   int32_t op = 0;       // RedOp
-  int32_t root = 0;     // a broadcast's root rank; 0 otherwise (also the struct's padding)
+  int32_t root = 0;     // a broadcast's or reduce's root rank; 0 otherwise (also the struct's padding)
 };
 
 inline bool operator==(const OpKey& a, const OpKey& b) {

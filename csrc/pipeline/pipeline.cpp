@@ -7,7 +7,7 @@
 #include <set>
 #include <stdexcept>
 
-#include "allreduce/wait_check.h"
+#include "node/wait_check.h"
 #include "common/dist_error.h"
 #include "common/errors.h"
 #include "common/log.h"
@@ -102,6 +102,7 @@ void Pipeline::close(const std::string& why) {
 }
 
 void Pipeline::submit(std::shared_ptr<PipelineOp> op) {
+  if (!op->def) throw std::logic_error("fairring: an op without a collective definition was submitted");
   std::unique_lock<std::mutex> lock(mu_);
   if (op->stage && order_.must_follow(op->footprint) == 0) {
     // Nothing pending touches what the stage reads or writes: it runs now,
@@ -139,7 +140,7 @@ void Pipeline::submit(std::shared_ptr<PipelineOp> op) {
 }
 
 int64_t Pipeline::slices_of(const PipelineOp& op) const {
-  return num_slices(op.collective, op.numel, c10::elementSize(op.dtype), topo_.size, params_);
+  return num_slices(op.def->cut(), op.numel, c10::elementSize(op.dtype), topo_.size, params_);
 }
 
 Slice Pipeline::make_slice(const std::shared_ptr<PipelineOp>& op, int64_t index) {
@@ -147,7 +148,7 @@ Slice Pipeline::make_slice(const std::shared_ptr<PipelineOp>& op, int64_t index)
   s.op = op;
   s.index = index;
   s.seq = next_slice_seq_++;
-  s.plan = plan_slice(op->collective, op->numel, c10::elementSize(op->dtype), index, topo_.ranks_per_node,
+  s.plan = plan_slice(op->def->cut(), op->numel, c10::elementSize(op->dtype), index, topo_.ranks_per_node,
                       topo_.num_nodes, params_);
   return s;
 }

@@ -32,12 +32,12 @@
 #include <thread>
 #include <vector>
 
-#include "allreduce/node_arena.h"
-#include "allreduce/plan.h"
+#include "node/node_arena.h"
+#include "plan/plan.h"
 #include "common/config.h"
 #include "pipeline/completion_pool.h"
 #include "pipeline/group_failure.h"
-#include "pipeline/node_slots.h"
+#include "node/node_slots.h"
 #include "pipeline/pipeline_op.h"
 #include "pipeline/slice.h"
 #include "pipeline/slice_schedule.h"

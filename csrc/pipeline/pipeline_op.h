@@ -12,6 +12,7 @@
 
 #include "common/op_key.h"
 #include "common/reduce_op.h"
+#include "pipeline/collective_def.h"
 #include "pipeline/op_order.h"
 
 namespace fairring {
@@ -21,6 +22,7 @@ struct PipelineOp {
 
   uint64_t seq = 0;  // issue order on the engine, from 0 (set by Pipeline::submit)
   Collective collective = Collective::kAllReduce;
+  const CollectiveDef* def = nullptr;  // its script and cut (set by the backend: collectives/)
   at::Tensor buffer;  // contiguous; reduced in place (blockwise collectives: the input, only read)
   at::Tensor output;  // contiguous; the result of a blockwise collective (plan.h)
   c10::ScalarType dtype = c10::ScalarType::Float;

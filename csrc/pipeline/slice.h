@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "allreduce/plan.h"
-#include "pipeline/node_slots.h"
+#include "plan/plan.h"
+#include "node/node_slots.h"
 #include "pipeline/pipeline_op.h"
 
 namespace fairring {

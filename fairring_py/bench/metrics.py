@@ -98,17 +98,18 @@ def algbw(nbytes: float, seconds: float) -> float:
 
 
 # The sized collectives of the microbenchmark (barrier has no size).
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
 
 
 def busbw_factor(world_size: int, collective: str = "all_reduce") -> float:
     """nccl-tests' bus-bandwidth factor: busbw = algbw x factor, the fraction of
     the data each rank must send (and receive) in an optimal algorithm.
     all_reduce 2(P-1)/P; reduce_scatter and all_gather (P-1)/P, with the size
-    being the full buffer (reduce_scatter's input, all_gather's output); broadcast 1."""
+    being the full buffer (reduce_scatter's input, all_gather's output); broadcast
+    and reduce 1."""
     if world_size <= 0:
         return float("nan")
-    if collective == "broadcast":
+    if collective in ("broadcast", "reduce"):
         return 1.0
     if collective in ("reduce_scatter", "all_gather"):
         return (world_size - 1) / world_size
@@ -129,10 +130,11 @@ def link_bound_s(nbytes: float, nodes: int, rate_bytes_per_s: float, collective:
     a node's reduced input must leave it except its own share, and a node must
     receive every other node's share.  For broadcast it is all of it: every
     other node must receive every byte (and the root's node send it at least
-    once).  0 for a single node."""
+    once); for reduce too: the root's node must receive, for every element,
+    at least the other nodes' combined contribution.  0 for a single node."""
     if nodes <= 1:
         return 0.0
-    if collective == "broadcast":
+    if collective in ("broadcast", "reduce"):
         return nbytes / rate_bytes_per_s
     return busbw_factor(nodes, collective) * nbytes / rate_bytes_per_s
 

@@ -69,11 +69,13 @@ def table(summary: dict) -> str:
     collective = m.get("collective") or "all_reduce"
     title = {
         "broadcast": f"broadcast {m['dtype']} from rank 0",
+        "reduce": f"reduce {m['dtype']} {m['op']} to rank 0",
         "reduce_scatter": f"{m.get('api') or 'reduce_scatter'} {m['dtype']} {m['op']} (size: each rank's full input)",
         "all_gather": f"{m.get('api') or 'all_gather'} {m['dtype']} (size: each rank's full output)",
     }.get(collective, f"all_reduce {m['dtype']} {m['op']}")
-    plural = {"broadcast": "broadcasts", "reduce_scatter": "reduce-scatters", "all_gather": "all-gathers"}
-    factor = {"broadcast": "", "reduce_scatter": " x (P-1)/P", "all_gather": " x (P-1)/P"}
+    plural = {"broadcast": "broadcasts", "reduce_scatter": "reduce-scatters", "all_gather": "all-gathers",
+              "reduce": "reduces"}
+    factor = {"broadcast": "", "reduce": "", "reduce_scatter": " x (P-1)/P", "all_gather": " x (P-1)/P"}
     out = [
         title
         + f" on {m['device']}: {m['world_size']} ranks"
@@ -89,7 +91,8 @@ def table(summary: dict) -> str:
         + factor.get(collective, " x 2(P-1)/P"),
     ]
     if m.get("link_rate_Bps"):
-        share = {"reduce_scatter": "(N-1)/N x ", "all_gather": "(N-1)/N x ", "broadcast": ""}.get(collective, "2(N-1)/N x ")
+        share = {"reduce_scatter": "(N-1)/N x ", "all_gather": "(N-1)/N x ", "broadcast": "",
+                 "reduce": ""}.get(collective, "2(N-1)/N x ")
         out.append(f"link bound = {share}bytes / link rate; TCP over 1500-byte frames carries at most "
                    f"{metrics.tcp_payload_fraction() * 100:.1f}% of the rate as payload, so bound/time stays below that")
     compressed = any(r.get("max_rel_err") is not None for r in summary["rows"])

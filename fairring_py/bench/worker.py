@@ -95,13 +95,17 @@ class Workload:
         else:
             self.inp = make_input(rank, numel, device)
             self.out_numel = numel
-            self.expected = (make_input(0, numel, device) if collective == "broadcast"
-                             else make_expected(world, numel, device))
+            if collective == "broadcast":
+                self.expected = make_input(0, numel, device)
+            elif collective == "reduce" and rank != 0:
+                self.expected = self.inp.clone()  # only the root's tensor changes
+            else:
+                self.expected = make_expected(world, numel, device)
             self.size = numel * 4
         if self.out_numel == 0:
             raise SystemExit(f"fairring bench: size {size} bytes is too small for {collective} on {world} ranks "
                              f"(at least {4 * world} bytes)")
-        self.in_place = collective in ("all_reduce", "broadcast")
+        self.in_place = collective in ("all_reduce", "broadcast", "reduce")
         self.inp_ref = None if self.in_place else self.inp.clone()
 
     def magnitudes(self) -> torch.Tensor:
@@ -151,6 +155,8 @@ class TorchBackend:
         self.inp = None  # reduce_scatter / all_gather: set per size (Workload.inp)
         if collective == "broadcast":  # from rank 0
             self.op = lambda b, **kw: dist.broadcast(b, src=0, **kw)
+        elif collective == "reduce":  # to rank 0
+            self.op = lambda b, **kw: dist.reduce(b, dst=0, **kw)
         elif collective == "reduce_scatter":
             self.op = lambda b, **kw: REDUCE_SCATTER(b, self.inp, **kw)
         elif collective == "all_gather":
@@ -193,6 +199,9 @@ class MpiBackend:
         MPI, c = self.MPI, self.comm
         if self.collective == "broadcast":
             return c.Ibcast(a, root=0)
+        if self.collective == "reduce":
+            return c.Ireduce(MPI.IN_PLACE if c.Get_rank() == 0 else a, a if c.Get_rank() == 0 else None, op=MPI.SUM,
+                             root=0)
         if self.collective == "reduce_scatter":
             return c.Ireduce_scatter_block(self.inp, a, op=MPI.SUM)
         if self.collective == "all_gather":
@@ -209,6 +218,9 @@ class MpiBackend:
                     self.comm.Allgather(self.inp, a)
                 elif self.collective == "broadcast":
                     self.comm.Bcast(a, root=0)
+                elif self.collective == "reduce":
+                    root = self.comm.Get_rank() == 0
+                    self.comm.Reduce(self.MPI.IN_PLACE if root else a, a if root else None, op=self.MPI.SUM, root=0)
                 else:
                     self.comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
             return
@@ -374,7 +386,7 @@ def run_allreduce(ranks: Ranks, cfg: dict) -> int:
             inflight=cfg["inflight"],
             collective=collective,
             dtype="float32",
-            op="SUM" if collective in ("all_reduce", "reduce_scatter") else None,
+            op="SUM" if collective in ("all_reduce", "reduce_scatter", "reduce") else None,
             api={"reduce_scatter": REDUCE_SCATTER.__name__, "all_gather": ALL_GATHER.__name__}.get(collective, collective),
             size_means={"reduce_scatter": "bytes of each rank's full input (it gets size / P)",
                         "all_gather": "bytes of each rank's full output (it sends size / P)"}.get(

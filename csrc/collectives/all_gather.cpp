@@ -1,0 +1,95 @@
+// The all-gather, blockwise (plan.h), for local rank `me` of K, N nodes:
+//
+//   front: acquire          wait until every peer released the slot; claim it
+//          publish-block    our piece into our chunk of the output area
+//          exchange-blocks  N > 1: our piece to every node, theirs into our
+//                           chunk (share)
+//   back:  gather-blocks    every chunk into the output
+//          release          we are done with the slot
+//
+// On a node of one rank: exchange-blocks | await-own, straight between the
+// tensors and the rails.
+#include "collectives/collectives.h"
+#include "pipeline/slice_schedule.h"
+
+namespace fairring {
+
+namespace {
+
+using TimePoint = SliceSchedule::TimePoint;
+
+bool publish_block(SliceSchedule& p, Slice& s, const TimePoint*) {
+  const int slot = p.slot(s);
+  const int64_t esize = p.esize(s);
+  p.mover().copy(slot, p.mover().output_area(slot, p.me()) + p.staged_at(s, p.topo().node, p.me()) * esize,
+                 p.own_piece(s.op->buffer, s), s.plan.slice.count * esize, false);
+  // No input area to share, but every other script waits for every peer's
+  // input before check_match: a peer that issued another collective must
+  // get there and see the mismatch, not wait for an input that never comes.
+  p.input_published(s);
+  return true;
+}
+
+bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
+  const PipelineOp& op = *s.op;
+  const int slot = p.slot(s);
+  const int64_t esize = p.esize(s);
+  const int node = p.topo().node;
+  p.set_mirror(s, nullptr, nullptr, 0);  // nothing for the node's peers to read
+  if (p.k() == 1) {
+    // Our own block of the output (unless the input is that block already).
+    char* to = p.block_at(op.output, s, node, 0);
+    const char* from = p.own_piece(op.buffer, s);
+    if (to != from) p.mover().copy(slot, to, from, s.plan.slice.count * esize, false);
+  }
+  if (!p.multi_node()) {
+    p.publish_chunk(s.seq);
+    return true;
+  }
+  RailTask t = p.rail_task(s);
+  t.pattern = RailPattern::kShare;
+  t.shards = s.plan.shards[p.me()];
+  for (int j = 0; j < p.topo().num_nodes; ++j) {
+    char* piece;
+    if (p.k() > 1) {
+      piece = p.mover().output_area(slot, p.me()) + p.staged_at(s, j, p.me()) * esize;
+    } else {
+      piece = j == node ? p.own_piece(op.buffer, s) : p.block_at(op.output, s, j, 0);
+    }
+    t.pieces.push_back(piece);
+  }
+  p.post(s, std::move(t));
+  return true;
+}
+
+bool gather_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
+  if (!p.wait_chunks(s, p.k(), until)) return false;
+  p.node().check_match(s.id());
+  const PipelineOp& op = *s.op;
+  const int slot = p.slot(s);
+  const int64_t esize = p.esize(s);
+  const bool large = SliceSchedule::large(op.numel * p.topo().size * esize);
+  for (int x = 0; x < p.k(); ++x) {
+    if (x != p.me()) p.mover().after(slot, x, PeerStep::kChunkDone);
+    for (int j = 0; j < p.topo().num_nodes; ++j) {
+      char* to = p.block_at(op.output, s, j, x);
+      const char* from = p.mover().output_area(slot, x) + p.staged_at(s, j, x) * esize;
+      p.mover().copy(slot, to, from, s.plan.slice.count * esize, large);
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+const CollectiveDef& all_gather_def() {
+  static const ScriptedCollective def(
+      Collective::kAllGather, Cut::kBlockwise,
+      Script{{{"acquire", step_acquire}, {"publish-block", publish_block}, {"exchange-blocks", exchange_blocks},
+              {"gather-blocks", gather_blocks}, {"release", step_release}},
+             3},
+      Script{{{"exchange-blocks", exchange_blocks}, {"await-own", step_await_own}}, 1});
+  return def;
+}
+
+}  // namespace fairring

@@ -1,0 +1,108 @@
+// The reduce-scatter, blockwise (plan.h: slice i is piece i of every rank's
+// block; in the slot areas chunk x holds the pieces of every node's local
+// rank x), for local rank `me` of K, with N nodes:
+//
+//   front: acquire          wait until every peer released the slot; claim it
+//          stage-blocks     our W pieces into our input area, by chunk
+//          reduce-blocks    chunk `me` of every input area: the node's sum of
+//                           our rail's pieces (one node: our own piece)
+//          exchange-blocks  N > 1: each piece to the node it belongs to, whose
+//                           rank reduces them into its output (reduce at server)
+//   back:  await-own        the rails are done with the slice
+//          release          we are done with the slot
+//
+// On a node of one rank: exchange-blocks | await-own, straight between the
+// tensors and the rails.
+#include "collectives/collectives.h"
+#include "pipeline/slice_schedule.h"
+
+namespace fairring {
+
+namespace {
+
+using TimePoint = SliceSchedule::TimePoint;
+
+bool stage_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
+  // The peers' chunks only: ours is reduced straight from the tensor.
+  const int slot = p.slot(s);
+  const int64_t esize = p.esize(s);
+  char* in = p.mover().input_area(slot, p.me());
+  for (int x = 0; x < p.k(); ++x) {
+    if (x == p.me()) continue;
+    for (int j = 0; j < p.topo().num_nodes; ++j) {
+      p.mover().copy(slot, in + p.staged_at(s, j, x) * esize, p.block_at(s.op->buffer, s, j, x),
+                     s.plan.slice.count * esize, false);
+    }
+  }
+  p.input_published(s);
+  return true;
+}
+
+bool reduce_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
+  if (!p.inputs_in(s, until)) return false;
+  const PipelineOp& op = *s.op;
+  const int slot = p.slot(s);
+  const int64_t esize = p.esize(s);
+  for (int x = 0; x < p.k(); ++x) {
+    if (x != p.me()) p.mover().after(slot, x, PeerStep::kInputReady);
+  }
+  // Our chunk holds the slice of each node's block of our rail: reduced one
+  // node at a time, our term read from the tensor, the peers' from their
+  // input areas, in local-rank order.  One node: the result is our own
+  // piece.  Otherwise it goes to the rails from our output area, and the
+  // servers divide.
+  const bool one_node = !p.multi_node();
+  for (int j = 0; j < p.topo().num_nodes; ++j) {
+    const int64_t at = p.staged_at(s, j, p.me()) * esize;
+    const void* inputs[kMaxLocalRanks];
+    for (int x = 0; x < p.k(); ++x) {
+      inputs[x] = x == p.me() ? p.block_at(op.buffer, s, j, p.me()) : p.mover().input_area(slot, x) + at;
+    }
+    char* out = one_node ? p.own_piece(op.output, s) : p.mover().output_area(slot, p.me()) + at;
+    p.mover().reduce(slot, op.dtype, op.op, out, inputs, p.k(), s.plan.slice.count, one_node ? p.divisor(s) : 0);
+  }
+  return true;
+}
+
+bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
+  const PipelineOp& op = *s.op;
+  const int slot = p.slot(s);
+  const int64_t esize = p.esize(s);
+  p.set_mirror(s, nullptr, nullptr, 0);  // nothing for the node's peers to read
+  if (!p.multi_node()) {
+    // A reduce-scatter of one rank is a copy (none if in place).
+    if (p.k() == 1) {
+      char* to = p.own_piece(op.output, s);
+      const char* from = p.block_at(op.buffer, s, p.topo().node, 0);
+      if (to != from) p.mover().copy(slot, to, from, s.plan.slice.count * esize, false);
+    }
+    p.publish_chunk(s.seq);
+    return true;
+  }
+  RailTask t = p.rail_task(s);
+  t.pattern = RailPattern::kReduce;
+  t.back_to = RailTask::kBackToNone;  // each sum stays with its server, in its result
+  t.shards = s.plan.shards[p.me()];
+  t.divisor = p.divisor(s);
+  for (int j = 0; j < p.topo().num_nodes; ++j) {
+    t.pieces.push_back(p.k() > 1 ? p.mover().output_area(slot, p.me()) + p.staged_at(s, j, p.me()) * esize
+                                 : p.block_at(op.buffer, s, j, 0));  // only read
+  }
+  t.result = p.own_piece(op.output, s);
+  p.post(s, std::move(t));
+  return true;
+}
+
+}  // namespace
+
+const CollectiveDef& reduce_scatter_def() {
+  static const ScriptedCollective def(
+      Collective::kReduceScatter, Cut::kBlockwise,
+      Script{{{"acquire", step_acquire}, {"stage-blocks", stage_blocks}, {"reduce-blocks", reduce_blocks},
+              {"exchange-blocks", exchange_blocks}, {"await-own", step_await_own}, {"release", step_release}},
+             4},
+      Script{{{"exchange-blocks", exchange_blocks}, {"await-own", step_await_own}}, 1});
+  return def;
+}
+
+}  // namespace fairring

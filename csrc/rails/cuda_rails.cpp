@@ -1,0 +1,340 @@
+#ifdef FAIRRING_WITH_CUDA
+
+#include "rails/cuda_rails.h"
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+#include <cuda_runtime.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <stdexcept>
+
+#include "plan/rail_plan.h"
+#include "common/cuda_check.h"
+#include "common/errors.h"
+#include "kernels/convert_cuda.h"
+#include "kernels/reduce_cuda.h"
+
+namespace fairring {
+
+int64_t staged_rail_bytes(const Config& config, const PlanParams& params, int k, int n, int64_t area) {
+  return (area + rail_stage_bytes_per_slot(config, params, k, n)) * config.parallelism;
+}
+
+NcclRailBuffers nccl_rail_buffers(const Config& config, const PlanParams& params, int k, int n) {
+  NcclRailBuffers b;
+  b.nodes = n;
+  const int64_t shard = max_shard_bytes(params, k, n);
+  b.shard = round_up(shard, 256);
+  // 256-byte aligned: the prefix's 8 bytes and the elements after it stay aligned.
+  b.message = config.wire_dtype == "none" ? 0 : round_up(WireCodec::buffer_bytes(shard), 256);
+  return b;
+}
+
+// ---- CudaStagedRail ----
+
+CudaStagedRail::CudaStagedRail(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo,
+                               const Config& config, const PlanParams& params, const Secret& secret,
+                               c10::Device device, int64_t area, SlotStream slot_stream, SliceDone done,
+                               Failed failed)
+    : topo_(topo),
+      device_(device),
+      timeout_(config.timeout),
+      slots_(config.parallelism),
+      area_(area),
+      slot_stream_(std::move(slot_stream)),
+      done_(std::move(done)),
+      failed_(std::move(failed)) {
+  c10::cuda::CUDAGuard guard(device_);
+  void* host = nullptr;
+  cuda_check(cudaHostAlloc(&host, static_cast<size_t>(area_ * slots_), cudaHostAllocPortable),
+             "cannot allocate pinned host staging memory");
+  pinned_ = static_cast<char*>(host);
+  returns_.resize(slots_);
+  for (int s = 0; s < slots_; ++s) d2h_done_.push_back(new_event());
+  RailStage::Callbacks cb;
+  cb.slice_done = [this](uint64_t seq) { back(seq); };
+  cb.failed = failed_;
+  stage_ = connect_rail(store, topo, config, params, secret, std::move(cb), mesh_);
+  // Polls each chunk's D2H event: the rail's thread never waits on the device.
+  const int index = device_.index();
+  const int rank = topo_.rank;
+  feeder_ = std::make_unique<RailFeeder>(*stage_, topo_.rank, "the GPU's copy of a reduced chunk to the host",
+                                         timeout_, failed_, [index, rank] {
+                                           cuda_check(cudaSetDevice(index), "cudaSetDevice");
+                                           relax_capture_mode_of_this_thread(rank);
+                                         });
+}
+
+CudaStagedRail::~CudaStagedRail() {
+  feeder_.reset();
+  stage_.reset();
+  mesh_.reset();
+  c10::cuda::CUDAGuard guard(device_);
+  for (cudaEvent_t ev : d2h_done_) cuda_ok_or_log(cudaEventDestroy(ev), topo_.rank, "cudaEventDestroy");
+  if (pinned_ && !leak_) cuda_ok_or_log(cudaFreeHost(pinned_), topo_.rank, "cudaFreeHost");
+}
+
+void CudaStagedRail::post(RailTask task) {
+  // The chunk's shards go through pinned memory at their offsets: what we
+  // send goes down now (D2H), what the exchange brings back goes up in back().
+  const int slot = task.slot;
+  cudaStream_t stream = slot_stream_(slot);
+  const int64_t esize = c10::elementSize(task.dtype());
+  const bool share = task.pattern == RailPattern::kShare;
+  char* host = pinned_ + static_cast<int64_t>(slot) * area_;
+  std::vector<Copy> back;
+  for (int j = 0; j < static_cast<int>(task.shards.size()); ++j) {
+    const Range& r = task.shards[j];
+    if (r.count == 0) continue;
+    const Copy shard{task.shard_at(j), host + r.offset * esize, static_cast<size_t>(r.count * esize)};
+    // Sent: every shard, or (kShare) our node's only.
+    if (!share || j == topo_.node) {
+      cuda_check(cudaMemcpyAsync(const_cast<char*>(shard.host), shard.device, shard.bytes, cudaMemcpyDeviceToHost,
+                                 stream),
+                 "device-to-host copy");
+    }
+    // Back: with kShare the other nodes' shards; with kReduce every shard
+    // if the sums come back to us, else our served one (into the result, if
+    // it has one: a sum kept at its server).
+    if (share) {
+      if (j != topo_.node) back.push_back(shard);
+    } else if (task.returns_to(topo_.node)) {
+      back.push_back(j == topo_.node && task.result ? Copy{task.result, shard.host, shard.bytes} : shard);
+    } else if (j == topo_.node && task.result) {
+      back.push_back(Copy{task.result, shard.host, shard.bytes});
+    }
+  }
+  returns_[slot] = std::move(back);  // read by back(), ordered by the feed
+  cuda_check(cudaEventRecord(d2h_done_[slot], stream), "cudaEventRecord");
+  task.chunk = host;
+  task.pieces.clear();
+  task.result = nullptr;  // the server reduces into our host shard; back() takes it up
+  cudaEvent_t copied = d2h_done_[slot];
+  feeder_->push(std::move(task),
+                [copied] { return cuda_done(cudaEventQuery(copied), "device-to-host copy of a reduced chunk"); });
+}
+
+void CudaStagedRail::abort(const std::string& why) {
+  leak_on_destroy();
+  stage_->abort(why);
+  feeder_->stop();
+}
+
+// From the stage's thread, in slice order: the chunk's result is in pinned
+// memory; copy it back on the slot's stream, then the schedule's turn.
+void CudaStagedRail::back(uint64_t slice_seq) {
+  try {
+    c10::cuda::CUDAGuard guard(device_);
+    // The stage's thread is the TCP rail's, device-agnostic: relaxed here.
+    static thread_local bool relaxed = false;
+    if (!relaxed) relax_capture_mode_of_this_thread(topo_.rank);
+    relaxed = true;
+    const int slot = static_cast<int>(slice_seq % slots_);
+    for (const Copy& c : returns_[slot]) {
+      cuda_check(cudaMemcpyAsync(c.device, c.host, c.bytes, cudaMemcpyHostToDevice, slot_stream_(slot)),
+                 "host-to-device copy");
+    }
+    done_(slice_seq);
+  } catch (const std::exception& e) {
+    failed_(attribute_to_rank(topo_.rank, e.what()));
+  }
+}
+
+// ---- CudaNcclRail ----
+
+CudaNcclRail::CudaNcclRail(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const Config& config,
+                           const PlanParams& params, c10::Device device, SlotStream slot_stream, SliceDone done,
+                           std::function<void()> interrupted)
+    : topo_(topo),
+      device_(device),
+      slot_stream_(std::move(slot_stream)),
+      done_(std::move(done)),
+      codec_(wire_dtype_from_name(config.wire_dtype)) {
+  const int n = topo.num_nodes;
+  if (n > kMaxCudaReduceInputs) {
+    throw std::invalid_argument("fairring: FAIRRING_GPU_TRANSPORT=nccl supports at most " +
+                                std::to_string(kMaxCudaReduceInputs) + " nodes, this group has " +
+                                std::to_string(n));
+  }
+  c10::cuda::CUDAGuard guard(device_);
+  check_own_gpus(store);
+  nccl_ = std::make_unique<NcclRail>(store, "nccl/rail" + std::to_string(topo.local_rank), n, topo.node,
+                                     config.timeout, topo.rank, std::move(interrupted));
+  stream_ = std::make_unique<DedicatedStream>(device_, true);
+  buffers_ = nccl_rail_buffers(config, params, topo.ranks_per_node, n);
+  void* staging = nullptr;
+  cuda_check(cudaMalloc(&staging, static_cast<size_t>(buffers_.total())), "cannot allocate the NCCL rail's buffers");
+  staging_ = static_cast<char*>(staging);
+  ready_ = new_event();
+  finished_ = new_event();
+}
+
+CudaNcclRail::~CudaNcclRail() {
+  c10::cuda::CUDAGuard guard(device_);
+  const int rank = topo_.rank;
+  if (leak_) {
+    nccl_->abort_on_destroy();
+  } else {
+    cuda_ok_or_log(cudaStreamSynchronize(stream_->stream()), rank, "cudaStreamSynchronize (NCCL)");
+  }
+  nccl_.reset();
+  if (ready_) cuda_ok_or_log(cudaEventDestroy(ready_), rank, "cudaEventDestroy");
+  if (finished_) cuda_ok_or_log(cudaEventDestroy(finished_), rank, "cudaEventDestroy");
+  if (staging_ && !leak_) cuda_ok_or_log(cudaFree(staging_), rank, "cudaFree (NCCL staging)");
+}
+
+void CudaNcclRail::abort(const std::string&) {
+  leak_on_destroy();
+  nccl_->abort();
+}
+
+void CudaNcclRail::check() {
+  const std::string error = nccl_->async_error();
+  if (!error.empty()) throw std::runtime_error("the NCCL rail failed: " + error);
+}
+
+// The exchange of one chunk on the NCCL stream, after the slot stream's work
+// so far and before its next: kShare sends and receives shards, the
+// reduction patterns walk the reduction (post_reduction).
+void CudaNcclRail::post(RailTask task) {
+  const int64_t esize = c10::elementSize(task.dtype());
+  const int n = topo_.num_nodes;
+  const int self = topo_.node;
+  cudaStream_t slot = slot_stream_(task.slot);
+  cudaStream_t ns = stream_->stream();
+  auto bytes = [&](const Range& r) { return static_cast<size_t>(r.count * esize); };
+  cuda_check(cudaEventRecord(ready_, slot), "cudaEventRecord");
+  cuda_check(cudaStreamWaitEvent(ns, ready_, 0), "cudaStreamWaitEvent (to NCCL)");
+  if (task.pattern == RailPattern::kShare) {
+    // Our shard to every node, theirs in (empty ones move nothing).
+    const Range& ours = task.shards[self];
+    nccl_->group_start();
+    for (int j = 0; j < n; ++j) {
+      if (j == self) continue;
+      if (ours.count > 0) nccl_->send(task.shard_at(self), bytes(ours), j, ns);
+      if (task.shards[j].count > 0) nccl_->recv(task.shard_at(j), bytes(task.shards[j]), j, ns);
+    }
+    nccl_->group_end();
+  } else {
+    post_reduction(task, ns);
+  }
+  cuda_check(cudaEventRecord(finished_, ns), "cudaEventRecord");
+  cuda_check(cudaStreamWaitEvent(slot, finished_, 0), "cudaStreamWaitEvent (from NCCL)");
+  // The result is in place once the slot's stream passes the exchange.
+  done_(task.slice_seq);
+}
+
+// The reduction-server exchange of one chunk, the same walk as RailStage's
+// (plan_rail): our piece of each remote shard goes to the node that serves
+// it; if we serve a shard, we sum it with the peers' pieces in node order
+// (divided for AVG) and send the sum back (a reduce-scatter keeps it, in its
+// result); the other shards' sums come in.  All on the NCCL stream, which
+// runs the exchanges one at a time in slice order (one communicator, the
+// same order on every rank of the rail).  Every rank of the rail has the
+// same shard list, so an empty transfer is skipped on both of its ends.
+//
+// Compressed (codec_.applies): the same walk with messages instead of
+// elements, and the values rounded where RailStage rounds them
+// (wire_codec.h): our pieces once when sent, the served sum once, which we
+// also widen into our own copy; the peers' pieces are widened into staging
+// so that the reduction is the uncompressed one.  The message buffers are
+// reused by the next exchange only after this one's transfers and kernels,
+// in the NCCL stream's order.
+void CudaNcclRail::post_reduction(const RailTask& task, cudaStream_t ns) {
+  const c10::ScalarType dtype = task.dtype();
+  const int64_t esize = c10::elementSize(dtype);
+  const int n = topo_.num_nodes;
+  const int self = topo_.node;
+  const bool results_back = task.returns_to(self);
+  const RailPlan plan = plan_rail(task.shards, self, n);
+  const bool wire = codec_.applies(task);
+  const HalfFormat fmt = half_format_of(codec_.dtype());
+  // What travels for a shard: its elements, or its message.
+  auto bytes = [&](const Range& r) {
+    return static_cast<size_t>(wire ? WireCodec::message_bytes(r.count) : r.count * esize);
+  };
+  const bool serving = plan.serves && plan.served.count > 0;
+  if (serving && plan.served.count * esize > buffers_.shard) {
+    throw std::logic_error("fairring: shard larger than its NCCL staging buffer (plan bound violated)");
+  }
+  if (wire) {
+    for (const RemoteShard& r : plan.remote) {
+      if (r.shard.count == 0) continue;
+      wire_encode_cuda(fmt, dtype, task.shard_at(r.node), r.shard.count, message_out(r.node), ns);
+    }
+  }
+  nccl_->group_start();
+  for (const RemoteShard& r : plan.remote) {
+    if (r.shard.count > 0) nccl_->send(wire ? message_out(r.node) : task.shard_at(r.node), bytes(r.shard), r.node, ns);
+  }
+  if (serving) {
+    for (int j : plan.contributors) nccl_->recv(wire ? message_in(j) : staging(j), bytes(plan.served), j, ns);
+  }
+  nccl_->group_end();
+  // Only a serving rank has a shard of its own to reduce into (the shard
+  // list may not even reach our node's entry otherwise).
+  char* out = serving ? (task.result ? task.result : task.shard_at(self)) : nullptr;
+  const char* result = out;  // what we send back
+  std::vector<int> to;       // the contributors the sum goes back to (back_to)
+  if (serving) {
+    for (int j : plan.contributors) {
+      if (task.returns_to(j)) to.push_back(j);
+    }
+    if (wire) {
+      for (int j : plan.contributors) wire_decode_cuda(fmt, dtype, message_in(j), plan.served.count, staging(j), ns);
+    }
+    const void* inputs[kMaxCudaReduceInputs];
+    for (int j = 0; j < n; ++j) inputs[j] = j == self ? task.shard_at(self) : staging(j);
+    reduce_cuda(dtype, task.op(), out, inputs, n, plan.served.count, task.divisor, ns);
+    if (wire && !to.empty()) {
+      wire_encode_cuda(fmt, dtype, out, plan.served.count, message_out(self), ns);
+      wire_decode_cuda(fmt, dtype, message_out(self), plan.served.count, out, ns);
+      result = message_out(self);
+    }
+  }
+  if (to.empty() && !results_back) return;
+  nccl_->group_start();
+  for (int j : to) nccl_->send(result, bytes(plan.served), j, ns);
+  if (results_back) {
+    for (const RemoteShard& r : plan.remote) {
+      if (r.shard.count > 0) {
+        nccl_->recv(wire ? message_in(r.node) : task.shard_at(r.node), bytes(r.shard), r.node, ns);
+      }
+    }
+  }
+  nccl_->group_end();
+  if (wire && results_back) {
+    for (const RemoteShard& r : plan.remote) {
+      if (r.shard.count > 0) wire_decode_cuda(fmt, dtype, message_in(r.node), r.shard.count, task.shard_at(r.node), ns);
+    }
+  }
+}
+
+// NCCL cannot put two ranks of a communicator on one GPU.  The only
+// communicator is the rail's, so only the rail peers must be on distinct
+// GPUs (compared by device UUID, unique across machines): ranks of one node
+// may share a card (the intra-node steps are CUDA IPC), which is how a node
+// is tested on one GPU.
+void CudaNcclRail::check_own_gpus(const c10::intrusive_ptr<c10d::Store>& store) {
+  cudaDeviceProp prop;
+  cuda_check(cudaGetDeviceProperties(&prop, device_.index()), "cudaGetDeviceProperties");
+  std::vector<uint8_t> mine(reinterpret_cast<const uint8_t*>(&prop.uuid),
+                            reinterpret_cast<const uint8_t*>(&prop.uuid) + sizeof(prop.uuid));
+  store->set("gpu_uuid/" + std::to_string(topo_.rank), mine);
+  for (int r : topo_.rail()) {
+    if (r == topo_.rank) continue;
+    if (store->get("gpu_uuid/" + std::to_string(r)) == mine) {
+      throw std::invalid_argument(
+          "fairring: FAIRRING_GPU_TRANSPORT=nccl needs the ranks of a rail (local rank " +
+          std::to_string(topo_.local_rank) + " of every node) on distinct GPUs, but ranks " +
+          std::to_string(std::min(r, topo_.rank)) + " and " + std::to_string(std::max(r, topo_.rank)) +
+          " share " + device_.str() + " of rank " + std::to_string(topo_.rank) +
+          "'s machine. Use FAIRRING_GPU_TRANSPORT=tcp, or give each node's ranks their own GPUs.");
+    }
+  }
+}
+
+}  // namespace fairring
+
+#endif  // FAIRRING_WITH_CUDA

@@ -1,0 +1,81 @@
+// The inter-node step of a slice, as the schedule sees it: post a chunk's
+// shards to the rail and hear back, in slice order, once every shard's
+// reduced result is in the chunk.  Implementations: RailStage (TCP, from host
+// memory), and on the CUDA path the same stage fed through pinned memory, or
+// NCCL on a stream.  All of them walk the same plan (rail_plan.h).
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "plan/plan.h"
+#include "common/op_key.h"
+#include "common/reduce_op.h"
+
+namespace fairring {
+
+// What a rail does with a task's shards.  Rails run patterns and never see
+// which collective it is (the key travels only to be matched and named);
+// each pattern serves several collectives.
+enum class RailPattern : int32_t {
+  // Our piece of shard j goes to node j, which reduces every node's piece
+  // (node order, divided for AVG) into `result` (or in place) and sends the
+  // sum back to the nodes `back_to` names: every node (all-reduce, barrier:
+  // the chunk then holds every reduced shard), none (reduce-scatter: node j
+  // keeps its sum), or one (a reduce: the root's node; the others get an
+  // empty answer, so that every rank hears that its server matched its op).
+  kReduce = 1,
+  // Our shard to every node; node j's lands in shard j.  Empty shards move
+  // nothing (all-gather; broadcast, where only the root's node has one).
+  kShare = 2,
+};
+
+struct RailTask {
+  uint64_t slice_seq = 0;
+  int slot = 0;  // the pipeline slot the slice runs in
+  OpKey key;     // the collective, for matching and messages only
+  RailPattern pattern = RailPattern::kReduce;
+  // kReduce: where the served sums go (a node index, or one of these).
+  static constexpr int kBackToAll = -1;
+  static constexpr int kBackToNone = -2;
+  int back_to = kBackToAll;
+  bool returns_to(int node) const { return back_to == kBackToAll || back_to == node; }
+  c10::ScalarType dtype() const { return static_cast<c10::ScalarType>(key.dtype); }
+  RedOp op() const { return static_cast<RedOp>(key.op); }
+  char* chunk = nullptr;       // this rank's node-reduced chunk; results land here too
+  std::vector<Range> shards;   // in chunk (elements); shard j is served by node j
+  int64_t divisor = 0;         // applied by the server (AVG)
+  // Where shard j is, when not at `chunk` + its offset (empty: at the
+  // offset), and where kReduce puts the served sum (null: in place).
+  std::vector<char*> pieces;
+  char* result = nullptr;
+  char* shard_at(int j) const {
+    return pieces.empty() ? chunk + shards[j].offset * static_cast<int64_t>(c10::elementSize(dtype())) : pieces[j];
+  }
+};
+
+class RailExchange {
+ public:
+  // Called once per posted task, in slice order, when the chunk holds the
+  // result (for a device: when the work that puts it there is enqueued).
+  using SliceDone = std::function<void(uint64_t slice_seq)>;
+  // Called at most once, when the exchange fails on its own.
+  using Failed = std::function<void(const std::string& why)>;
+
+  virtual ~RailExchange() = default;
+  virtual void post(RailTask task) = 0;
+  // Tells every rail peer why we stop, then stops (from any thread).
+  virtual void abort(const std::string& why) = 0;
+  // After abort(): blocks until the exchange touches the memory of no task
+  // posted to it any more (a chunk lives in the caller's tensor), or `until`
+  // passes; true if it got there.  The pipeline returns a failed op's
+  // tensors to its caller only after this (Pipeline::complete).
+  virtual bool let_go(std::chrono::steady_clock::time_point until) = 0;
+};
+
+}  // namespace fairring

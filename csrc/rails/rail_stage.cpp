@@ -1,0 +1,510 @@
+#include "rails/rail_stage.h"
+
+#include <poll.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <stdexcept>
+
+#include "common/deadlines.h"
+#include "plan/rail_plan.h"
+#include "common/config.h"
+#include "common/errors.h"
+#include "common/fault_injection.h"
+#include "kernels/reduce_cpu.h"
+#include "transport/tcp_mesh.h"
+
+namespace fairring {
+
+struct RailStage::SliceState {
+  RailTask task;
+  int contributions_missing = 0;  // as a server
+  int results_missing = 0;        // as a client
+  int sends_pending = 0;
+  bool served = true;             // our shard reduced and sent (or nothing to serve)
+  std::vector<std::vector<char>>* staging = nullptr;  // the slot's buffers, by node
+};
+
+namespace {
+int64_t bytes_of(const Range& r, int64_t elem) { return r.count * elem; }
+
+WireHeader header_for(const RailTask& t, WireKind kind, uint64_t bytes) {
+  WireHeader h;
+  h.kind = static_cast<uint32_t>(kind);
+  h.slice_seq = t.slice_seq;
+  h.key = t.key;
+  h.bytes = bytes;
+  return h;
+}
+
+// Throws the message users see when ranks issued different collectives.
+void check_match(const WireHeader& got, const WireHeader& want, int peer, int self) {
+  check_same_op(want.key, self, got.key, peer);
+  if (got.kind != want.kind || got.slice_seq != want.slice_seq || got.bytes != want.bytes) {
+    throw_out_of_step(want.key, self, peer);
+  }
+}
+}  // namespace
+
+RailStage::RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callbacks callbacks,
+                     std::chrono::milliseconds timeout, int slots, int64_t max_shard_bytes, WireDtype wire)
+    : topo_(topo), reduce_(std::move(reduce)), callbacks_(std::move(callbacks)), timeout_(timeout), codec_(wire) {
+  staging_.resize(slots);
+  for (auto& slot : staging_) {
+    slot.resize(topo_.num_nodes);
+    for (int n = 0; n < topo_.num_nodes; ++n) {
+      if (n != topo_.node) slot[n].resize(max_shard_bytes);
+    }
+  }
+  if (wire != WireDtype::kNone) {  // wire_bytes_per_slot() counts these
+    for (auto* bufs : {&wire_out_, &wire_contrib_, &wire_result_}) {
+      bufs->resize(slots);
+      for (auto& slot : *bufs) {
+        slot.resize(topo_.num_nodes);
+        for (int n = 0; n < topo_.num_nodes; ++n) {
+          if (n != topo_.node || bufs == &wire_out_) slot[n].resize(WireCodec::buffer_bytes(max_shard_bytes));
+        }
+      }
+    }
+  }
+  const std::vector<int> rail = topo_.rail();
+  clients_.resize(topo_.num_nodes);
+  servers_.resize(topo_.num_nodes);
+  for (int n = 0; n < topo_.num_nodes; ++n) {
+    if (n == topo_.node) continue;
+    clients_[n] = std::make_unique<Channel>(mesh.take_client(rail[n]), rail[n]);
+    servers_[n] = std::make_unique<Channel>(mesh.take_server(rail[n]), rail[n]);
+  }
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) throw std::runtime_error("fairring: eventfd failed");
+  // FAIRRING_TEST_RAIL_REDUCE_DELAY_MS: the server sleeps that long before
+  // its first reduction of a shard into the caller's chunk (tests: a rail
+  // thread slow, descheduled or stopped where it writes into an op's memory
+  // while the op fails).
+  reduce_delay_ = test_delay("FAIRRING_TEST_RAIL_REDUCE_DELAY_MS");
+}
+
+void RailStage::start() {
+  thread_ = std::thread([this] {
+    loop();
+    released();
+  });
+}
+
+RailStage::~RailStage() {
+  bool failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    failed = !abort_reason_.empty();
+  }
+  wake();
+  if (thread_.joinable()) thread_.join();
+  if (wake_fd_ >= 0) close(wake_fd_);
+  if (!failed) close_gracefully();
+}
+
+void RailStage::close_gracefully() {
+  // Closing a socket that holds unread bytes (a peer's heartbeat) resets the
+  // connection, and a reset throws away what the peer has not read yet: our
+  // last message of an op it is still finishing.  So every channel sends
+  // its end of stream first, then reads (and drops) what still comes until
+  // the peer's end of stream (it stops its heartbeats once it sees ours),
+  // for at most kCloseDrain.
+  constexpr auto kCloseDrain = std::chrono::seconds(1);
+  std::vector<int> open;
+  for (auto* list : {&clients_, &servers_}) {
+    for (auto& ch : *list) {
+      if (ch && ::shutdown(ch->fd(), SHUT_WR) == 0) open.push_back(ch->fd());
+    }
+  }
+  const auto until = Clock::now() + kCloseDrain;
+  std::vector<char> scratch(64 << 10);
+  while (!open.empty() && Clock::now() < until) {
+    std::vector<struct pollfd> fds;
+    for (int fd : open) fds.push_back({fd, POLLIN, 0});
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+    if (poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(left, 1))) <= 0) continue;
+    std::vector<int> still;
+    for (const auto& p : fds) {
+      if (p.revents == 0) {
+        still.push_back(p.fd);
+        continue;
+      }
+      const ssize_t r = recv(p.fd, scratch.data(), scratch.size(), MSG_DONTWAIT);
+      if (r > 0 || (r < 0 && (errno == EAGAIN || errno == EINTR))) still.push_back(p.fd);
+      // 0: the peer's end of stream; < 0: the connection is gone anyway.
+    }
+    open.swap(still);
+  }
+}
+
+void RailStage::wake() {
+  uint64_t one = 1;
+  ssize_t r = write(wake_fd_, &one, sizeof(one));
+  (void)r;
+}
+
+void RailStage::post(RailTask task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    incoming_.push_back(std::move(task));
+  }
+  wake();
+}
+
+void RailStage::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (abort_reason_.empty()) abort_reason_ = why;
+  }
+  wake();
+}
+
+void RailStage::released() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = true;
+  }
+  released_cv_.notify_all();
+}
+
+bool RailStage::let_go(std::chrono::steady_clock::time_point until) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return released_cv_.wait_until(lock, until, [&] { return released_; });
+}
+
+void RailStage::send_aborts(const std::string& why) {
+  for (auto* list : {&clients_, &servers_}) {
+    for (auto& ch : *list) {
+      if (ch) ch->queue_abort(why);
+    }
+  }
+  // Nothing left reads or writes a task's memory: the pipeline may hand the
+  // failed ops' tensors back while the aborts go out.
+  released();
+  const auto deadline = Clock::now() + std::chrono::seconds(1);
+  for (auto* list : {&clients_, &servers_}) {
+    for (auto& ch : *list) {
+      if (ch) ch->flush_abort(deadline);
+    }
+  }
+}
+
+void RailStage::start(std::unique_ptr<SliceState> st) {
+  SliceState* s = st.get();
+  const RailTask& t = s->task;
+  const int64_t elem = c10::elementSize(t.dtype());
+  if (t.pattern == RailPattern::kShare) {
+    start_share(*s, elem);
+    active_.push_back(std::move(st));
+    return;
+  }
+  // Whether the served sums come back to us (back_to).
+  const bool results_back = t.returns_to(topo_.node);
+  const RailPlan plan = plan_rail(t.shards, topo_.node, topo_.num_nodes);
+  const auto now = Clock::now();
+  // Compressed rails: the messages are encoded/decoded next to the data
+  // (wire_codec.h says which values are rounded).
+  const bool wire = codec_.applies(t);
+  const c10::ScalarType dtype = t.dtype();
+
+  // Client side: our piece of each other node's shard goes to its server, the
+  // reduced shard comes back into place.
+  for (const RemoteShard& r : plan.remote) {
+    Channel& ch = *clients_[r.node];
+    const int64_t count = r.shard.count;
+    const uint64_t bytes = wire ? WireCodec::message_bytes(count) : static_cast<uint64_t>(bytes_of(r.shard, elem));
+    char* where = t.shard_at(r.node);
+    Channel::Send send;
+    send.header = header_for(t, WireKind::kContribution, bytes);
+    send.data = where;
+    if (wire) {
+      char* msg = wire_buf(wire_out_, t, r.node);
+      if (bytes > wire_out_[0][r.node].size()) {
+        throw std::logic_error("fairring: shard larger than its wire buffer (plan bound violated)");
+      }
+      codec_.encode(dtype, where, count, msg);
+      send.data = msg;
+    }
+    send.on_done = [this, s] { --s->sends_pending; };
+    ++s->sends_pending;
+    ch.post_send(std::move(send));
+    if (results_back) {
+      char* into = wire ? wire_buf(wire_result_, t, r.node) : where;
+      expect(ch, *s, WireKind::kResult, bytes, into, [this, s, wire, into, where, count, dtype] {
+               if (wire) codec_.decode(dtype, into, count, where);
+               --s->results_missing;
+             }, now);
+      ++s->results_missing;
+    } else if (t.back_to >= 0) {
+      // The sums go to one other node: the server still answers with an
+      // empty result, so that a rank told nothing else learns that its
+      // server matched its op (or failed), as every rank must.
+      expect(ch, *s, WireKind::kResult, 0, where, [s] { --s->results_missing; }, now);
+      ++s->results_missing;
+    }
+  }
+
+  // Server side: the peers' pieces of our shard, if the plan gives us one.
+  if (plan.serves) {
+    const Range served = plan.served;
+    const std::vector<int> contributors = plan.contributors;
+    const uint64_t bytes =
+        wire ? WireCodec::message_bytes(served.count) : static_cast<uint64_t>(bytes_of(served, elem));
+    s->served = false;
+    s->staging = &staging_[t.slice_seq % staging_.size()];
+    for (int i : contributors) {
+      if (static_cast<uint64_t>(bytes_of(served, elem)) > (*s->staging)[i].size()) {
+        throw std::logic_error("fairring: shard larger than its staging buffer (plan bound violated)");
+      }
+      char* into = wire ? wire_buf(wire_contrib_, t, i) : (*s->staging)[i].data();
+      expect(*servers_[i], *s, WireKind::kContribution, bytes, into,
+             [this, s, bytes, served, contributors, wire, into, i, dtype] {
+               if (wire) codec_.decode(dtype, into, served.count, (*s->staging)[i].data());
+               if (--s->contributions_missing > 0) return;
+               // All pieces are in: reduce in node order, send back.
+               const RailTask& t = s->task;
+               if (reduce_delay_.count() > 0) {
+                 std::this_thread::sleep_for(reduce_delay_);
+                 reduce_delay_ = std::chrono::milliseconds(0);  // once
+               }
+               char* own = t.shard_at(topo_.node);
+               char* out = t.result ? t.result : own;
+               std::vector<const void*> inputs(topo_.num_nodes);
+               for (int n = 0; n < topo_.num_nodes; ++n) {
+                 inputs[n] = (n == topo_.node) ? own : (*s->staging)[n].data();
+               }
+               reduce_(t.dtype(), t.op(), out, inputs.data(), topo_.num_nodes, served.count, t.divisor);
+               const char* result = out;
+               std::vector<int> to;  // the contributors the sum goes back to
+               for (int n : contributors) {
+                 if (t.returns_to(n)) to.push_back(n);
+               }
+               if (wire && !to.empty()) {
+                 // Rounded once; our own copy gets the very bits we send.
+                 char* msg = wire_buf(wire_out_, t, topo_.node);
+                 codec_.encode(dtype, out, served.count, msg);
+                 codec_.decode(dtype, msg, served.count, out);
+                 result = msg;
+               }
+               for (int n : contributors) {
+                 const bool sum = t.returns_to(n);
+                 if (!sum && t.back_to < 0) continue;  // kBackToNone: nothing goes back
+                 Channel::Send send;
+                 send.header = header_for(t, WireKind::kResult, sum ? bytes : 0);  // else the empty answer
+                 send.data = result;
+                 send.on_done = [s] { --s->sends_pending; };
+                 ++s->sends_pending;
+                 servers_[n]->post_send(std::move(send));
+               }
+               s->served = true;
+             },
+             now);
+      ++s->contributions_missing;
+    }
+  }
+  active_.push_back(std::move(st));
+}
+
+void RailStage::start_share(SliceState& s, int64_t elem) {
+  // Our shard goes to every other node (as a contribution to its server
+  // side), and each node's shard comes in from it: each byte crosses each
+  // link once.  (A broadcast's shards are empty but on the root's node: the
+  // empty messages carry the key, so ranks naming different roots are told.)
+  const RailTask& t = s.task;
+  const auto now = Clock::now();
+  for (int n = 0; n < topo_.num_nodes; ++n) {
+    if (n == topo_.node) continue;
+    Channel::Send send;
+    send.header = header_for(t, WireKind::kContribution, bytes_of(t.shards[topo_.node], elem));
+    send.data = t.shard_at(topo_.node);
+    send.on_done = [&s] { --s.sends_pending; };
+    ++s.sends_pending;
+    clients_[n]->post_send(std::move(send));
+    expect(*servers_[n], s, WireKind::kContribution, bytes_of(t.shards[n], elem), t.shard_at(n),
+           [&s] { --s.contributions_missing; }, now);
+    ++s.contributions_missing;
+  }
+}
+
+void RailStage::expect(Channel& ch, SliceState& s, WireKind kind, uint64_t bytes, char* into,
+                       std::function<void()> on_done, Clock::time_point now) {
+  if (!ch.has_pending_recv()) ch.last_recv_progress = now;
+  WireHeader want = header_for(s.task, kind, bytes);
+  const int peer = ch.peer_rank();
+  const int self = topo_.rank;
+  ch.post_recv({[want, into, peer, self](const WireHeader& got) -> void* {
+                  check_match(got, want, peer, self);
+                  return into;
+                },
+                std::move(on_done)});
+}
+
+void RailStage::maybe_finish() {
+  while (!active_.empty()) {
+    SliceState& s = *active_.front();
+    if (!(s.served && s.contributions_missing == 0 && s.results_missing == 0 && s.sends_pending == 0)) {
+      break;
+    }
+    const uint64_t seq = s.task.slice_seq;
+    active_.pop_front();
+    callbacks_.slice_done(seq);
+  }
+}
+
+void RailStage::loop() {
+  // Named, so that a stuck rail shows in `top -H`, gdb and /proc/<pid>/task.
+  pthread_setname_np(pthread_self(), "fairring-rail");
+  std::vector<struct pollfd> fds;
+  std::vector<Channel*> chans;
+  for (auto* list : {&clients_, &servers_}) {
+    for (auto& ch : *list) {
+      if (ch) chans.push_back(ch.get());
+    }
+  }
+  // Later than a local peer's deadline: see deadlines.h.
+  const auto remote_timeout = rail_peer_deadline(timeout_);
+  // A silent peer whose rail thread still runs (its heartbeats arrive) is
+  // not stuck on the network: it has not issued the collective, or it waits
+  // for another rank (a node-mate, or a rail peer of its own) that is the
+  // real culprit.  Its deadline is deferred a little, so that the rank that
+  // sees the culprit itself names it first and its abort reaches us, still
+  // before the network-wide deadline (half of the gap to it).
+  const auto alive_grace = (network_deadline(timeout_) - remote_timeout) / 2;
+  const auto heartbeat_every = std::clamp<std::chrono::milliseconds>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(alive_grace / 4), std::chrono::milliseconds(10),
+      std::chrono::milliseconds(250));
+  const auto alive_window = 2 * heartbeat_every + std::chrono::milliseconds(100);
+  auto next_heartbeat = Clock::now();
+  try {
+    for (;;) {
+      std::deque<RailTask> fresh;
+      std::string abort_reason;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        abort_reason = abort_reason_;
+        if (abort_reason.empty() && stopping_ && incoming_.empty() && active_.empty()) return;
+        fresh.swap(incoming_);
+      }
+      if (!abort_reason.empty()) {
+        send_aborts(abort_reason);
+        return;
+      }
+      for (auto& t : fresh) {
+        auto st = std::make_unique<SliceState>();
+        st->task = std::move(t);
+        start(std::move(st));
+      }
+      for (Channel* ch : chans) {
+        if (ch->parked() && ch->has_pending_recv()) ch->progress_recv();
+      }
+
+      if (Clock::now() >= next_heartbeat) {
+        next_heartbeat = Clock::now() + heartbeat_every;
+        for (Channel* ch : chans) ch->post_heartbeat();
+      }
+
+      fds.clear();
+      fds.push_back({wake_fd_, POLLIN, 0});
+      for (Channel* ch : chans) {
+        short ev = 0;
+        if (ch->wants_read()) ev |= POLLIN;
+        if (ch->wants_write()) ev |= POLLOUT;
+        // A parked channel is not read until its receive is posted; leaving
+        // it out keeps a hang-up from waking poll() over and over meanwhile
+        // (the hang-up is seen once it is read again).
+        fds.push_back({ev != 0 ? ch->fd() : -1, ev, 0});
+      }
+      // Try sending first: most of the time the socket has room.
+      for (Channel* ch : chans) {
+        if (ch->wants_write()) ch->progress_send();
+      }
+      maybe_finish();
+      int r = poll(fds.data(), fds.size(), 50);
+      if (r < 0 && errno != EINTR) throw std::runtime_error("fairring: poll failed");
+      if (fds[0].revents & POLLIN) {
+        uint64_t v;
+        ssize_t n = read(wake_fd_, &v, sizeof(v));
+        (void)n;
+      }
+      for (size_t i = 0; i < chans.size(); ++i) {
+        const short re = fds[i + 1].revents;
+        if ((re & (POLLIN | POLLERR | POLLHUP)) && chans[i]->wants_read()) chans[i]->progress_recv();
+        if (re & (POLLOUT | POLLERR | POLLHUP)) chans[i]->progress_send();
+      }
+      maybe_finish();
+
+      const auto now = Clock::now();
+      // What is being waited for: the oldest slice in flight's collective.
+      const std::string op = active_.empty() ? std::string("a collective")
+                                             : std::string(collective_name(static_cast<Collective>(
+                                                   active_.front()->task.key.collective))) +
+                                                   " #" + std::to_string(active_.front()->task.key.op_seq);
+      for (Channel* ch : chans) {
+        const std::string peer = std::to_string(ch->peer_rank());
+        const bool alive = now - ch->last_peer_alive < alive_window;
+        const auto deadline = remote_timeout + (alive ? alive_grace : std::chrono::milliseconds(0));
+        // Alive but silent: what it is waiting for is elsewhere.
+        const std::string why_alive =
+            alive ? " (its rail is alive: has it issued the collective, or is it waiting for another rank?)" : "";
+        if (ch->has_pending_recv() && now - ch->last_recv_progress > deadline) {
+          throw std::runtime_error(
+              "Timed out: rank " + peer + " sent nothing for " +
+              seconds(std::chrono::duration<double>(now - ch->last_recv_progress).count()) +
+              " while this rank waited for its part of " + op +
+              (alive ? why_alive
+                     : " (is rank " + peer + " stalled, did it skip the collective, or is the network between us down?)"));
+        }
+        // A peer that stops reading (a stuck receive path, or a network that
+        // drops what we send) leaves our send stuck in a full socket buffer;
+        // the kernel reports nothing for many minutes.  This matters when
+        // nothing is expected back from that peer any more (the results of
+        // the last slice), which the receive check above does not cover.
+        if (ch->data_pending() && now - ch->last_send_progress > deadline) {
+          throw std::runtime_error(
+              "Timed out: rank " + peer + " took none of the data this rank sent it for " +
+              seconds(std::chrono::duration<double>(now - ch->last_send_progress).count()) +
+              " during " + op +
+              (alive ? why_alive : " (is rank " + peer + " stalled, or is the network between us down?)"));
+        }
+      }
+    }
+  } catch (const PeerAborted& e) {
+    // The peer already told everyone it can reach; pass it on to the rest.
+    const std::string why = e.what();
+    callbacks_.failed(why);
+    send_aborts(why);
+  } catch (const std::exception& e) {
+    const std::string why = attribute_to_rank(topo_.rank, e.what());
+    callbacks_.failed(why);
+    send_aborts(why);
+  }
+}
+
+int64_t rail_stage_bytes_per_slot(const Config& config, const PlanParams& params, int ranks_per_node, int num_nodes) {
+  if (num_nodes < 2) return 0;
+  const int64_t shard = max_shard_bytes(params, ranks_per_node, num_nodes);
+  return (num_nodes - 1) * shard + wire_bytes_per_slot(config.wire_dtype, shard, num_nodes);
+}
+
+std::unique_ptr<RailStage> connect_rail(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo,
+                                        const Config& config, const PlanParams& params, const Secret& secret,
+                                        RailStage::Callbacks callbacks, std::unique_ptr<TcpMesh>& mesh) {
+  std::vector<int> peers;
+  for (int r : topo.rail()) {
+    if (r != topo.rank) peers.push_back(r);
+  }
+  mesh = std::make_unique<TcpMesh>(store, topo.rank, peers, secret, config.socket_ifname, config.timeout);
+  mesh->connect();
+  return std::make_unique<RailStage>(topo, *mesh, reduce_cpu, std::move(callbacks), config.timeout,
+                                     config.parallelism, max_shard_bytes(params, topo.ranks_per_node, topo.num_nodes),
+                                     wire_dtype_from_name(config.wire_dtype));
+}
+
+}  // namespace fairring

@@ -1,0 +1,128 @@
+// The inter-node steps of the all-reduce, on this rank's rail: send each shard
+// of the node-reduced chunk to the peer that serves it, serve our own shard
+// (receive the peers' shards, reduce them in node order, send the result back)
+// and receive the results of the other shards.  Runs on its own thread, many
+// slices in flight, driven by poll() over non-blocking connections.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <c10/core/ScalarType.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include "plan/plan.h"
+#include "rails/wire_codec.h"
+#include "common/op_key.h"
+#include "rails/rail_exchange.h"
+#include "common/reduce_op.h"
+#include "topology/topology.h"
+#include "transport/channel.h"
+#include "transport/tcp_mesh.h"
+
+namespace c10d {
+class Store;
+}
+
+namespace fairring {
+
+struct Config;
+
+// The element-wise reduction the server applies (the CPU kernel, or another
+// device's).
+using ReduceFn = std::function<void(
+    c10::ScalarType, RedOp, void* out, const void* const* inputs, int n, int64_t count, int64_t divisor)>;
+
+class RailStage : public RailExchange {
+ public:
+  struct Callbacks {
+    SliceDone slice_done;  // in slice order, from the stage's thread
+    Failed failed;         // once, from the stage's thread
+  };
+
+  // `slots` slices can be in flight; no shard is larger than `max_shard_bytes`.
+  RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callbacks callbacks,
+            std::chrono::milliseconds timeout, int slots, int64_t max_shard_bytes,
+            WireDtype wire = WireDtype::kNone);
+  ~RailStage() override;
+  // Starts the stage's thread.  Separate from the constructor: the thread
+  // may call `callbacks.failed` at once, which reaches the owner's members
+  // (the owner's pointer to this stage among them), so the owner starts it
+  // once it is wired up.
+  void start();
+
+  void post(RailTask task) override;
+  void abort(const std::string& why) override;
+  bool let_go(std::chrono::steady_clock::time_point until) override;
+
+ private:
+  struct SliceState;
+  void loop();
+  void start(std::unique_ptr<SliceState> state);
+  // All-gather and broadcast: each node's shard to every other node.
+  void start_share(SliceState& s, int64_t elem);
+  // Posts the receive of the slice's next `kind` message from `ch`'s peer
+  // (checked against what we expect) into `into`.
+  void expect(Channel& ch, SliceState& s, WireKind kind, uint64_t bytes, char* into, std::function<void()> on_done,
+              Clock::time_point now);
+  void maybe_finish();
+  void wake();
+  void send_aborts(const std::string& why);
+  // From the stage's thread, once it reads and writes no task's memory any
+  // more (it may still send an abort): let_go() returns.
+  void released();
+  // At destruction of a stage that did not fail: see rail_stage.cpp.
+  void close_gracefully();
+
+  Topology topo_;
+  ReduceFn reduce_;
+  Callbacks callbacks_;
+  std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds reduce_delay_{0};  // tests only (rail_stage.cpp)
+  std::vector<std::unique_ptr<Channel>> clients_;  // by node; null for ours
+  std::vector<std::unique_ptr<Channel>> servers_;  // by node; null for ours
+  int wake_fd_ = -1;
+  // Where the server receives the peers' shards: [slot][node], allocated once.
+  std::vector<std::vector<std::vector<char>>> staging_;
+  // Compressed rails (wire_codec.h), [slot][node], allocated once if a wire
+  // dtype is set: our messages to each node (at our own node: the server's
+  // rounded result), the contributions and the results as they arrive.
+  WireCodec codec_;
+  std::vector<std::vector<std::vector<char>>> wire_out_, wire_contrib_, wire_result_;
+  char* wire_buf(std::vector<std::vector<std::vector<char>>>& bufs, const RailTask& t, int node) {
+    return bufs[t.slice_seq % bufs.size()][node].data();
+  }
+
+  std::mutex mu_;
+  std::deque<RailTask> incoming_;
+  std::string abort_reason_;
+  bool stopping_ = false;
+  bool released_ = false;  // see released()
+  std::condition_variable released_cv_;
+
+  std::deque<std::unique_ptr<SliceState>> active_;  // thread-only
+  std::thread thread_;
+};
+
+// Host memory a RailStage of this config allocates per slot: the server's
+// receive buffers and, with compressed rails, the wire buffers (0 on one
+// node).  Both engines count it in their staging memory.
+int64_t rail_stage_bytes_per_slot(const Config& config, const PlanParams& params, int ranks_per_node, int num_nodes);
+
+// Connects this rank's rail (`mesh`: a TCP connection to the same local rank
+// of every other node) and builds its stage (not started: RailStage::start),
+// which reduces with the CPU kernels and sizes its buffers from the plan's
+// bound.  Collective over the rail.
+std::unique_ptr<RailStage> connect_rail(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo,
+                                        const Config& config, const PlanParams& params, const Secret& secret,
+                                        RailStage::Callbacks callbacks, std::unique_ptr<TcpMesh>& mesh);
+
+}  // namespace fairring

@@ -1,0 +1,99 @@
+// Test hooks of the pure planning: slices, chunks and shards, the rail walk,
+// each collective's script (tests/test_plan_topology.py, test_rail_plan.py).
+#include <pybind11/stl.h>
+#include <torch/extension.h>
+
+#include <string>
+#include <vector>
+
+#include "collectives/collectives.h"
+#include "plan/plan.h"
+#include "plan/rail_plan.h"
+
+namespace py = pybind11;
+
+namespace fairring {
+
+namespace {
+
+py::list ranges(const std::vector<Range>& rs) {
+  py::list out;
+  for (const auto& r : rs) out.append(py::make_tuple(r.offset, r.count));
+  return out;
+}
+
+}  // namespace
+
+void register_plan_hooks(py::module& m) {
+  m.def("_split_even_for_test", [](int64_t count, int parts, int64_t align) {
+    return ranges(split_even(count, parts, align));
+  });
+  m.def(
+      "_plan_for_test",
+      [](int64_t numel, int64_t elem_size, int ranks_per_node, int num_nodes, int64_t slice_bytes,
+                         int64_t min_chunk_bytes, int64_t min_shard_bytes, const std::string& collective) {
+        const Cut c = collective_def(collective_named(collective)).cut();
+        PlanParams p;
+        p.slice_bytes = slice_bytes;
+        p.min_chunk_bytes = min_chunk_bytes;
+        p.min_shard_bytes = min_shard_bytes;
+        py::list slices;
+        const int64_t n = num_slices(c, numel, elem_size, ranks_per_node * num_nodes, p);
+        for (int64_t i = 0; i < n; ++i) {
+          SlicePlan s = plan_slice(c, numel, elem_size, i, ranks_per_node, num_nodes, p);
+          py::dict d;
+          d["slice"] = py::make_tuple(s.slice.offset, s.slice.count);
+          d["chunks"] = ranges(s.chunks);
+          py::list shards;
+          for (const auto& sh : s.shards) shards.append(ranges(sh));
+          d["shards"] = shards;
+          d["replicated"] = s.replicated;
+          slices.append(d);
+        }
+        return slices;
+      },
+      py::arg("numel"), py::arg("elem_size"), py::arg("ranks_per_node"), py::arg("num_nodes"),
+      py::arg("slice_bytes") = PlanParams().slice_bytes, py::arg("min_chunk_bytes") = PlanParams().min_chunk_bytes,
+      py::arg("min_shard_bytes") = PlanParams().min_shard_bytes, py::arg("collective") = "all_reduce");
+  m.def("_blockwise_fits_for_test", [](int64_t elem_size, int world, int64_t slice_bytes) {
+    PlanParams p;
+    p.slice_bytes = slice_bytes;
+    return blockwise_fits(elem_size, world, p);
+  });
+
+  // The rail exchange of a chunk with these shards, seen from `node`.
+  m.def("_rail_walk_for_test", [](const std::vector<std::pair<int64_t, int64_t>>& shards, int node, int num_nodes) {
+    std::vector<Range> rs;
+    for (const auto& s : shards) rs.push_back(Range{s.first, s.second});
+    const RailPlan p = plan_rail(rs, node, num_nodes);
+    py::dict d;
+    py::list remote;
+    for (const auto& r : p.remote) remote.append(py::make_tuple(r.node, r.shard.offset, r.shard.count));
+    d["remote"] = remote;
+    d["serves"] = p.serves;
+    d["served"] = py::make_tuple(p.served.offset, p.served.count);
+    d["contributors"] = p.contributors;
+    return d;
+  });
+
+  // The phase list of a collective (by name) on a node of `ranks_per_node`.
+  m.def("_phases_for_test", [](const std::string& collective, int ranks_per_node) {
+    const Script& script = collective_def(collective_named(collective)).script(ranks_per_node);
+    std::vector<std::string> names;
+    for (const Step& step : script.steps) names.push_back(step.name);
+    return py::make_tuple(names, script.front);
+  });
+
+  m.def(
+      "_max_shard_bytes_for_test",
+      [](int ranks_per_node, int num_nodes, int64_t slice_bytes, int64_t min_chunk_bytes, int64_t min_shard_bytes) {
+        PlanParams p;
+        p.slice_bytes = slice_bytes;
+        p.min_chunk_bytes = min_chunk_bytes;
+        p.min_shard_bytes = min_shard_bytes;
+        return max_shard_bytes(p, ranks_per_node, num_nodes);
+      });
+
+}
+
+}  // namespace fairring

@@ -1,0 +1,62 @@
+"""dist.reduce, Fairring's own (collectives/reduce.cpp: the all-reduce's cut
+and first steps, the sums to the root's node only, the root gathers): every
+dtype and op against the float64 / exact reference, odd sizes, every root,
+several slices, non-contiguous tensors, PREMUL_SUM, many in flight, on one
+node, between simulated nodes and with the device-like mover; non-root
+tensors unchanged; mismatches between ranks an error on every rank."""
+from __future__ import annotations
+
+import pytest
+
+import launch
+import rank_reduce
+
+SIZES = [1, 3, 13, 1031, 4099]
+
+TOPOLOGIES = {
+    "1x2": (["a", "a"], {}),
+    "1x3": (["a", "a", "a"], {}),
+    "2x1": (["a", "b"], {}),
+    "2x2": (["a", "a", "b", "b"], {}),
+    "3x1": (["a", "b", "c"], {}),
+    "uneven-2+1": (["a", "a", "b"], {}),
+    "2x2-slice4K": (["a", "a", "b", "b"], {"FAIRRING_SLICE_SIZE": "4K", "FAIRRING_PARALLELISM": "2",
+                                          "FAIRRING_TOTAL_MEMORY": "1M"}),
+    "2x2-deferred": (["a", "a", "b", "b"], {"FAIRRING_TEST_DEFERRED_MOVER": "1"}),
+}
+
+
+@pytest.mark.parametrize("name", list(TOPOLOGIES))
+def test_reduce_matches_the_reference_and_leaves_non_roots_unchanged(name):
+    ids, env = TOPOLOGIES[name]
+    cfg = {"sizes": SIZES, "big": 300_000 if "slice4K" in name else 1 << 20}
+    res = launch.run_ranks(rank_reduce.sec_reduce, ids, args=(cfg,), env=env, timeout_s=240, pg_timeout_s=60)
+    for r in res:
+        assert not r.value["failures"], f"{name} rank {r.rank}:\n" + "\n".join(r.value["failures"][:20])
+
+
+def test_reduce_to_a_root_outside_the_group_is_a_clear_error():
+    res = launch.run_ranks(rank_reduce.bad_root, ["a", "a"], timeout_s=60)
+    for r in res:
+        assert r.value["error"] and "not a rank of this group" in r.value["error"], r.value
+        assert r.value["group_still_works"], r.value
+
+
+@pytest.mark.parametrize("which", ["root", "all_reduce"])
+@pytest.mark.parametrize("ids", [["a", "a"], ["a", "b"]], ids=["1x2", "2x1"])
+def test_mismatched_reduces_fail_on_every_rank(which, ids):
+    res = launch.run_ranks(rank_reduce.mismatch, ids, args=(which,), timeout_s=90, pg_timeout_s=20)
+    for r in res:
+        err = r.value["error"]
+        assert err, f"rank {r.rank} raised nothing though the ranks issued different ops"
+        # The error names both ops (the mismatch words of op_key.cpp).
+        others = ["reduce of 1031 elements of float32 with SUM to rank 1"] if which == "root" else ["all_reduce of"]
+        for needle in ["mismatch", "reduce of 1031 elements of float32 with SUM to rank 0"] + others:
+            assert needle in err, f"rank {r.rank}: the error lacks {needle!r}: {err[:400]}"
+
+
+@pytest.mark.parametrize("ids", [["a", "b"], ["a", "a", "b", "b"], ["a", "b", "c"]], ids=["2x1", "2x2", "3x1"])
+def test_reduce_on_compressed_rails_rounds_within_the_wire_bound(ids):
+    res = launch.run_ranks(rank_reduce.wire_case, ids, env={"FAIRRING_WIRE_DTYPE": "bf16"}, timeout_s=120)
+    for r in res:
+        assert not r.value["failures"], f"rank {r.rank}: " + "\n".join(r.value["failures"])
