@@ -61,7 +61,7 @@ def bench_kernels(quick):
     dst = torch.empty_like(src)
     copy_ms = _time_ms(lambda: dst.copy_(src), iters)
     copy_gbs = 2 * nbytes / copy_ms / 1e6
-    del src, dst
+    src = dst = None  # free them before the kernel timings
     rows = []
     print(f"device-to-device copy of {nbytes >> 20} MiB: {copy_ms:.3f} ms, {copy_gbs:.1f} GB/s (read + write)")
     print(f"{'dtype':>9} {'op':>4} {'k':>2} {'ms':>8} {'GB/s':>8} {'of copy':>8}")
@@ -78,7 +78,7 @@ def bench_kernels(quick):
             rows.append({"dtype": str(dtype).replace("torch.", ""), "op": op, "k": k, "ms": ms, "gbs": gbs,
                          "fraction_of_copy": gbs / copy_gbs})
             print(f"{rows[-1]['dtype']:>9} {op:>4} {k:>2} {ms:8.3f} {gbs:8.1f} {gbs / copy_gbs:8.2f}")
-            del ins, out
+            ins = out = None
     torch.cuda.empty_cache()
     return {"copy_bytes": nbytes, "copy_ms": copy_ms, "copy_gbs": copy_gbs, "kernels": rows}
 

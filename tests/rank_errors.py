@@ -619,7 +619,7 @@ def abort_and_shutdown(rank, world, culprit, timeout_s):
     dist.barrier(group=sync)
     if rank == culprit:
         dist.distributed_c10d._abort_process_group(g)
-    del g, backend
+    g = backend = None  # drop the references (the lambdas above ran already)
     fresh_group_works("after_abort_fresh_group")
 
     # 2. shutdown() (destroy_process_group) with an op in flight that a peer never joins:
@@ -644,7 +644,7 @@ def abort_and_shutdown(rank, world, culprit, timeout_s):
     out["clean_shutdown_wait"] = _attempt(work.wait)
     out["clean_shutdown_result"] = bool(torch.all(t == world * (world + 1) / 2))
     out["after_shutdown"] = _attempt(lambda: backend.allreduce([torch.ones(4)]).wait())
-    del backend
+    backend = None
     fresh_group_works("after_shutdown_fresh_group")
     dist.barrier(group=sync)
     return out

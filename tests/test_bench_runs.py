@@ -94,6 +94,19 @@ def test_bench_broadcast(tmp_path):
     assert p.stdout.startswith("broadcast float32 from rank 0") and "check: OK" in p.stdout
 
 
+def test_bench_reduce(tmp_path):
+    """`--collective reduce`: SUM to rank 0, the root's buffer checked (c10d
+    promises nothing of the others'), busbw = algbw."""
+    out = str(tmp_path / "r")
+    p = _run(["--collective", "reduce", "--nodes", "2", "--ranks-per-node", "2", "--out", out] + QUICK)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = json.load(open(os.path.join(out, "results.json")))
+    assert res["meta"]["collective"] == "reduce" and res["check"]["failed_ranks"] == 0
+    for r in res["rows"]:
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"])
+    assert p.stdout.startswith("reduce float32 SUM to rank 0") and "check: OK" in p.stdout
+
+
 @pytest.mark.parametrize("collective,nodes,k,inflight", [("reduce_scatter", 2, 1, 2), ("all_gather", 1, 2, 1)])
 def test_bench_reduce_scatter_all_gather(tmp_path, collective, nodes, k, inflight):
     """`--collective reduce_scatter|all_gather`: sizes are each rank's full buffer,

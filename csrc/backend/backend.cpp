@@ -35,18 +35,27 @@ std::string string_of(const std::vector<uint8_t>& v) { return std::string(v.begi
 
 RedOp to_redop(const c10d::ReduceOp& op, c10::ScalarType dtype) {
   switch (op.op_) {
-    case c10d::ReduceOp::SUM: return RedOp::kSum;
-    case c10d::ReduceOp::AVG: return RedOp::kAvg;
-    case c10d::ReduceOp::PRODUCT: return RedOp::kProduct;
-    case c10d::ReduceOp::MIN: return RedOp::kMin;
-    case c10d::ReduceOp::MAX: return RedOp::kMax;
-    case c10d::ReduceOp::BAND: return RedOp::kBand;
-    case c10d::ReduceOp::BOR: return RedOp::kBor;
-    case c10d::ReduceOp::BXOR: return RedOp::kBxor;
-    case c10d::ReduceOp::PREMUL_SUM: return RedOp::kSum;  // after premultiply()
+    case c10d::ReduceOp::SUM:
+      return RedOp::kSum;
+    case c10d::ReduceOp::AVG:
+      return RedOp::kAvg;
+    case c10d::ReduceOp::PRODUCT:
+      return RedOp::kProduct;
+    case c10d::ReduceOp::MIN:
+      return RedOp::kMin;
+    case c10d::ReduceOp::MAX:
+      return RedOp::kMax;
+    case c10d::ReduceOp::BAND:
+      return RedOp::kBand;
+    case c10d::ReduceOp::BOR:
+      return RedOp::kBor;
+    case c10d::ReduceOp::BXOR:
+      return RedOp::kBxor;
+    case c10d::ReduceOp::PREMUL_SUM:
+      return RedOp::kSum;  // after premultiply()
     default:
-      TORCH_CHECK(false, "fairring: unsupported ReduceOp ", static_cast<int>(op.op_), " (tensor of ",
-                  dtype_name(dtype), ")");
+      TORCH_CHECK(false, "fairring: unsupported ReduceOp ", static_cast<int>(op.op_), " (tensor of ", dtype_name(dtype),
+                  ")");
   }
 }
 
@@ -104,13 +113,8 @@ std::string random_hex(int bytes) {
 
 }  // namespace
 
-FairringBackend::FairringBackend(
-    const c10::intrusive_ptr<c10d::Store>& store,
-    int rank,
-    int size,
-    const Config& config,
-    const std::string& node_key,
-    c10::intrusive_ptr<c10d::Backend> fallback)
+FairringBackend::FairringBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const Config& config,
+                                 const std::string& node_key, c10::intrusive_ptr<c10d::Backend> fallback)
     : c10d::Backend(rank, size), config_(config), fallback_(std::move(fallback)) {
   // Every rank ends group creation the same way: built, or failed with the
   // first rank's cause (a rank that fails tells the others through the store).
@@ -120,9 +124,7 @@ FairringBackend::FairringBackend(
     build(init, node_key);
   });
   store_ = store;  // for the CUDA engine, created at the first CUDA all-reduce
-  abort_hook_ = std::make_shared<GroupAbortHook>([this](const std::string& why) {
-    abort_engines(why);
-  });
+  abort_hook_ = std::make_shared<GroupAbortHook>([this](const std::string& why) { abort_engines(why); });
 }
 
 void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const std::string& node_key) {
@@ -131,7 +133,8 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
   // Which ranks share a machine, and the settings that must agree between
   // ranks (they fix the shared-memory layout and the slices).
   const std::string settings = "FAIRRING_SLICE_SIZE=" + std::to_string(config_.slice_size) +
-      ", FAIRRING_PARALLELISM=" + std::to_string(config_.parallelism) + ", FAIRRING_WIRE_DTYPE=" + config_.wire_dtype;
+                               ", FAIRRING_PARALLELISM=" + std::to_string(config_.parallelism) +
+                               ", FAIRRING_WIRE_DTYPE=" + config_.wire_dtype;
   store->set("node/" + std::to_string(rank), bytes_of(node_key));
   check_same_settings(store, "settings", rank, size, settings);
   std::vector<std::string> keys(size);
@@ -158,9 +161,10 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
 void FairringBackend::log_setup() const {
   if (debug_level() < kLogSetup) return;
   const int rank = getRank();
-  FAIRRING_LOG(rank, "group of %d ranks: FAIRRING_SLICE_SIZE=%lld FAIRRING_TOTAL_MEMORY=%lld FAIRRING_PARALLELISM=%d "
-               "FAIRRING_GPU_TRANSPORT=%s FAIRRING_WIRE_DTYPE=%s, timeout %lld ms", getSize(),
-               static_cast<long long>(config_.slice_size), static_cast<long long>(config_.total_memory),
+  FAIRRING_LOG(rank,
+               "group of %d ranks: FAIRRING_SLICE_SIZE=%lld FAIRRING_TOTAL_MEMORY=%lld FAIRRING_PARALLELISM=%d "
+               "FAIRRING_GPU_TRANSPORT=%s FAIRRING_WIRE_DTYPE=%s, timeout %lld ms",
+               getSize(), static_cast<long long>(config_.slice_size), static_cast<long long>(config_.total_memory),
                config_.parallelism, config_.gpu_transport.c_str(), config_.wire_dtype.c_str(),
                static_cast<long long>(config_.timeout.count()));
   auto list = [](const std::vector<int>& v) {
@@ -218,7 +222,8 @@ void FairringBackend::shutdown() {
     return std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
   };
   if (engine_ && (!engine_->drain(left()) || !with_device_pipeline([&](Pipeline& p) { return p.drain(left()); }))) {
-    const std::string why = "rank " + std::to_string(getRank()) +
+    const std::string why =
+        "rank " + std::to_string(getRank()) +
         ": this process group was shut down while collectives were still in flight after its timeout (" +
         std::to_string(config_.timeout.count()) + " ms)";
     FAIRRING_LOG(getRank(), "%s; aborting them", why.c_str());
@@ -235,14 +240,14 @@ void FairringBackend::shutdown() {
 }
 
 void FairringBackend::check_same_process(const char* what) const {
-  TORCH_CHECK(getpid() == creator_pid_, "fairring: ", what, " on a process group created in process ",
-              creator_pid_, ", from its fork()ed child ", getpid(),
+  TORCH_CHECK(getpid() == creator_pid_, "fairring: ", what, " on a process group created in process ", creator_pid_,
+              ", from its fork()ed child ", getpid(),
               ": a child cannot use its parent's group (it would join the parent's collectives). "
               "Create a new process group in the child.");
 }
 
 std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind, std::string what, int64_t bytes,
-                                                              std::function<void(std::exception_ptr)> done) {
+                                                               std::function<void(std::exception_ptr)> done) {
   auto recent = recent_;
   auto handle = recent->start(seq_++, kind, std::move(what), bytes);
   const int rank = getRank();
@@ -260,8 +265,8 @@ std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind,
       }
     }
     recent->finish(handle, why);
-    FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s: %s", static_cast<unsigned long long>(handle->seq),
-                    handle->kind.c_str(), error ? ("failed: " + why).c_str() : "done");
+    FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s: %s", static_cast<unsigned long long>(handle->seq), handle->kind.c_str(),
+                    error ? ("failed: " + why).c_str() : "done");
     // The group's first failure: what led up to it, for the post-mortem.
     if (error && recent->first_failure()) {
       FAIRRING_LOG(rank, "collective #%llu failed; this group's last collectives:\n%s",
@@ -273,9 +278,8 @@ std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind,
 
 std::string FairringBackend::listen_address() const { return engine_->listen_address(); }
 
-c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce(
-    std::vector<at::Tensor>& tensors,
-    const c10d::AllreduceOptions& opts) {
+c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce(std::vector<at::Tensor>& tensors,
+                                                          const c10d::AllreduceOptions& opts) {
   TORCH_CHECK(!tensors.empty(), "fairring: all_reduce got an empty list of tensors");
   check_same_process("all_reduce");
   // Sparse gradients (nn.Embedding(sparse=True)) are gloo's: it knows how to
@@ -316,13 +320,13 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_coalesced(std::vector<
 // contiguous copy if it is not contiguous), or several flattened into one
 // buffer and copied back (the old multi-tensor API, allreduce_coalesced).
 c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_cpu(std::vector<at::Tensor>& tensors, RedOp op,
-                                                             c10d::OpType type,
-                                                             std::function<void(at::Tensor&)> scale) {
+                                                              c10d::OpType type,
+                                                              std::function<void(at::Tensor&)> scale) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
     TORCH_CHECK(t.layout() == c10::kStrided && t.device().is_cpu(),
-                "fairring: all_reduce_coalesced needs dense CPU tensors, but tensor ", i, " is a ",
-                t.layout(), " tensor on ", t.device().str());
+                "fairring: all_reduce_coalesced needs dense CPU tensors, but tensor ", i, " is a ", t.layout(),
+                " tensor on ", t.device().str());
   }
   ReduceInput in = prepare_reduce_input(tensors, op);
   auto aop = std::make_shared<HostOp>();
@@ -365,8 +369,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
   // The tensors read, as one contiguous buffer (a copy if several or strided,
   // or scaled for PREMUL_SUM: the caller's input is only read).
   auto scale = scatter && !inputs.empty() ? premul_factor(reduce_op, inputs[0].scalar_type(), kind) : nullptr;
-  ReduceInput in = scatter ? prepare_reduce_input(inputs, redop, kind, /*copy=*/scale != nullptr)
-                           : prepare_input(inputs, kind);
+  ReduceInput in =
+      scatter ? prepare_reduce_input(inputs, redop, kind, /*copy=*/scale != nullptr) : prepare_input(inputs, kind);
   int64_t out_numel = 0;
   for (size_t i = 0; i < outputs.size(); ++i) {
     const at::Tensor& t = outputs[i];
@@ -380,7 +384,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
   const int64_t big = scatter ? in.numel : out_numel;
   const int64_t small = scatter ? out_numel : in.numel;
   TORCH_CHECK(big == small * world, "fairring: ", kind, " on ", world, " ranks needs ",
-              scatter ? "an input of world size times the output's elements" : "an output of world size times the input's elements",
+              scatter ? "an input of world size times the output's elements"
+                      : "an output of world size times the input's elements",
               ", but the input has ", in.numel, " and the output ", out_numel, " (real elements)");
   PlanParams params;
   params.slice_bytes = config_.slice_size;
@@ -403,8 +408,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
   const int64_t esize = c10::elementSize(in.dtype);
   const char* out_at = static_cast<const char*>(out.data_ptr());
   const char* in_at = static_cast<const char*>(op->buffer.data_ptr());
-  const bool own_block = scatter ? out_at == in_at + getRank() * small * esize
-                                 : in_at == out_at + getRank() * small * esize;
+  const bool own_block =
+      scatter ? out_at == in_at + getRank() * small * esize : in_at == out_at + getRank() * small * esize;
   const bool plain = outputs.size() == 1 && out.is_contiguous() && !out.is_conj() && !out.is_neg();
   if (plain && (!out.is_alias_of(op->buffer) || own_block)) {
     op->output = out;
@@ -499,8 +504,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor
                          [&](c10d::Backend& gloo) { return gloo.broadcast(tensors, opts); });
   }
   check_same_process("broadcast");
-  TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < getSize(), "fairring: broadcast from rank ",
-                    opts.rootRank, ", which is not a rank of this group of ", getSize());
+  TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < getSize(), "fairring: broadcast from rank ", opts.rootRank,
+                    ", which is not a rank of this group of ", getSize());
   // The tensor's bytes, whatever its dtype: the root's reach every rank
   // exactly (pipeline/slice_schedule.h, the broadcast's phases).
   const at::Tensor& t = tensors[0];
@@ -537,8 +542,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::reduce(std::vector<at::Tensor>& 
   const bool native = tensors.size() == 1 && opts.rootTensor == 0 && tensors[0].layout() == c10::kStrided &&
                       tensors[0].device().is_cpu();
   if (!native) {
-    return run_delegated("reduce", touched(tensors),
-                         [&](c10d::Backend& gloo) { return gloo.reduce(tensors, opts); });
+    return run_delegated("reduce", touched(tensors), [&](c10d::Backend& gloo) { return gloo.reduce(tensors, opts); });
   }
   check_same_process("reduce");
   TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < getSize(), "fairring: reduce to rank ", opts.rootRank,
@@ -565,7 +569,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::reduce(std::vector<at::Tensor>& 
     op->footprint.read(t);
     // On a node of one rank the sums this rank serves need memory of their
     // own (reduce.cpp): never the caller's tensor.
-    if (topo_.ranks_per_node == 1 && topo_.num_nodes > 1) op->output = at::empty({in.numel}, in.buffer.options().dtype(in.dtype));
+    if (topo_.ranks_per_node == 1 && topo_.num_nodes > 1)
+      op->output = at::empty({in.numel}, in.buffer.options().dtype(in.dtype));
   }
   return submit_cpu(std::move(op), c10d::OpType::REDUCE, tensors, "reduce", "fairring:reduce");
 }
@@ -587,7 +592,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::_allgather_base(at::Tensor& outp
     return run_delegated("_allgather_base", touched(output, input),
                          [&](c10d::Backend& gloo) { return gloo._allgather_base(output, input, opts); });
   }
-  return submit_blockwise(Collective::kAllGather, {input}, {output}, c10d::ReduceOp::SUM, c10d::OpType::_ALLGATHER_BASE);
+  return submit_blockwise(Collective::kAllGather, {input}, {output}, c10d::ReduceOp::SUM,
+                          c10d::OpType::_ALLGATHER_BASE);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                     std::vector<at::Tensor>& inputs,
@@ -605,16 +611,16 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allgather_coalesced(std::vector<
     return run_delegated("allgather_coalesced", touched(outputs, inputs),
                          [&](c10d::Backend& gloo) { return gloo.allgather_coalesced(outputs, inputs, opts); });
   }
-  return submit_blockwise(Collective::kAllGather, inputs, flat_out, c10d::ReduceOp::SUM, c10d::OpType::ALLGATHER_COALESCED);
+  return submit_blockwise(Collective::kAllGather, inputs, flat_out, c10d::ReduceOp::SUM,
+                          c10d::OpType::ALLGATHER_COALESCED);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                 std::vector<at::Tensor>& inputs,
                                                                                 const c10d::AllgatherOptions& opts) {
   if (outputs.empty() || outputs.size() != inputs.size() || !native_tensors(both(inputs, outputs))) {
-    return run_delegated("allgather_into_tensor_coalesced", touched(outputs, inputs),
-                         [&](c10d::Backend& gloo) {
-                           return gloo.allgather_into_tensor_coalesced(outputs, inputs, opts);
-                         });
+    return run_delegated("allgather_into_tensor_coalesced", touched(outputs, inputs), [&](c10d::Backend& gloo) {
+      return gloo.allgather_into_tensor_coalesced(outputs, inputs, opts);
+    });
   }
   // One all-gather per pair, in order; the last one completes after the others.
   c10::intrusive_ptr<c10d::Work> last;
@@ -628,13 +634,13 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::gather(std::vector<std::vector<a
                                                        std::vector<at::Tensor>& inputs,
                                                        const c10d::GatherOptions& opts) {
   return run_delegated("gather", touched(outputs, inputs),
-                         [&](c10d::Backend& gloo) { return gloo.gather(outputs, inputs, opts); });
+                       [&](c10d::Backend& gloo) { return gloo.gather(outputs, inputs, opts); });
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::scatter(std::vector<at::Tensor>& outputs,
                                                         std::vector<std::vector<at::Tensor>>& inputs,
                                                         const c10d::ScatterOptions& opts) {
   return run_delegated("scatter", touched(outputs, inputs),
-                         [&](c10d::Backend& gloo) { return gloo.scatter(outputs, inputs, opts); });
+                       [&](c10d::Backend& gloo) { return gloo.scatter(outputs, inputs, opts); });
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                std::vector<std::vector<at::Tensor>>& inputs,
@@ -662,16 +668,15 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::_reduce_scatter_base(at::Tensor&
 c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
   if (outputs.empty() || outputs.size() != inputs.size() || !native_tensors(both(inputs, outputs))) {
-    return run_delegated("reduce_scatter_tensor_coalesced", touched(outputs, inputs),
-                         [&](c10d::Backend& gloo) {
-                           return gloo.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
-                         });
+    return run_delegated("reduce_scatter_tensor_coalesced", touched(outputs, inputs), [&](c10d::Backend& gloo) {
+      return gloo.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+    });
   }
   // One reduce-scatter per pair, in order; the last one completes after the others.
   c10::intrusive_ptr<c10d::Work> last;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    last = submit_blockwise(Collective::kReduceScatter, {inputs[i]}, {outputs[i]}, opts.reduceOp,
-                            c10d::OpType::COALESCED);
+    last =
+        submit_blockwise(Collective::kReduceScatter, {inputs[i]}, {outputs[i]}, opts.reduceOp, c10d::OpType::COALESCED);
   }
   return last;
 }
@@ -679,16 +684,15 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall_base(at::Tensor& output
                                                               std::vector<int64_t>& output_splits,
                                                               std::vector<int64_t>& input_splits,
                                                               const c10d::AllToAllOptions& opts) {
-  return run_delegated("alltoall_base", touched(output, input),
-                         [&](c10d::Backend& gloo) {
-                           return gloo.alltoall_base(output, input, output_splits, input_splits, opts);
-                         });
+  return run_delegated("alltoall_base", touched(output, input), [&](c10d::Backend& gloo) {
+    return gloo.alltoall_base(output, input, output_splits, input_splits, opts);
+  });
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllToAllOptions& opts) {
   return run_delegated("alltoall", touched(outputs, inputs),
-                         [&](c10d::Backend& gloo) { return gloo.alltoall(outputs, inputs, opts); });
+                       [&](c10d::Backend& gloo) { return gloo.alltoall(outputs, inputs, opts); });
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
   return delegate("send").send(tensors, dst, tag);
@@ -721,7 +725,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::barrier(const c10d::BarrierOptio
 c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                                  const c10d::AllreduceOptions& opts) {
   return run_delegated("allreduce_sparse", touched(tensors),
-                         [&](c10d::Backend& gloo) { return gloo.allreduce_sparse(tensors, opts); });
+                       [&](c10d::Backend& gloo) { return gloo.allreduce_sparse(tensors, opts); });
 }
 void FairringBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
   delegate("monitoredBarrier").monitoredBarrier(opts, wait_all_ranks);

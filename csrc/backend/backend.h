@@ -36,13 +36,8 @@ class InitStore;
 class FairringBackend : public c10d::Backend {
  public:
   // Collective over the group: every rank constructs its backend together.
-  FairringBackend(
-      const c10::intrusive_ptr<c10d::Store>& store,
-      int rank,
-      int size,
-      const Config& config,
-      const std::string& node_key,
-      c10::intrusive_ptr<c10d::Backend> fallback);
+  FairringBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const Config& config,
+                  const std::string& node_key, c10::intrusive_ptr<c10d::Backend> fallback);
   ~FairringBackend() override;
 
   const std::string getBackendName() const override { return "fairring"; }
@@ -56,9 +51,8 @@ class FairringBackend : public c10d::Backend {
   // destroy_process_group() calls it.
   void shutdown() override;
 
-  c10::intrusive_ptr<c10d::Work> allreduce(
-      std::vector<at::Tensor>& tensors,
-      const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
 
   // CPU tensors: one all-reduce of the flattened tensors.  Others: gloo.
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -69,8 +63,7 @@ class FairringBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
   // reduce, gather, scatter, all-to-all, send/recv: delegated to gloo.
-  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
-                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& opts) override;
@@ -82,11 +75,9 @@ class FairringBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                        std::vector<at::Tensor>& inputs,
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
-                                         std::vector<std::vector<at::Tensor>>& inputs,
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,
@@ -97,11 +88,9 @@ class FairringBackend : public c10d::Backend {
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
-                                               std::vector<int64_t>& output_splits,
-                                               std::vector<int64_t>& input_splits,
+                                               std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
-                                          std::vector<at::Tensor>& inputs,
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
@@ -208,7 +197,7 @@ class FairringBackend : public c10d::Backend {
   std::mutex delegated_mu_;
   // Delegated collectives not yet seen done, with their footprints.
   std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, Footprint>> delegated_;
-  std::atomic<bool> has_delegated_{false};  // !delegated_.empty()
+  std::atomic<bool> has_delegated_{false};    // !delegated_.empty()
   std::atomic<uint64_t> delegated_waits_{0};  // calls that waited for a delegated collective (order_waits)
   mutable std::mutex cuda_mu_;
   std::unique_ptr<CudaEngine> cuda_engine_;

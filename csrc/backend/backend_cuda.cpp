@@ -76,7 +76,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<Pi
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     cuda_check(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(device.index()).stream(), &capturing),
                "cudaStreamIsCapturing");
-    TORCH_CHECK(capturing == cudaStreamCaptureStatusNone, "fairring: ", kind, " of a CUDA tensor while the current "
+    TORCH_CHECK(capturing == cudaStreamCaptureStatusNone, "fairring: ", kind,
+                " of a CUDA tensor while the current "
                 "stream is being captured into a CUDA graph (torch.cuda.graph / make_graphed_callables) is not "
                 "supported: Fairring runs collectives on its own streams and threads, outside the graph. Issue the "
                 "collective outside the captured region.");
@@ -93,14 +94,13 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<Pi
                                                  getRank(), getSize(), config_.timeout);
       build_collectively(*init, [&] {
         cuda_engine_ = std::make_unique<CudaEngine>(init, topo_, config_, job_uid_, secret_, device,
-                                                     [init] { init->throw_if_failed(); });
+                                                    [init] { init->throw_if_failed(); });
       });
     }
     engine = cuda_engine_.get();
   }
   TORCH_CHECK(engine->device() == device, "fairring: this process group's CUDA collectives run on ",
-              engine->device().str(), " (the device of its first CUDA collective), but got a tensor on ",
-              device.str());
+              engine->device().str(), " (the device of its first CUDA collective), but got a tensor on ", device.str());
 
   c10::cuda::CUDAGuard guard(device);
   auto work = c10::make_intrusive<CudaFairringWork>(getRank(), std::move(outputs), device);

@@ -15,11 +15,11 @@
 namespace py = pybind11;
 
 namespace fairring {
-void register_kernel_bindings(py::module& m);  // testing/kernel_hooks.cpp
+void register_kernel_bindings(py::module& m);       // testing/kernel_hooks.cpp
 void register_cuda_kernel_bindings(py::module& m);  // testing/cuda_kernel_hooks.cpp
-void register_held_ops_bindings(py::module& m);  // testing/held_ops_hooks.cpp
-void register_plan_hooks(py::module& m);  // testing/plan_hooks.cpp
-}
+void register_held_ops_bindings(py::module& m);     // testing/held_ops_hooks.cpp
+void register_plan_hooks(py::module& m);            // testing/plan_hooks.cpp
+}  // namespace fairring
 
 namespace {
 
@@ -116,8 +116,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             return out;
           },
           "The group's last collectives, oldest first (fairring_py.dump_recent)")
-      .def("format_recent_ops", [](const FairringBackend& b) { return b.recent_ops().format(); },
-           "recent_ops() as text, one line per collective, as logged at the group's first failure");
+      .def(
+          "format_recent_ops", [](const FairringBackend& b) { return b.recent_ops().format(); },
+          "recent_ops() as text, one line per collective, as logged at the group's first failure");
 
   // Group creation steps run from Python (fairring_py._create_backend),
   // through the same failure-aware store as the C++ ones.
@@ -136,16 +137,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         if (init->publish_failure(why)) init->await_failure_read();
       },
       py::call_guard<py::gil_scoped_release>(), "Tells the group's other ranks why this rank cannot create it.");
-  m.def("_sweep_stale_segments", [] { return sweep_stale_segments(); },
-        "Removes this user's /dev/shm segments of Fairring jobs whose creator exited over a minute ago; "
-        "returns how many");
-  m.def("_quiesce_all", [] { Pipeline::quiesce_all(); },
-      py::call_guard<py::gil_scoped_release>(),
-        "Waits for in-flight all_reduces and lets the engines' threads drop their "
-        "tensors; registered with atexit by fairring_py.");
-  m.def("_topology_for_test", [](const std::vector<std::string>& keys, int rank) {
-    return topology_dict(build_topology(keys, rank));
-  });
+  m.def(
+      "_sweep_stale_segments", [] { return sweep_stale_segments(); },
+      "Removes this user's /dev/shm segments of Fairring jobs whose creator exited over a minute ago; "
+      "returns how many");
+  m.def(
+      "_quiesce_all", [] { Pipeline::quiesce_all(); }, py::call_guard<py::gil_scoped_release>(),
+      "Waits for in-flight all_reduces and lets the engines' threads drop their "
+      "tensors; registered with atexit by fairring_py.");
+  m.def("_topology_for_test",
+        [](const std::vector<std::string>& keys, int rank) { return topology_dict(build_topology(keys, rank)); });
   register_kernel_bindings(m);
   register_cuda_kernel_bindings(m);
   register_held_ops_bindings(m);

@@ -18,7 +18,7 @@ CudaFairringWork::CudaFairringWork(int rank, std::vector<at::Tensor> outputs, c1
       device_(device),
       done_(std::make_shared<CudaEvent>(device)),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                        std::vector<c10::Device>{device})) {}
+                                                       std::vector<c10::Device>{device})) {}
 
 void CudaFairringWork::mark_done(std::exception_ptr error) { finish(error); }
 

@@ -40,9 +40,8 @@ void InitStore::wait(const std::vector<std::string>& keys, const std::chrono::mi
     if (std::chrono::steady_clock::now() > deadline) {
       std::string names;
       for (const auto& k : keys) names += (names.empty() ? "" : ", ") + k;
-      C10_THROW_ERROR(DistStoreError, "fairring: Timed out creating the process group: rank " +
-                                          std::to_string(rank_) + " waited " + std::to_string(timeout.count() / 1000) +
-                                          " s for " + names +
+      C10_THROW_ERROR(DistStoreError, "fairring: Timed out creating the process group: rank " + std::to_string(rank_) +
+                                          " waited " + std::to_string(timeout.count() / 1000) + " s for " + names +
                                           " (did every rank of the group call init_process_group / new_group?)");
     }
     std::this_thread::sleep_for(kPollEvery);
@@ -119,7 +118,7 @@ void build_collectively(InitStore& init, const std::function<void()>& build) {
     if (ours_first) init.await_failure_read();
     // A bad setting of our own stays our error (a ValueError in Python).
     const bool own_setting = dynamic_cast<const c10::ValueError*>(&e) != nullptr ||
-        dynamic_cast<const std::invalid_argument*>(&e) != nullptr;
+                             dynamic_cast<const std::invalid_argument*>(&e) != nullptr;
     if (ours_first || own_setting) throw;
     // Another rank failed first; ours may only follow from it (a segment
     // its node-mate removed while failing): report the cause.

@@ -47,7 +47,7 @@ std::string RecentOps::format() const {
   std::string out;
   for (const Record& r : snapshot()) {
     out += "  #" + std::to_string(r.seq) + " " + r.kind + (r.what.empty() ? "" : " of " + r.what) + ", " +
-        std::to_string(r.bytes) + " bytes: " + r.state + ", started " + ms(now - r.start) + " ago";
+           std::to_string(r.bytes) + " bytes: " + r.state + ", started " + ms(now - r.start) + " ago";
     if (r.ended()) out += ", took " + ms(r.end - r.start);
     if (!r.error.empty()) out += ": " + r.error.substr(0, 200);
     out += "\n";

@@ -18,11 +18,11 @@ namespace fairring {
 class RecentOps {
  public:
   struct Record {
-    uint64_t seq = 0;       // the group's collective number (sequence number)
-    std::string kind;       // "all_reduce", "broadcast (gloo)", ...
-    std::string what;       // "1000 elements of float32 with SUM", or "" for delegated ones
+    uint64_t seq = 0;  // the group's collective number (sequence number)
+    std::string kind;  // "all_reduce", "broadcast (gloo)", ...
+    std::string what;  // "1000 elements of float32 with SUM", or "" for delegated ones
     int64_t bytes = 0;
-    std::string state;      // "in flight", "done", "failed", "delegated"
+    std::string state;  // "in flight", "done", "failed", "delegated"
     std::string error;
     std::chrono::steady_clock::time_point start;
     std::chrono::steady_clock::time_point end;  // when done or failed

@@ -14,10 +14,10 @@ ReduceInput prepare_input(const std::vector<at::Tensor>& tensors, const char* ki
   int64_t total = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
-    TORCH_CHECK(t.scalar_type() == first.scalar_type() && t.device() == first.device(),
-                "fairring: ", kind, " of several tensors needs one dtype and device, but tensor 0 is ",
-                dtype_name(first.scalar_type()), " on ", first.device().str(), " and tensor ", i, " is ",
-                dtype_name(t.scalar_type()), " on ", t.device().str());
+    TORCH_CHECK(t.scalar_type() == first.scalar_type() && t.device() == first.device(), "fairring: ", kind,
+                " of several tensors needs one dtype and device, but tensor 0 is ", dtype_name(first.scalar_type()),
+                " on ", first.device().str(), " and tensor ", i, " is ", dtype_name(t.scalar_type()), " on ",
+                t.device().str());
     // The result would be written into one element several times, once
     // per alias, with no single right answer.
     TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "fairring: ", kind, " of a tensor whose ",

@@ -34,8 +34,8 @@ void FairringWork::wait_interruptibly(std::chrono::milliseconds timeout) {
   for (;;) {
     auto slice = kSignalPoll;
     if (timeout != kNoTimeout) {
-      const auto left = timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
-                                      std::chrono::steady_clock::now() - start);
+      const auto left =
+          timeout - std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
       if (left <= std::chrono::milliseconds::zero()) return;
       slice = std::min(slice, left);
     }

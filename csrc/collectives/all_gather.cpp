@@ -83,12 +83,14 @@ bool gather_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
 }  // namespace
 
 const CollectiveDef& all_gather_def() {
-  static const ScriptedCollective def(
-      Collective::kAllGather, Cut::kBlockwise,
-      Script{{{"acquire", step_acquire}, {"publish-block", publish_block}, {"exchange-blocks", exchange_blocks},
-              {"gather-blocks", gather_blocks}, {"release", step_release}},
-             3},
-      Script{{{"exchange-blocks", exchange_blocks}, {"await-own", step_await_own}}, 1});
+  static const ScriptedCollective def(Collective::kAllGather, Cut::kBlockwise,
+                                      Script{{{"acquire", step_acquire},
+                                              {"publish-block", publish_block},
+                                              {"exchange-blocks", exchange_blocks},
+                                              {"gather-blocks", gather_blocks},
+                                              {"release", step_release}},
+                                             3},
+                                      Script{{{"exchange-blocks", exchange_blocks}, {"await-own", step_await_own}}, 1});
   return def;
 }
 

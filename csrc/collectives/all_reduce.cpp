@@ -103,15 +103,19 @@ bool gather(SliceSchedule& p, Slice& s, const TimePoint* until) {
     const Range& r = s.plan.chunks[x];
     if (x == p.me() || r.count == 0) continue;  // ours is in the tensor already
     p.mover().after(slot, x, PeerStep::kChunkDone);
-    p.mover().copy(slot, tensor + r.offset * esize, p.mover().output_area(slot, x) + r.offset * esize,
-                   r.count * esize, large);
+    p.mover().copy(slot, tensor + r.offset * esize, p.mover().output_area(slot, x) + r.offset * esize, r.count * esize,
+                   large);
   }
   return true;
 }
 
 Script node_script() {
-  return Script{{{"acquire", step_acquire}, {"publish-input", step_publish_input}, {"reduce-chunk", reduce_chunk},
-                 {"exchange", exchange}, {"gather", gather}, {"release", step_release}},
+  return Script{{{"acquire", step_acquire},
+                 {"publish-input", step_publish_input},
+                 {"reduce-chunk", reduce_chunk},
+                 {"exchange", exchange},
+                 {"gather", gather},
+                 {"release", step_release}},
                 4};
 }
 

@@ -26,8 +26,7 @@ bool publish_root(SliceSchedule& p, Slice& s, const TimePoint*) {
   // is what says every peer has claimed the slot, for check_match.
   const int slot = p.slot(s);
   if (p.topo().rank == s.op->root) {
-    p.mover().copy(slot, p.mover().input_area(slot, p.me()), p.tensor_at(s), s.plan.slice.count * p.esize(s),
-                   false);
+    p.mover().copy(slot, p.mover().input_area(slot, p.me()), p.tensor_at(s), s.plan.slice.count * p.esize(s), false);
   }
   p.input_published(s);
   return true;
@@ -95,12 +94,14 @@ bool gather_root(SliceSchedule& p, Slice& s, const TimePoint* until) {
 }  // namespace
 
 const CollectiveDef& broadcast_def() {
-  static const ScriptedCollective def(
-      Collective::kBroadcast, Cut::kWhole,
-      Script{{{"acquire", step_acquire}, {"publish-root", publish_root}, {"exchange-root", exchange_root},
-              {"gather-root", gather_root}, {"release", step_release}},
-             3},
-      Script{{{"exchange-root", exchange_root}, {"gather-root", gather_root}}, 1});
+  static const ScriptedCollective def(Collective::kBroadcast, Cut::kWhole,
+                                      Script{{{"acquire", step_acquire},
+                                              {"publish-root", publish_root},
+                                              {"exchange-root", exchange_root},
+                                              {"gather-root", gather_root},
+                                              {"release", step_release}},
+                                             3},
+                                      Script{{{"exchange-root", exchange_root}, {"gather-root", gather_root}}, 1});
   return def;
 }
 

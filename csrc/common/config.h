@@ -38,7 +38,7 @@ struct Config {
   int parallelism = limits::kDefaultParallelism;       // slices in flight (pipeline depth)
   std::string socket_ifname;                           // "" = address of the hostname
   std::string gpu_transport = "tcp";                   // CUDA all-reduce between nodes: "tcp" or "nccl"
-  std::string wire_dtype = "none";                     // rails between nodes carry: "none" (input dtype), "bf16", "fp16"
+  std::string wire_dtype = "none";  // rails between nodes carry: "none" (input dtype), "bf16", "fp16"
   std::chrono::milliseconds timeout{30 * 60 * 1000};
 };
 

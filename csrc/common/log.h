@@ -14,8 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define FAIRRING_LOG(rank, fmt, ...) \
-  std::fprintf(stderr, "[fairring rank %d] " fmt "\n", (rank), ##__VA_ARGS__)
+#define FAIRRING_LOG(rank, fmt, ...) std::fprintf(stderr, "[fairring rank %d] " fmt "\n", (rank), ##__VA_ARGS__)
 
 namespace fairring {
 
@@ -36,10 +35,9 @@ inline bool debug_enabled() { return debug_level() >= kLogFailures; }
 }  // namespace fairring
 
 // Logged when FAIRRING_DEBUG is at least `level`.
-#define FAIRRING_LOG_AT(level, rank, fmt, ...)           \
-  do {                                                  \
-    if (::fairring::debug_level() >= (level))           \
-      FAIRRING_LOG((rank), fmt, ##__VA_ARGS__);         \
+#define FAIRRING_LOG_AT(level, rank, fmt, ...)                                          \
+  do {                                                                                  \
+    if (::fairring::debug_level() >= (level)) FAIRRING_LOG((rank), fmt, ##__VA_ARGS__); \
   } while (0)
 
 #define FAIRRING_DEBUG_LOG(rank, fmt, ...) FAIRRING_LOG_AT(::fairring::kLogFailures, (rank), fmt, ##__VA_ARGS__)

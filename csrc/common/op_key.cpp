@@ -11,27 +11,39 @@ namespace fairring {
 
 const char* collective_name(Collective c) {
   switch (c) {
-    case Collective::kAllReduce: return "all_reduce";
-    case Collective::kBarrier: return "barrier";
-    case Collective::kBroadcast: return "broadcast";
-    case Collective::kReduceScatter: return "reduce_scatter";
-    case Collective::kAllGather: return "all_gather";
-    case Collective::kReduce: return "reduce";
+    case Collective::kAllReduce:
+      return "all_reduce";
+    case Collective::kBarrier:
+      return "barrier";
+    case Collective::kBroadcast:
+      return "broadcast";
+    case Collective::kReduceScatter:
+      return "reduce_scatter";
+    case Collective::kAllGather:
+      return "all_gather";
+    case Collective::kReduce:
+      return "reduce";
   }
   return "collective";
 }
 
 std::string describe_args(const OpKey& k) {
-  const std::string elements = std::to_string(k.numel) + " elements of " +
-      dtype_name(static_cast<c10::ScalarType>(k.dtype));
+  const std::string elements =
+      std::to_string(k.numel) + " elements of " + dtype_name(static_cast<c10::ScalarType>(k.dtype));
   const std::string with = std::string(" with ") + redop_name(static_cast<RedOp>(k.op));
   switch (static_cast<Collective>(k.collective)) {
-    case Collective::kBroadcast: return std::to_string(k.numel) + " bytes from rank " + std::to_string(k.root);
-    case Collective::kBarrier: return "";
-    case Collective::kAllGather: return elements + " per rank";
-    case Collective::kReduceScatter: return elements + " per rank" + with;
-    case Collective::kReduce: return elements + with + " to rank " + std::to_string(k.root);
-    case Collective::kAllReduce: break;
+    case Collective::kBroadcast:
+      return std::to_string(k.numel) + " bytes from rank " + std::to_string(k.root);
+    case Collective::kBarrier:
+      return "";
+    case Collective::kAllGather:
+      return elements + " per rank";
+    case Collective::kReduceScatter:
+      return elements + " per rank" + with;
+    case Collective::kReduce:
+      return elements + with + " to rank " + std::to_string(k.root);
+    case Collective::kAllReduce:
+      break;
   }
   return elements + with;
 }
@@ -43,17 +55,16 @@ std::string describe(const OpKey& k) {
 
 namespace {
 std::string mismatch_prefix(const OpKey& mine, const char* device) {
-  return std::string(device) + collective_name(static_cast<Collective>(mine.collective)) +
-      " mismatch between ranks: ";
+  return std::string(device) + collective_name(static_cast<Collective>(mine.collective)) + " mismatch between ranks: ";
 }
 }  // namespace
 
 void check_same_op(const OpKey& mine, int self, const OpKey& theirs, int peer, const char* device) {
   if (mine == theirs) return;
-  throw std::runtime_error(mismatch_prefix(mine, device) + "for collective #" + std::to_string(mine.op_seq) +
-                           " rank " + std::to_string(self) + " has " + describe(mine) + " but rank " +
-                           std::to_string(peer) + " has collective #" + std::to_string(theirs.op_seq) + ": " +
-                           describe(theirs) + ". Every rank must issue the same collectives in the same order.");
+  throw std::runtime_error(mismatch_prefix(mine, device) + "for collective #" + std::to_string(mine.op_seq) + " rank " +
+                           std::to_string(self) + " has " + describe(mine) + " but rank " + std::to_string(peer) +
+                           " has collective #" + std::to_string(theirs.op_seq) + ": " + describe(theirs) +
+                           ". Every rank must issue the same collectives in the same order.");
 }
 
 void throw_out_of_step(const OpKey& mine, int self, int peer, const char* device) {

@@ -18,7 +18,12 @@ namespace fairring {
 // (plan.h: "blockwise"), each with its own phase list.
 // kReduce is an all-reduce whose result only the root keeps.
 enum class Collective : int32_t {
-  kAllReduce = 1, kBarrier = 2, kBroadcast = 3, kReduceScatter = 4, kAllGather = 5, kReduce = 6
+  kAllReduce = 1,
+  kBarrier = 2,
+  kBroadcast = 3,
+  kReduceScatter = 4,
+  kAllGather = 5,
+  kReduce = 6
 };
 
 const char* collective_name(Collective c);
@@ -27,14 +32,14 @@ struct OpKey {
   uint64_t op_seq = 0;  // issue order on the group (per engine)
   int64_t numel = 0;    // elements of the whole tensor (blockwise collectives: of one rank's block)
   int32_t collective = 0;
-  int32_t dtype = 0;    // c10::ScalarType
-  int32_t op = 0;       // RedOp
-  int32_t root = 0;     // a broadcast's or reduce's root rank; 0 otherwise (also the struct's padding)
+  int32_t dtype = 0;  // c10::ScalarType
+  int32_t op = 0;     // RedOp
+  int32_t root = 0;   // a broadcast's or reduce's root rank; 0 otherwise (also the struct's padding)
 };
 
 inline bool operator==(const OpKey& a, const OpKey& b) {
   return a.op_seq == b.op_seq && a.numel == b.numel && a.collective == b.collective && a.dtype == b.dtype &&
-      a.op == b.op && a.root == b.root;
+         a.op == b.op && a.root == b.root;
 }
 inline bool operator!=(const OpKey& a, const OpKey& b) { return !(a == b); }
 

@@ -20,14 +20,22 @@ enum class RedOp : int32_t {
 
 inline const char* redop_name(RedOp op) {
   switch (op) {
-    case RedOp::kSum: return "SUM";
-    case RedOp::kAvg: return "AVG";
-    case RedOp::kProduct: return "PRODUCT";
-    case RedOp::kMin: return "MIN";
-    case RedOp::kMax: return "MAX";
-    case RedOp::kBand: return "BAND";
-    case RedOp::kBor: return "BOR";
-    case RedOp::kBxor: return "BXOR";
+    case RedOp::kSum:
+      return "SUM";
+    case RedOp::kAvg:
+      return "AVG";
+    case RedOp::kProduct:
+      return "PRODUCT";
+    case RedOp::kMin:
+      return "MIN";
+    case RedOp::kMax:
+      return "MAX";
+    case RedOp::kBand:
+      return "BAND";
+    case RedOp::kBor:
+      return "BOR";
+    case RedOp::kBxor:
+      return "BXOR";
   }
   return "?";
 }

@@ -15,8 +15,9 @@ void check_same_settings(const c10::intrusive_ptr<c10d::Store>& store, const std
     const std::string theirs(raw.begin(), raw.end());
     if (theirs != mine) {
       throw std::invalid_argument("fairring: ranks of one process group must use the same options, but rank " +
-                                  std::to_string(rank) + " has " + mine + " and rank " + std::to_string(r) +
-                                  " has " + theirs + ". Set them the same way on every rank (environment or "
+                                  std::to_string(rank) + " has " + mine + " and rank " + std::to_string(r) + " has " +
+                                  theirs +
+                                  ". Set them the same way on every rank (environment or "
                                   "pg_options).");
     }
   }

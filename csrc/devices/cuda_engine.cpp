@@ -326,14 +326,14 @@ std::function<void()> CudaEngine::completion_call(const std::shared_ptr<Pipeline
   held_->hold(base);  // its tensors, until its device work is over
   if (!after) return nullptr;
   // Captures no engine member: a completion may run after the engine is gone.
-  return [after = std::move(after), error, on_device, done = std::move(done), stream = future_stream_,
-          device = device_] {
-    c10::cuda::CUDAGuard guard(device);
-    // The future's own event is recorded on the future stream, which waits
-    // for exactly this op (completions start in issue order).
-    if (on_device) cuda_check(cudaStreamWaitEvent(stream->stream(), done->get(), 0), "cudaStreamWaitEvent");
-    after(error, stream->c10());
-  };
+  return
+      [after = std::move(after), error, on_device, done = std::move(done), stream = future_stream_, device = device_] {
+        c10::cuda::CUDAGuard guard(device);
+        // The future's own event is recorded on the future stream, which waits
+        // for exactly this op (completions start in issue order).
+        if (on_device) cuda_check(cudaStreamWaitEvent(stream->stream(), done->get(), 0), "cudaStreamWaitEvent");
+        after(error, stream->c10());
+      };
 }
 
 void CudaEngine::on_failed(const std::string& why) {

@@ -64,8 +64,7 @@ class CudaEngine : public Pipeline {
   // init store's, init_store.h), so that a wait outside the store (NCCL's
   // init) ends with it too.
   CudaEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const Config& config,
-             const std::string& job_uid, const Secret& secret, c10::Device device,
-             std::function<void()> peers_failed);
+             const std::string& job_uid, const Secret& secret, c10::Device device, std::function<void()> peers_failed);
   ~CudaEngine() override;
 
   c10::Device device() const { return device_; }
@@ -102,15 +101,15 @@ class CudaEngine : public Pipeline {
   c10::Device device_;
   int64_t area_ = 0;  // bytes of one staging area (the slice size)
 
-  std::unique_ptr<SharedDeviceMemory> memory_;   // K > 1: per slot, input + output area
-  std::unique_ptr<SharedEvents> events_;         // K > 1: per slot, one per PeerStep
+  std::unique_ptr<SharedDeviceMemory> memory_;             // K > 1: per slot, input + output area
+  std::unique_ptr<SharedEvents> events_;                   // K > 1: per slot, one per PeerStep
   std::vector<std::unique_ptr<DedicatedStream>> streams_;  // one per slot
-  std::unique_ptr<DedicatedStream> tail_;  // waits on every slice's end; ops' done events
+  std::unique_ptr<DedicatedStream> tail_;                  // waits on every slice's end; ops' done events
   // Futures are completed on it; shared with the completion calls, which
   // may run after the engine is gone.
   std::shared_ptr<DedicatedStream> future_stream_;
-  std::vector<cudaEvent_t> slice_end_;           // per slot, local
-  std::unique_ptr<CudaRail> rail_;               // N > 1
+  std::vector<cudaEvent_t> slice_end_;  // per slot, local
+  std::unique_ptr<CudaRail> rail_;      // N > 1
   std::unique_ptr<CudaMover> mover_;
   std::unique_ptr<HeldOps> held_;
 };

@@ -128,8 +128,7 @@ void DeferredMover::after(int slot, int x, PeerStep step) {
     counter_wait(*c, target, [&] {
       if (arena->aborted()) throw std::runtime_error("deferred mover: the node aborted");
       if (std::chrono::steady_clock::now() > give_up) {
-        throw std::runtime_error("deferred mover: Timed out waiting for local rank " + std::to_string(x) +
-                                 "'s event");
+        throw std::runtime_error("deferred mover: Timed out waiting for local rank " + std::to_string(x) + "'s event");
       }
     });
   });

@@ -105,8 +105,8 @@ void check_dtype(c10::ScalarType dtype, const char* what) {
 template <typename T, bool kFp16>
 struct Narrow {
   static void run(const void* src, uint16_t* dst, int64_t n, const wire::Prefix* prefix, int e, cudaStream_t s) {
-    narrow_kernel<T, kFp16><<<launch_blocks(n, kThreads), kThreads, 0, s>>>(static_cast<const T*>(src), dst, n,
-                                                                           prefix, e);
+    narrow_kernel<T, kFp16>
+        <<<launch_blocks(n, kThreads), kThreads, 0, s>>>(static_cast<const T*>(src), dst, n, prefix, e);
   }
 };
 
@@ -133,8 +133,8 @@ void write_prefix(HalfFormat fmt, const T* src, int64_t count, wire::Prefix* pre
     const cudaError_t err = cudaMemsetAsync(prefix, 0, sizeof(wire::Prefix), s);
     TORCH_CHECK(err == cudaSuccess, "wire_encode_cuda: cudaMemsetAsync failed: ", cudaGetErrorString(err));
     if (count > 0) {
-      max_abs_kernel<T><<<launch_blocks(count, kThreads), kThreads, 0, s>>>(src, count,
-                                                                              reinterpret_cast<Bits<T>*>(prefix));
+      max_abs_kernel<T>
+          <<<launch_blocks(count, kThreads), kThreads, 0, s>>>(src, count, reinterpret_cast<Bits<T>*>(prefix));
     }
   }
   prefix_kernel<T><<<1, 1, 0, s>>>(prefix, fmt);
@@ -181,8 +181,8 @@ void wire_decode_cuda(HalfFormat fmt, c10::ScalarType dtype, const void* src, in
   check_launch("wire_decode_cuda");
 }
 
-void narrow_cuda(c10::ScalarType src_dtype, HalfFormat fmt, const void* src, uint16_t* dst, int64_t n,
-                 int scale_exp, cudaStream_t stream) {
+void narrow_cuda(c10::ScalarType src_dtype, HalfFormat fmt, const void* src, uint16_t* dst, int64_t n, int scale_exp,
+                 cudaStream_t stream) {
   check_dtype(src_dtype, "narrow_cuda");
   check_scale(scale_exp, "narrow_cuda");
   if (n <= 0) return;

@@ -34,10 +34,10 @@ void wire_decode_cuda(HalfFormat fmt, c10::ScalarType dtype, const void* src, in
 
 // The element conversions alone, with a given exponent (narrow_cpu /
 // widen_cpu's contract; for tests).
-void narrow_cuda(c10::ScalarType src_dtype, HalfFormat fmt, const void* src, uint16_t* dst, int64_t n,
-                 int scale_exp, cudaStream_t stream);
-void widen_cuda(c10::ScalarType dst_dtype, HalfFormat fmt, const uint16_t* src, void* dst, int64_t n,
-                int scale_exp, cudaStream_t stream);
+void narrow_cuda(c10::ScalarType src_dtype, HalfFormat fmt, const void* src, uint16_t* dst, int64_t n, int scale_exp,
+                 cudaStream_t stream);
+void widen_cuda(c10::ScalarType dst_dtype, HalfFormat fmt, const uint16_t* src, void* dst, int64_t n, int scale_exp,
+                cudaStream_t stream);
 
 }  // namespace fairring
 

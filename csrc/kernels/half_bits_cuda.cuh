@@ -26,8 +26,7 @@ __device__ __forceinline__ float f16_to_f32(uint16_t h) {
   const uint32_t normal = ((e + 112u) << 23) | (m << 13);
   const uint32_t inf_nan = 0x7F800000u | (m << 13) | (mask_if(m != 0u) & 0x00400000u);
   const uint32_t subnormal = __float_as_uint(__fmul_rn(__uint2float_rn(m), 0x1p-24f));
-  const uint32_t mag =
-      select_bits(mask_if(e == 0u), subnormal, select_bits(mask_if(e == 31u), inf_nan, normal));
+  const uint32_t mag = select_bits(mask_if(e == 0u), subnormal, select_bits(mask_if(e == 31u), inf_nan, normal));
   return __uint_as_float(sign | mag);
 }
 
@@ -42,14 +41,11 @@ __device__ __forceinline__ uint16_t f32_to_f16(float f) {
   const uint32_t subnormal = __float_as_uint(magic) - 0x4B000000u;
   const uint32_t mag = select_bits(
       mask_if(ax > 0x7F800000u), 0x7E00u,
-      select_bits(mask_if(ax >= 0x477FF000u), 0x7C00u,
-                  select_bits(mask_if(ax >= 0x38800000u), normal, subnormal)));
+      select_bits(mask_if(ax >= 0x477FF000u), 0x7C00u, select_bits(mask_if(ax >= 0x38800000u), normal, subnormal)));
   return static_cast<uint16_t>(sign | mag);
 }
 
-__device__ __forceinline__ float bf16_to_f32(uint16_t h) {
-  return __uint_as_float(static_cast<uint32_t>(h) << 16);
-}
+__device__ __forceinline__ float bf16_to_f32(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
 
 // binary32 -> bfloat16, round to nearest even; NaN -> 0x7FC0.
 __device__ __forceinline__ uint16_t f32_to_bf16(float f) {

@@ -73,8 +73,7 @@ bool cpu_has_avx2() {
 #if FAIRRING_HAVE_AVX2_KERNELS
   static const bool has = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   }();
   return has;
 #else
@@ -100,17 +99,15 @@ std::string reduce_unsupported_reason(c10::ScalarType dtype, RedOp op) {
   }
   const Kind kind = kind_of(dtype);
   if (kind == Kind::kUnsupported) {
-    return std::string("dtype ") + dtype_name(dtype) + " is not supported by " +
-        redop_name(op) + " (supported: float32, float64, float16, bfloat16, "
-        "int8, uint8, int16, int32, int64, bool)";
+    return std::string("dtype ") + dtype_name(dtype) + " is not supported by " + redop_name(op) +
+           " (supported: float32, float64, float16, bfloat16, "
+           "int8, uint8, int16, int32, int64, bool)";
   }
   if (op == RedOp::kAvg && kind != Kind::kFloating) {
     return "AVG is only defined for floating-point tensors, got " + dtype_name(dtype);
   }
-  if ((op == RedOp::kBand || op == RedOp::kBor || op == RedOp::kBxor) &&
-      kind == Kind::kFloating) {
-    return std::string(redop_name(op)) + " needs an integer or bool tensor, got " +
-        dtype_name(dtype);
+  if ((op == RedOp::kBand || op == RedOp::kBor || op == RedOp::kBxor) && kind == Kind::kFloating) {
+    return std::string(redop_name(op)) + " needs an integer or bool tensor, got " + dtype_name(dtype);
   }
   return std::string();
 }
@@ -123,22 +120,14 @@ std::string reduce_unsupported_reason(c10::ScalarType dtype, RedOp op) {
 #define FAIRRING_CALL_ISA(fn, ...) kernels_generic::fn(__VA_ARGS__)
 #endif
 
-void reduce_cpu(
-    c10::ScalarType dtype,
-    RedOp op,
-    void* out,
-    const void* const* inputs,
-    int num_inputs,
-    int64_t count,
-    int64_t divisor) {
+void reduce_cpu(c10::ScalarType dtype, RedOp op, void* out, const void* const* inputs, int num_inputs, int64_t count,
+                int64_t divisor) {
   const std::string reason = reduce_unsupported_reason(dtype, op);
   TORCH_CHECK(reason.empty(), reason);
   TORCH_CHECK(num_inputs >= 1, "reduce_cpu needs at least one input, got ", num_inputs);
   TORCH_CHECK(count >= 0, "reduce_cpu: negative element count ", count);
-  TORCH_CHECK(
-      divisor <= 0 || kind_of(dtype) == Kind::kFloating,
-      "a divisor (", divisor, ") can only be applied to floating-point tensors, got ",
-      dtype_name(dtype), " for ", redop_name(op));
+  TORCH_CHECK(divisor <= 0 || kind_of(dtype) == Kind::kFloating, "a divisor (", divisor,
+              ") can only be applied to floating-point tensors, got ", dtype_name(dtype), " for ", redop_name(op));
   if (count == 0) {
     return;
   }
@@ -183,9 +172,7 @@ double max_abs_finite_cpu(c10::ScalarType dtype, const void* src, int64_t n) {
   return FAIRRING_CALL_ISA(max_abs_impl, dtype, src, n);
 }
 
-const char* reduce_cpu_isa() {
-  return current_isa() == Isa::kAvx2 ? "avx2" : "generic";
-}
+const char* reduce_cpu_isa() { return current_isa() == Isa::kAvx2 ? "avx2" : "generic"; }
 
 void reduce_cpu_set_isa(const std::string& name) {
   Isa isa;
@@ -194,10 +181,8 @@ void reduce_cpu_set_isa(const std::string& name) {
   } else if (name == "generic") {
     isa = Isa::kGeneric;
   } else if (name == "avx2") {
-    TORCH_CHECK(
-        FAIRRING_HAVE_AVX2_KERNELS && cpu_has_avx2(),
-        "the AVX2 reduction kernels are not available on this ",
-        FAIRRING_HAVE_AVX2_KERNELS ? "CPU" : "build");
+    TORCH_CHECK(FAIRRING_HAVE_AVX2_KERNELS && cpu_has_avx2(), "the AVX2 reduction kernels are not available on this ",
+                FAIRRING_HAVE_AVX2_KERNELS ? "CPU" : "build");
     isa = Isa::kAvx2;
   } else {
     TORCH_CHECK(false, "unknown reduction ISA '", name, "' (expected auto, generic or avx2)");

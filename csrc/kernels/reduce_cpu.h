@@ -16,14 +16,8 @@ namespace fairring {
 // `out` may be exactly one of the inputs (same pointer), never partially overlap.
 // If `divisor` > 0 the combined value is divided by it before it is stored
 // (AVG's final step; floating types only).
-void reduce_cpu(
-    c10::ScalarType dtype,
-    RedOp op,
-    void* out,
-    const void* const* inputs,
-    int num_inputs,
-    int64_t count,
-    int64_t divisor);
+void reduce_cpu(c10::ScalarType dtype, RedOp op, void* out, const void* const* inputs, int num_inputs, int64_t count,
+                int64_t divisor);
 
 // Empty string if (dtype, op) is supported, else a sentence saying why not.
 std::string reduce_unsupported_reason(c10::ScalarType dtype, RedOp op);

@@ -20,11 +20,11 @@ namespace fairring {
 
 // The entry points of one build of the kernels (reduce_impl.h, convert_impl.h),
 // declared alike in each instruction set's namespace.
-#define FAIRRING_CPU_KERNEL_ENTRY_POINTS                                                                        \
-  void reduce_impl(c10::ScalarType dtype, RedOp op, void* out, const void* const* inputs, int num_inputs,       \
-                   int64_t count, int64_t divisor);                                                             \
+#define FAIRRING_CPU_KERNEL_ENTRY_POINTS                                                                            \
+  void reduce_impl(c10::ScalarType dtype, RedOp op, void* out, const void* const* inputs, int num_inputs,           \
+                   int64_t count, int64_t divisor);                                                                 \
   void narrow_impl(c10::ScalarType src_dtype, bool fp16, const void* src, uint16_t* dst, int64_t n, int scale_exp); \
-  void widen_impl(c10::ScalarType dst_dtype, bool fp16, const uint16_t* src, void* dst, int64_t n, int scale_exp); \
+  void widen_impl(c10::ScalarType dst_dtype, bool fp16, const uint16_t* src, void* dst, int64_t n, int scale_exp);  \
   double max_abs_impl(c10::ScalarType dtype, const void* src, int64_t n);
 
 // Baseline build (whatever the compiler targets by default: SSE2 on x86-64).

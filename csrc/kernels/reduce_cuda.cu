@@ -61,8 +61,7 @@ struct BoolCvt {
 // Integer arithmetic in the unsigned type of the same width, at least unsigned
 // int: two's-complement wrap-around, no signed overflow.
 template <typename A>
-using WideUnsigned =
-    std::conditional_t<(sizeof(A) < sizeof(unsigned int)), unsigned int, std::make_unsigned_t<A>>;
+using WideUnsigned = std::conditional_t<(sizeof(A) < sizeof(unsigned int)), unsigned int, std::make_unsigned_t<A>>;
 
 template <typename A>
 __device__ __forceinline__ A wrap_add(A a, A b) {
@@ -83,14 +82,18 @@ struct OpSum {
   __device__ static float apply(float a, float b) { return nan_rule::like_x86(a, b, __fadd_rn(a, b)); }
   __device__ static double apply(double a, double b) { return nan_rule::like_x86(a, b, __dadd_rn(a, b)); }
   template <typename A>
-  __device__ static A apply(A a, A b) { return wrap_add(a, b); }
+  __device__ static A apply(A a, A b) {
+    return wrap_add(a, b);
+  }
 };
 
 struct OpProduct {
   __device__ static float apply(float a, float b) { return nan_rule::like_x86(a, b, __fmul_rn(a, b)); }
   __device__ static double apply(double a, double b) { return nan_rule::like_x86(a, b, __dmul_rn(a, b)); }
   template <typename A>
-  __device__ static A apply(A a, A b) { return wrap_mul(a, b); }
+  __device__ static A apply(A a, A b) {
+    return wrap_mul(a, b);
+  }
 };
 
 // torch.minimum / torch.maximum: a NaN in either operand gives NaN.
@@ -118,21 +121,29 @@ struct OpMax {
 
 struct OpAnd {
   template <typename A>
-  __device__ static A apply(A a, A b) { return static_cast<A>(a & b); }
+  __device__ static A apply(A a, A b) {
+    return static_cast<A>(a & b);
+  }
 };
 struct OpOr {
   template <typename A>
-  __device__ static A apply(A a, A b) { return static_cast<A>(a | b); }
+  __device__ static A apply(A a, A b) {
+    return static_cast<A>(a | b);
+  }
 };
 struct OpXor {
   template <typename A>
-  __device__ static A apply(A a, A b) { return static_cast<A>(a ^ b); }
+  __device__ static A apply(A a, A b) {
+    return static_cast<A>(a ^ b);
+  }
 };
 
 __device__ __forceinline__ float divide(float a, float d) { return nan_rule::like_x86(a, d, __fdiv_rn(a, d)); }
 __device__ __forceinline__ double divide(double a, double d) { return nan_rule::like_x86(a, d, __ddiv_rn(a, d)); }
 template <typename A>
-__device__ __forceinline__ A divide(A a, A) { return a; }  // integers never get a divisor
+__device__ __forceinline__ A divide(A a, A) {
+  return a;
+}  // integers never get a divisor
 
 // ---- The kernel -----------------------------------------------------------------
 
@@ -243,11 +254,16 @@ template <typename Cvt>
 void run_float(RedOp op, const Args& a, cudaStream_t s) {
   switch (op) {
     case RedOp::kSum:
-    case RedOp::kAvg: return run<Cvt, OpSum>(a, s);
-    case RedOp::kProduct: return run<Cvt, OpProduct>(a, s);
-    case RedOp::kMin: return run<Cvt, OpMin>(a, s);
-    case RedOp::kMax: return run<Cvt, OpMax>(a, s);
-    default: TORCH_CHECK(false, "reduce_cuda: ", redop_name(op), " is not defined for floating-point tensors");
+    case RedOp::kAvg:
+      return run<Cvt, OpSum>(a, s);
+    case RedOp::kProduct:
+      return run<Cvt, OpProduct>(a, s);
+    case RedOp::kMin:
+      return run<Cvt, OpMin>(a, s);
+    case RedOp::kMax:
+      return run<Cvt, OpMax>(a, s);
+    default:
+      TORCH_CHECK(false, "reduce_cuda: ", redop_name(op), " is not defined for floating-point tensors");
   }
 }
 
@@ -255,14 +271,22 @@ template <typename T>
 void run_int(RedOp op, const Args& a, cudaStream_t s) {
   using C = PlainCvt<T>;
   switch (op) {
-    case RedOp::kSum: return run<C, OpSum>(a, s);
-    case RedOp::kProduct: return run<C, OpProduct>(a, s);
-    case RedOp::kMin: return run<C, OpMin>(a, s);
-    case RedOp::kMax: return run<C, OpMax>(a, s);
-    case RedOp::kBand: return run<C, OpAnd>(a, s);
-    case RedOp::kBor: return run<C, OpOr>(a, s);
-    case RedOp::kBxor: return run<C, OpXor>(a, s);
-    default: TORCH_CHECK(false, "reduce_cuda: ", redop_name(op), " is not defined for integer tensors");
+    case RedOp::kSum:
+      return run<C, OpSum>(a, s);
+    case RedOp::kProduct:
+      return run<C, OpProduct>(a, s);
+    case RedOp::kMin:
+      return run<C, OpMin>(a, s);
+    case RedOp::kMax:
+      return run<C, OpMax>(a, s);
+    case RedOp::kBand:
+      return run<C, OpAnd>(a, s);
+    case RedOp::kBor:
+      return run<C, OpOr>(a, s);
+    case RedOp::kBxor:
+      return run<C, OpXor>(a, s);
+    default:
+      TORCH_CHECK(false, "reduce_cuda: ", redop_name(op), " is not defined for integer tensors");
   }
 }
 
@@ -271,28 +295,25 @@ void run_bool(RedOp op, const Args& a, cudaStream_t s) {
   switch (op) {
     case RedOp::kSum:
     case RedOp::kMax:
-    case RedOp::kBor: return run<BoolCvt, OpOr>(a, s);
+    case RedOp::kBor:
+      return run<BoolCvt, OpOr>(a, s);
     case RedOp::kProduct:
     case RedOp::kMin:
-    case RedOp::kBand: return run<BoolCvt, OpAnd>(a, s);
-    case RedOp::kBxor: return run<BoolCvt, OpXor>(a, s);
-    default: TORCH_CHECK(false, "reduce_cuda: ", redop_name(op), " is not defined for bool tensors");
+    case RedOp::kBand:
+      return run<BoolCvt, OpAnd>(a, s);
+    case RedOp::kBxor:
+      return run<BoolCvt, OpXor>(a, s);
+    default:
+      TORCH_CHECK(false, "reduce_cuda: ", redop_name(op), " is not defined for bool tensors");
   }
 }
 
 }  // namespace
 
-void reduce_cuda(
-    c10::ScalarType dtype,
-    RedOp op,
-    void* out,
-    const void* const* inputs,
-    int num_inputs,
-    int64_t count,
-    int64_t divisor,
-    cudaStream_t stream) {
-  TORCH_CHECK(num_inputs >= 1 && num_inputs <= kMaxCudaReduceInputs, "reduce_cuda takes 1 to ",
-              kMaxCudaReduceInputs, " inputs, got ", num_inputs);
+void reduce_cuda(c10::ScalarType dtype, RedOp op, void* out, const void* const* inputs, int num_inputs, int64_t count,
+                 int64_t divisor, cudaStream_t stream) {
+  TORCH_CHECK(num_inputs >= 1 && num_inputs <= kMaxCudaReduceInputs, "reduce_cuda takes 1 to ", kMaxCudaReduceInputs,
+              " inputs, got ", num_inputs);
   TORCH_CHECK(count >= 0, "reduce_cuda: negative element count ", count);
   if (count == 0) return;
   TORCH_CHECK(out != nullptr && inputs != nullptr, "reduce_cuda: null buffer");
@@ -316,17 +337,38 @@ void reduce_cuda(
   }
   for (int i = num_inputs; i < kMaxCudaReduceInputs; ++i) args.in[i] = nullptr;
   switch (dtype) {
-    case c10::ScalarType::Float: run_float<PlainCvt<float>>(op, args, stream); break;
-    case c10::ScalarType::Double: run_float<PlainCvt<double>>(op, args, stream); break;
-    case c10::ScalarType::Half: run_float<HalfCvt>(op, args, stream); break;
-    case c10::ScalarType::BFloat16: run_float<BFloat16Cvt>(op, args, stream); break;
-    case c10::ScalarType::Char: run_int<int8_t>(op, args, stream); break;
-    case c10::ScalarType::Byte: run_int<uint8_t>(op, args, stream); break;
-    case c10::ScalarType::Short: run_int<int16_t>(op, args, stream); break;
-    case c10::ScalarType::Int: run_int<int32_t>(op, args, stream); break;
-    case c10::ScalarType::Long: run_int<int64_t>(op, args, stream); break;
-    case c10::ScalarType::Bool: run_bool(op, args, stream); break;
-    default: TORCH_CHECK(false, "reduce_cuda: unsupported dtype ", c10::toString(dtype));
+    case c10::ScalarType::Float:
+      run_float<PlainCvt<float>>(op, args, stream);
+      break;
+    case c10::ScalarType::Double:
+      run_float<PlainCvt<double>>(op, args, stream);
+      break;
+    case c10::ScalarType::Half:
+      run_float<HalfCvt>(op, args, stream);
+      break;
+    case c10::ScalarType::BFloat16:
+      run_float<BFloat16Cvt>(op, args, stream);
+      break;
+    case c10::ScalarType::Char:
+      run_int<int8_t>(op, args, stream);
+      break;
+    case c10::ScalarType::Byte:
+      run_int<uint8_t>(op, args, stream);
+      break;
+    case c10::ScalarType::Short:
+      run_int<int16_t>(op, args, stream);
+      break;
+    case c10::ScalarType::Int:
+      run_int<int32_t>(op, args, stream);
+      break;
+    case c10::ScalarType::Long:
+      run_int<int64_t>(op, args, stream);
+      break;
+    case c10::ScalarType::Bool:
+      run_bool(op, args, stream);
+      break;
+    default:
+      TORCH_CHECK(false, "reduce_cuda: unsupported dtype ", c10::toString(dtype));
   }
   const cudaError_t err = cudaGetLastError();
   TORCH_CHECK(err == cudaSuccess, "reduce_cuda: kernel launch failed: ", cudaGetErrorString(err));

@@ -27,15 +27,8 @@ constexpr int kMaxCudaReduceInputs = 256;
 // (dtype, op, divisor) combination must have been validated with
 // reduce_unsupported_reason.  Asynchronous: returns after the launch, and
 // throws (c10::Error) if the launch failed.
-void reduce_cuda(
-    c10::ScalarType dtype,
-    RedOp op,
-    void* out,
-    const void* const* inputs,
-    int num_inputs,
-    int64_t count,
-    int64_t divisor,
-    cudaStream_t stream);
+void reduce_cuda(c10::ScalarType dtype, RedOp op, void* out, const void* const* inputs, int num_inputs, int64_t count,
+                 int64_t divisor, cudaStream_t stream);
 
 }  // namespace fairring
 

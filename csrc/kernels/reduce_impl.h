@@ -46,9 +46,7 @@ inline float f32_from_bits(uint32_t u) {
 // than with ?: so that GCC sees no control flow it would refuse to if-convert
 // (it will not speculate floating-point work out of a branch), and the loops
 // vectorise.
-inline uint32_t mask_if(bool c) {
-  return 0u - static_cast<uint32_t>(c);
-}
+inline uint32_t mask_if(bool c) { return 0u - static_cast<uint32_t>(c); }
 
 inline uint32_t select_bits(uint32_t mask, uint32_t if_set, uint32_t if_clear) {
   return (if_set & mask) | (if_clear & ~mask);
@@ -65,10 +63,8 @@ inline float f16_to_f32(uint16_t h) {
   // Subnormal: m * 2^-24, exact in float32 (m == 0 gives +0).  Computed for
   // every lane and picked with a mask: GCC will not if-convert
   // floating-point work out of a branch, and would not vectorise.
-  const uint32_t subnormal =
-      f32_bits(static_cast<float>(static_cast<int32_t>(m)) * 0x1p-24f);
-  const uint32_t mag = select_bits(
-      mask_if(e == 0u), subnormal, select_bits(mask_if(e == 31u), inf_nan, normal));
+  const uint32_t subnormal = f32_bits(static_cast<float>(static_cast<int32_t>(m)) * 0x1p-24f);
+  const uint32_t mag = select_bits(mask_if(e == 0u), subnormal, select_bits(mask_if(e == 31u), inf_nan, normal));
   return f32_from_bits(sign | mag);
 }
 
@@ -89,26 +85,19 @@ inline uint16_t f32_to_f16(float f) {
   const float magic = f32_from_bits(ax) * 0x1p24f + 0x1p23f;
   const uint32_t subnormal = f32_bits(magic) - 0x4B000000u;  // bits of 2^23
   const uint32_t mag = select_bits(
-      mask_if(ax > 0x7F800000u),
-      0x7E00u,
-      select_bits(
-          mask_if(ax >= 0x477FF000u),
-          0x7C00u,
-          select_bits(mask_if(ax >= 0x38800000u), normal, subnormal)));
+      mask_if(ax > 0x7F800000u), 0x7E00u,
+      select_bits(mask_if(ax >= 0x477FF000u), 0x7C00u, select_bits(mask_if(ax >= 0x38800000u), normal, subnormal)));
   return static_cast<uint16_t>(sign | mag);
 }
 
 // bfloat16 -> binary32, exact.
-inline float bf16_to_f32(uint16_t h) {
-  return f32_from_bits(static_cast<uint32_t>(h) << 16);
-}
+inline float bf16_to_f32(uint16_t h) { return f32_from_bits(static_cast<uint32_t>(h) << 16); }
 
 // binary32 -> bfloat16, round to nearest even; NaN -> 0x7FC0 (as c10 does).
 inline uint16_t f32_to_bf16(float f) {
   const uint32_t x = f32_bits(f);
   const uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
-  return static_cast<uint16_t>(
-      select_bits(mask_if((x & 0x7FFFFFFFu) > 0x7F800000u), 0x7FC0u, rounded));
+  return static_cast<uint16_t>(select_bits(mask_if((x & 0x7FFFFFFFu) > 0x7F800000u), 0x7FC0u, rounded));
 }
 
 // ---- Storage <-> accumulator conversions -----------------------------------
@@ -177,19 +166,15 @@ struct BoolCvt {
 // to at least unsigned int so that narrow types never overflow a signed int:
 // two's-complement wrap-around without relying on -fwrapv.
 template <typename A>
-using WideUnsigned = std::conditional_t<
-    (sizeof(A) < sizeof(unsigned int)),
-    unsigned int,
-    std::make_unsigned_t<A>>;
+using WideUnsigned = std::conditional_t<(sizeof(A) < sizeof(unsigned int)), unsigned int, std::make_unsigned_t<A>>;
 
 struct OpSum {
   template <typename A>
   static A apply(A a, A b) {
     if constexpr (std::is_integral_v<A>) {
       using W = WideUnsigned<A>;
-      return static_cast<A>(static_cast<W>(
-          static_cast<W>(static_cast<std::make_unsigned_t<A>>(a)) +
-          static_cast<W>(static_cast<std::make_unsigned_t<A>>(b))));
+      return static_cast<A>(static_cast<W>(static_cast<W>(static_cast<std::make_unsigned_t<A>>(a)) +
+                                           static_cast<W>(static_cast<std::make_unsigned_t<A>>(b))));
     } else {
       return a + b;
     }
@@ -201,9 +186,8 @@ struct OpProduct {
   static A apply(A a, A b) {
     if constexpr (std::is_integral_v<A>) {
       using W = WideUnsigned<A>;
-      return static_cast<A>(static_cast<W>(
-          static_cast<W>(static_cast<std::make_unsigned_t<A>>(a)) *
-          static_cast<W>(static_cast<std::make_unsigned_t<A>>(b))));
+      return static_cast<A>(static_cast<W>(static_cast<W>(static_cast<std::make_unsigned_t<A>>(a)) *
+                                           static_cast<W>(static_cast<std::make_unsigned_t<A>>(b))));
     } else {
       return a * b;
     }
@@ -302,14 +286,8 @@ inline typename Cvt::Acc step(typename Cvt::Acc v, typename Cvt::Storage x) {
 // load(p[i][j]) for the rest of the group in order; the result goes to
 // acc[j], or, if kToOut, to out[j] (divided first if kDivide).
 template <typename Cvt, typename Op, bool kFromAcc, bool kToOut, bool kDivide, size_t... I>
-inline void scalar_pass(
-    typename Cvt::Acc* acc,
-    typename Cvt::Storage* out,
-    const typename Cvt::Storage* const* p,
-    int64_t begin,
-    int64_t len,
-    typename Cvt::Acc div,
-    std::index_sequence<I...>) {
+inline void scalar_pass(typename Cvt::Acc* acc, typename Cvt::Storage* out, const typename Cvt::Storage* const* p,
+                        int64_t begin, int64_t len, typename Cvt::Acc div, std::index_sequence<I...>) {
   using S = typename Cvt::Storage;
   using A = typename Cvt::Acc;
   const S* const q[sizeof...(I)] = {p[I]...};
@@ -322,7 +300,7 @@ inline void scalar_pass(
       } else {
         v = Cvt::load(q[0][j]);
       }
-      ((v = step<kFromAcc || I != 0, Cvt, Op>(v, q[I][j])), ...);
+      ((v = step < kFromAcc || I != 0, Cvt, Op > (v, q[I][j])), ...);
       if constexpr (kDivide) {
         out[j] = Cvt::store(v / div);
       } else {
@@ -337,7 +315,7 @@ inline void scalar_pass(
       } else {
         v = Cvt::load(q[0][j]);
       }
-      ((v = step<kFromAcc || I != 0, Cvt, Op>(v, q[I][j])), ...);
+      ((v = step < kFromAcc || I != 0, Cvt, Op > (v, q[I][j])), ...);
       acc[j] = v;
     }
   }
@@ -355,19 +333,14 @@ inline void f16c_store(uint16_t* p, __m256 v) {
   // Any NaN -> the quiet NaN with its sign, which rounds to 0x7E00 | sign
   // like f32_to_f16 (F16C alone would keep the top payload bits).
   const __m256 is_nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-  const __m256 canonical = _mm256_or_ps(
-      _mm256_and_ps(v, _mm256_set1_ps(-0.0f)),
-      _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)));
+  const __m256 canonical =
+      _mm256_or_ps(_mm256_and_ps(v, _mm256_set1_ps(-0.0f)), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)));
   v = _mm256_blendv_ps(v, canonical, is_nan);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
 }
 
-inline __m256 vec_apply(OpSum, __m256 a, __m256 b) {
-  return _mm256_add_ps(a, b);
-}
-inline __m256 vec_apply(OpProduct, __m256 a, __m256 b) {
-  return _mm256_mul_ps(a, b);
-}
+inline __m256 vec_apply(OpSum, __m256 a, __m256 b) { return _mm256_add_ps(a, b); }
+inline __m256 vec_apply(OpProduct, __m256 a, __m256 b) { return _mm256_mul_ps(a, b); }
 inline __m256 vec_apply(OpMin, __m256 a, __m256 b) {  // b != b ? b : (b < a ? b : a)
   const __m256 r = _mm256_blendv_ps(a, b, _mm256_cmp_ps(b, a, _CMP_LT_OQ));
   return _mm256_blendv_ps(r, b, _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
@@ -387,13 +360,8 @@ inline __m256 vec_step(__m256 v, const uint16_t* x) {
 }
 
 template <typename Op, bool kFromAcc, bool kToOut, bool kDivide, size_t... I>
-inline void f16c_fused_pass(
-    float* acc,
-    uint16_t* out,
-    const uint16_t* const* p,
-    int64_t len,
-    float div,
-    std::index_sequence<I...>) {
+inline void f16c_fused_pass(float* acc, uint16_t* out, const uint16_t* const* p, int64_t len, float div,
+                            std::index_sequence<I...>) {
   const uint16_t* const q[sizeof...(I)] = {p[I]...};
   const __m256 vdiv = _mm256_set1_ps(div);
   int64_t j = 0;
@@ -404,7 +372,7 @@ inline void f16c_fused_pass(
     } else {
       v = f16c_load(q[0] + j);
     }
-    ((v = vec_step<kFromAcc || I != 0, Op>(v, q[I] + j)), ...);
+    ((v = vec_step < kFromAcc || I != 0, Op > (v, q[I] + j)), ...);
     if constexpr (kToOut) {
       if constexpr (kDivide) {
         v = _mm256_div_ps(v, vdiv);
@@ -423,17 +391,11 @@ inline void f16c_fused_pass(
 // with load(p[i][j]) for the rest of the group in order; the result goes to
 // acc[j], or, if kToOut, to out[j] (divided first if kDivide).
 template <typename Cvt, typename Op, bool kFromAcc, bool kToOut, bool kDivide, size_t... I>
-inline void fused_pass(
-    typename Cvt::Acc* acc,
-    typename Cvt::Storage* out,
-    const typename Cvt::Storage* const* p,
-    int64_t len,
-    typename Cvt::Acc div,
-    std::index_sequence<I...>) {
+inline void fused_pass(typename Cvt::Acc* acc, typename Cvt::Storage* out, const typename Cvt::Storage* const* p,
+                       int64_t len, typename Cvt::Acc div, std::index_sequence<I...>) {
 #if defined(FAIRRING_REDUCE_IMPL_F16C)
   if constexpr (std::is_same_v<Cvt, HalfCvt>) {
-    f16c_fused_pass<Op, kFromAcc, kToOut, kDivide>(
-        acc, out, p, len, div, std::index_sequence<I...>());
+    f16c_fused_pass<Op, kFromAcc, kToOut, kDivide>(acc, out, p, len, div, std::index_sequence<I...>());
     return;
   }
 #endif
@@ -442,24 +404,16 @@ inline void fused_pass(
 
 // fused_pass over `g` (1..kGroup) inputs, chosen at run time.
 template <typename Cvt, typename Op, bool kFromAcc, bool kDivide>
-inline void group_pass(
-    int g,
-    bool to_out,
-    typename Cvt::Acc* acc,
-    typename Cvt::Storage* out,
-    const typename Cvt::Storage* const* p,
-    int64_t len,
-    typename Cvt::Acc div) {
+inline void group_pass(int g, bool to_out, typename Cvt::Acc* acc, typename Cvt::Storage* out,
+                       const typename Cvt::Storage* const* p, int64_t len, typename Cvt::Acc div) {
   static_assert(kGroup == 4, "group_pass handles groups of 1..4");
-#define FAIRRING_GROUP_CASE(G)                                                       \
-  case G:                                                                            \
-    if (to_out) {                                                                    \
-      fused_pass<Cvt, Op, kFromAcc, true, kDivide>(                                  \
-          acc, out, p, len, div, std::make_index_sequence<G>());                     \
-    } else {                                                                         \
-      fused_pass<Cvt, Op, kFromAcc, false, kDivide>(                                 \
-          acc, out, p, len, div, std::make_index_sequence<G>());                     \
-    }                                                                                \
+#define FAIRRING_GROUP_CASE(G)                                                                             \
+  case G:                                                                                                  \
+    if (to_out) {                                                                                          \
+      fused_pass<Cvt, Op, kFromAcc, true, kDivide>(acc, out, p, len, div, std::make_index_sequence<G>());  \
+    } else {                                                                                               \
+      fused_pass<Cvt, Op, kFromAcc, false, kDivide>(acc, out, p, len, div, std::make_index_sequence<G>()); \
+    }                                                                                                      \
     return;
   switch (g) {
     FAIRRING_GROUP_CASE(1)
@@ -485,12 +439,8 @@ struct HasBlockConvert<Cvt, std::void_t<decltype(Cvt::kBlockConvert)>>
 // the hardware prefetchers busy: 256 elements measured ~2x faster for 8
 // inputs than 2048.
 template <typename Cvt, typename Op, bool kDivide>
-void kernel_block_convert(
-    typename Cvt::Storage* out,
-    const typename Cvt::Storage* const* in,
-    int n,
-    int64_t count,
-    typename Cvt::Acc div) {
+void kernel_block_convert(typename Cvt::Storage* out, const typename Cvt::Storage* const* in, int n, int64_t count,
+                          typename Cvt::Acc div) {
   using A = typename Cvt::Acc;
   constexpr int64_t kBlock = 256;
   alignas(64) A acc[kBlock];
@@ -515,12 +465,8 @@ void kernel_block_convert(
 }
 
 template <typename Cvt, typename Op, bool kDivide>
-void kernel(
-    typename Cvt::Storage* out,
-    const typename Cvt::Storage* const* in,
-    int n,
-    int64_t count,
-    typename Cvt::Acc div) {
+void kernel(typename Cvt::Storage* out, const typename Cvt::Storage* const* in, int n, int64_t count,
+            typename Cvt::Acc div) {
   if constexpr (HasBlockConvert<Cvt>::value) {
     kernel_block_convert<Cvt, Op, kDivide>(out, in, n, count, div);
   } else {
@@ -628,14 +574,8 @@ inline void run_bool(::fairring::RedOp op, void* out, const void* const* in, int
 
 }  // namespace detail
 
-void reduce_impl(
-    c10::ScalarType dtype,
-    ::fairring::RedOp op,
-    void* out,
-    const void* const* inputs,
-    int num_inputs,
-    int64_t count,
-    int64_t divisor) {
+void reduce_impl(c10::ScalarType dtype, ::fairring::RedOp op, void* out, const void* const* inputs, int num_inputs,
+                 int64_t count, int64_t divisor) {
   switch (dtype) {
     case c10::ScalarType::Float:
       return detail::run_float<detail::PlainCvt<float>>(op, out, inputs, num_inputs, count, divisor);

@@ -74,9 +74,13 @@ __device__ __forceinline__ void widen_one(uint16_t h, double inv_scale, bool fp1
 template <typename T>
 __device__ __forceinline__ T quiet_nan();
 template <>
-__device__ __forceinline__ float quiet_nan<float>() { return __uint_as_float(0x7FC00000u); }
+__device__ __forceinline__ float quiet_nan<float>() {
+  return __uint_as_float(0x7FC00000u);
+}
 template <>
-__device__ __forceinline__ double quiet_nan<double>() { return __longlong_as_double(0x7FF8000000000000ll); }
+__device__ __forceinline__ double quiet_nan<double>() {
+  return __longlong_as_double(0x7FF8000000000000ll);
+}
 
 // The bits of |x| and of infinity, as an unsigned integer of x's width.
 __device__ __forceinline__ uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }

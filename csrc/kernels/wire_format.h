@@ -45,7 +45,7 @@ constexpr int kFp16Top = 15;
 // nonzero finite value).
 FAIRRING_HOST_DEVICE constexpr int fp16_scale_exp_for_exp2(int exp2) {
   return kFp16Top - exp2 < -kMaxScaleExp ? -kMaxScaleExp
-                                          : (kFp16Top - exp2 > kMaxScaleExp ? kMaxScaleExp : kFp16Top - exp2);
+                                         : (kFp16Top - exp2 > kMaxScaleExp ? kMaxScaleExp : kFp16Top - exp2);
 }
 
 // Whether a received prefix is one the codec of format `f` writes.

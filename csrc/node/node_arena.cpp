@@ -20,20 +20,13 @@ int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 constexpr const char* kShmPrefix = "fairring-";
 }  // namespace
 
-NodeArena::NodeArena(
-    const c10::intrusive_ptr<c10d::Store>& store,
-    const Topology& topo,
-    const std::string& job_uid,
-    int slots,
-    int64_t slot_area_bytes,
-    std::chrono::milliseconds timeout,
-    int counters_per_slot) {
+NodeArena::NodeArena(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const std::string& job_uid,
+                     int slots, int64_t slot_area_bytes, std::chrono::milliseconds timeout, int counters_per_slot) {
   ranks_ = topo.ranks_per_node;
   counters_per_slot_ = counters_per_slot;
   if (ranks_ > kMaxLocalRanks) {
-    throw std::runtime_error(
-        "fairring: " + std::to_string(ranks_) + " ranks on one node; at most " +
-        std::to_string(kMaxLocalRanks) + " are supported");
+    throw std::runtime_error("fairring: " + std::to_string(ranks_) + " ranks on one node; at most " +
+                             std::to_string(kMaxLocalRanks) + " are supported");
   }
   const int64_t control_bytes = round_up(sizeof(NodeControl), 4096);
   const int64_t header_bytes = round_up(sizeof(SlotHeader) * slots * ranks_, 4096) +
@@ -74,8 +67,8 @@ NodeArena::NodeArena(
     if (int n = sweep_stale_segments()) {
       FAIRRING_DEBUG_LOG(topo.rank, "removed %d shared memory segment(s) of crashed jobs from /dev/shm", n);
     }
-    const std::string name = ShmSegment::name_for("/" + std::string(kShmPrefix) + job_uid + "-node" +
-                                                  std::to_string(topo.node));
+    const std::string name =
+        ShmSegment::name_for("/" + std::string(kShmPrefix) + job_uid + "-node" + std::to_string(topo.node));
     shm_ = ShmSegment::create(name, static_cast<size_t>(total));
     new (shm_.data()) NodeControl();
     store->set(ready_key, std::vector<uint8_t>(name.begin(), name.end()));
@@ -87,7 +80,8 @@ NodeArena::NodeArena(
   char* base = static_cast<char*>(shm_.data());
   control_ = reinterpret_cast<NodeControl*>(base);
   headers_ = reinterpret_cast<SlotHeader*>(base + control_bytes);
-  counters_ = reinterpret_cast<SharedCounter*>(base + control_bytes + round_up(sizeof(SlotHeader) * slots * ranks_, 4096));
+  counters_ =
+      reinterpret_cast<SharedCounter*>(base + control_bytes + round_up(sizeof(SlotHeader) * slots * ranks_, 4096));
   data_ = base + control_bytes + header_bytes;
   control_->pids[topo.local_rank] = getpid();
 

@@ -60,14 +60,8 @@ int sweep_stale_segments();
 class NodeArena {
  public:
   // Collective over the node's ranks (rendezvous through the store).
-  NodeArena(
-      const c10::intrusive_ptr<c10d::Store>& store,
-      const Topology& topo,
-      const std::string& job_uid,
-      int slots,
-      int64_t slot_area_bytes,
-      std::chrono::milliseconds timeout,
-      int counters_per_slot = 0);
+  NodeArena(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const std::string& job_uid, int slots,
+            int64_t slot_area_bytes, std::chrono::milliseconds timeout, int counters_per_slot = 0);
 
   NodeControl& control() { return *control_; }
   SlotHeader& header(int slot, int local) { return headers_[slot * ranks_ + local]; }

@@ -14,8 +14,8 @@ void NodeSlots::announce(uint64_t op_seq) {
   control_.issued[topo_.local_rank].store(op_seq + 1, std::memory_order_release);
 }
 
-bool NodeSlots::await(SharedCounter& c, uint32_t target, int peer, const char* what, const SliceId& s,
-                      bool via_network, const TimePoint* until) {
+bool NodeSlots::await(SharedCounter& c, uint32_t target, int peer, const char* what, const SliceId& s, bool via_network,
+                      const TimePoint* until) {
   if (until) return counter_spin(c, target, *until);
   counter_wait(c, target, make_check_(peer, what, s, via_network));
   return true;
@@ -23,8 +23,7 @@ bool NodeSlots::await(SharedCounter& c, uint32_t target, int peer, const char* w
 
 bool NodeSlots::wait_free(const SliceId& s, int peer, const TimePoint* until) {
   if (first_use(s.slice_seq)) return true;
-  return await(control_.consumed[peer], mark(s.slice_seq - slots_), peer, "release a pipeline slot", s, false,
-               until);
+  return await(control_.consumed[peer], mark(s.slice_seq - slots_), peer, "release a pipeline slot", s, false, until);
 }
 
 void NodeSlots::claim(const SliceId& s, const OpKey& key) {
@@ -58,12 +57,10 @@ bool NodeSlots::wait_chunk(const SliceId& s, int owner, const TimePoint* until) 
   // Between nodes a chunk is final once it is back from the rails: the
   // owner's step waits on the network, so it gets the network's deadline.
   const int peer = owner == topo_.local_rank ? -1 : owner;
-  return await(control_.chunk_done[owner], mark(s.slice_seq), peer, "finish reducing its chunk", s,
-               topo_.num_nodes > 1, until);
+  return await(control_.chunk_done[owner], mark(s.slice_seq), peer, "finish reducing its chunk", s, topo_.num_nodes > 1,
+               until);
 }
 
-void NodeSlots::release(const SliceId& s) {
-  counter_publish(control_.consumed[topo_.local_rank], mark(s.slice_seq));
-}
+void NodeSlots::release(const SliceId& s) { counter_publish(control_.consumed[topo_.local_rank], mark(s.slice_seq)); }
 
 }  // namespace fairring

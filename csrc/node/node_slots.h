@@ -38,8 +38,8 @@ class NodeSlots {
   using TimePoint = std::chrono::steady_clock::time_point;
   // The check a blocking wait calls every few milliseconds; it throws to
   // give up.  `local_peer` is -1 for a wait on the network as a whole.
-  using MakeCheck = std::function<std::function<void()>(int local_peer, const char* what, const SliceId& s,
-                                                        bool via_network)>;
+  using MakeCheck =
+      std::function<std::function<void()>(int local_peer, const char* what, const SliceId& s, bool via_network)>;
 
   NodeSlots(NodeArena& arena, const Topology& topo, int slots, MakeCheck make_check, const char* device);
 

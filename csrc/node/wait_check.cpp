@@ -39,13 +39,13 @@ std::function<void()> make_wait_check(const Topology& topo, NodeArena& arena, st
   const auto start = Clock::now();
   // See deadlines.h for why a wait on the network lasts longer.
   const auto absent_at = start + local_peer_deadline(timeout);
-  const auto give_up_at = start + (local_peer >= 0 && !peer_waits_on_network ? local_peer_deadline(timeout)
-                                                                             : network_deadline(timeout));
+  const auto give_up_at =
+      start + (local_peer >= 0 && !peer_waits_on_network ? local_peer_deadline(timeout) : network_deadline(timeout));
   const int peer_rank = local_peer >= 0 ? topo.local_ranks()[local_peer] : -1;
   const std::string op = std::string(op_name) + " #" + std::to_string(op_seq);
   auto next_pid_check = start;
-  return [&arena, throw_if_failed = std::move(throw_if_failed), local_peer, what, start, absent_at, give_up_at,
-          op_seq, peer_rank, op, next_pid_check]() mutable {
+  return [&arena, throw_if_failed = std::move(throw_if_failed), local_peer, what, start, absent_at, give_up_at, op_seq,
+          peer_rank, op, next_pid_check]() mutable {
     throw_if_failed();
     if (arena.aborted()) throw std::runtime_error(arena.abort_message());
     const auto now = Clock::now();
@@ -64,8 +64,8 @@ std::function<void()> make_wait_check(const Topology& topo, NodeArena& arena, st
     if (now <= absent_at) return;
     const std::string waited = seconds(std::chrono::duration<double>(now - start).count());
     if (c.issued[local_peer].load(std::memory_order_acquire) <= op_seq) {
-      throw std::runtime_error("Timed out: rank " + std::to_string(peer_rank) + " has not called " + op +
-                               " (waited " + waited + "). Is it stalled, or did it skip this collective?");
+      throw std::runtime_error("Timed out: rank " + std::to_string(peer_rank) + " has not called " + op + " (waited " +
+                               waited + "). Is it stalled, or did it skip this collective?");
     }
     if (now <= give_up_at) return;
     throw std::runtime_error("Timed out: rank " + std::to_string(peer_rank) + " did not " + what + " for " + op +

@@ -69,8 +69,8 @@ class HeldOps {
   using Clock = std::chrono::steady_clock;
   struct Held {
     std::shared_ptr<PipelineOp> op;
-    Clock::time_point since;    // held, or became the oldest, whichever is later
-    bool reported = false;      // device_failed was called for it
+    Clock::time_point since;  // held, or became the oldest, whichever is later
+    bool reported = false;    // device_failed was called for it
   };
 
   void loop();

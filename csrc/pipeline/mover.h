@@ -37,14 +37,24 @@ class Mover {
   virtual char* output_area(int slot, int x) = 0;
 
   // The first step of a slice of `op` on this rank.
-  virtual void begin(int slot, PipelineOp& op) { (void)slot; (void)op; }
+  virtual void begin(int slot, PipelineOp& op) {
+    (void)slot;
+    (void)op;
+  }
   // done() and after() are about node peers: on a node of one rank the
   // schedule calls neither (a device mover keeps no events there).
   // We finished `step` of the slot's slice (NodeSlots publishes it next).
-  virtual void done(int slot, PeerStep step) { (void)slot; (void)step; }
+  virtual void done(int slot, PeerStep step) {
+    (void)slot;
+    (void)step;
+  }
   // What follows reads what peer x wrote in `step` (kConsumed: overwrites
   // what x read).  Called once NodeSlots has seen x publish it.
-  virtual void after(int slot, int x, PeerStep step) { (void)slot; (void)x; (void)step; }
+  virtual void after(int slot, int x, PeerStep step) {
+    (void)slot;
+    (void)x;
+    (void)step;
+  }
 
   // `large`: the op outgrows the caches (the result need not be cached).
   virtual void copy(int slot, char* to, const char* from, int64_t bytes, bool large) = 0;

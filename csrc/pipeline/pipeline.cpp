@@ -52,8 +52,9 @@ void Pipeline::set_arena(std::unique_ptr<NodeArena> arena) {
       *arena_, topo_, num_slots(),
       [this](int local_peer, const char* what, const SliceId& s, bool via_network) {
         const std::string op_name = std::string(device_) + collective_name(s.collective);
-        return make_wait_check(topo_, *arena_, config_.timeout, [this] { failure_.throw_if_failed(); },
-                               op_name.c_str(), local_peer, what, s.op_seq, via_network);
+        return make_wait_check(
+            topo_, *arena_, config_.timeout, [this] { failure_.throw_if_failed(); }, op_name.c_str(), local_peer, what,
+            s.op_seq, via_network);
       },
       device_);
 }
@@ -319,9 +320,8 @@ void Pipeline::loop() {
         if (in_flight.empty()) {
           loop_parked_ = true;
           idle_cv_.notify_all();  // quiesce() may be waiting for this
-          work_cv_.wait(lock, [&] {
-            return failure_.failed() || handoff_ || (!inline_busy_ && (!queue_.empty() || stopping_));
-          });
+          work_cv_.wait(
+              lock, [&] { return failure_.failed() || handoff_ || (!inline_busy_ && (!queue_.empty() || stopping_)); });
           loop_parked_ = false;
         }
         if (failure_.failed()) break;
@@ -335,8 +335,7 @@ void Pipeline::loop() {
         }
         // The order rule: an op that must follow one still in flight waits
         // here, while the back halves below complete what is in flight.
-        const bool next_ready =
-            !queue_.empty() && !inline_busy_ && order_.clear_before(queue_.front()->follows);
+        const bool next_ready = !queue_.empty() && !inline_busy_ && order_.clear_before(queue_.front()->follows);
         if (next_ready) {
           cur = std::move(queue_.front());
           queue_.pop_front();

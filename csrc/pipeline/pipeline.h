@@ -117,7 +117,10 @@ class Pipeline {
   virtual void on_loop_start() {}
   // Whether `op`, issued while the pipeline is idle, runs on the caller's
   // thread.  Its steps then get a spin deadline.
-  virtual bool runs_inline(const PipelineOp& op) const { (void)op; return false; }
+  virtual bool runs_inline(const PipelineOp& op) const {
+    (void)op;
+    return false;
+  }
   // Runs the op's stage (PipelineOp::stage), if any, before its first step:
   // on the caller's thread at submit (`on_caller`), or on the thread that
   // starts an op that had to follow an earlier one (then also without a
@@ -130,11 +133,13 @@ class Pipeline {
   virtual void op_done(PipelineOp& op) { (void)op; }
   // Just before on_complete, also for a failed op: may turn success into an
   // error (e.g. copying the result back to the caller's tensors failed).
-  virtual void settle(PipelineOp& op, std::exception_ptr& error) { (void)op; (void)error; }
+  virtual void settle(PipelineOp& op, std::exception_ptr& error) {
+    (void)op;
+    (void)error;
+  }
   // What completes the op's future, posted to the completion pool (null:
   // nothing to run).  Called once per op, in issue order.
-  virtual std::function<void()> completion_call(const std::shared_ptr<PipelineOp>& op,
-                                                std::exception_ptr error) = 0;
+  virtual std::function<void()> completion_call(const std::shared_ptr<PipelineOp>& op, std::exception_ptr error) = 0;
   // The group failed: stop the device's own threads and rails.
   virtual void on_failed(const std::string& why) { (void)why; }
   // After on_failed: blocks until no thread of the device's own (rails,
@@ -145,7 +150,10 @@ class Pipeline {
   // After wait_idle's host part: the device work of every op is over.
   virtual void wait_device_idle() {}
   // After quiesce's host part: the device holds nothing of the caller's.
-  virtual bool quiesce_device(TimePoint until) { (void)until; return true; }
+  virtual bool quiesce_device(TimePoint until) {
+    (void)until;
+    return true;
+  }
 
  private:
   Slice make_slice(const std::shared_ptr<PipelineOp>& op, int64_t index);
@@ -187,9 +195,9 @@ class Pipeline {
   std::string closed_;  // close()'s reason; later ops fail with it
   bool registered_ = false;
 
-  bool inline_busy_ = false;        // an op runs on its caller's thread
-  bool loop_parked_ = false;        // the loop thread waits for work and holds no op
-  std::optional<Slice> handoff_;    // an inline op the loop thread must finish
+  bool inline_busy_ = false;      // an op runs on its caller's thread
+  bool loop_parked_ = false;      // the loop thread waits for work and holds no op
+  std::optional<Slice> handoff_;  // an inline op the loop thread must finish
   // Owned by whichever thread runs the node steps: the loop thread, or the
   // caller while inline_busy_.
   uint64_t next_slice_seq_ = 0;

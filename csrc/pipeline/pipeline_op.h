@@ -23,8 +23,8 @@ struct PipelineOp {
   uint64_t seq = 0;  // issue order on the engine, from 0 (set by Pipeline::submit)
   Collective collective = Collective::kAllReduce;
   const CollectiveDef* def = nullptr;  // its script and cut (set by the backend: collectives/)
-  at::Tensor buffer;  // contiguous; reduced in place (blockwise collectives: the input, only read)
-  at::Tensor output;  // contiguous; the result of a blockwise collective (plan.h)
+  at::Tensor buffer;                   // contiguous; reduced in place (blockwise collectives: the input, only read)
+  at::Tensor output;                   // contiguous; the result of a blockwise collective (plan.h)
   c10::ScalarType dtype = c10::ScalarType::Float;
   RedOp op = RedOp::kSum;
   int64_t numel = 0;

@@ -15,8 +15,8 @@ struct Slice {
   int64_t index = 0;  // slice of the op
   uint64_t seq = 0;   // global slice number
   SlicePlan plan;
-  int phase = 0;      // the next phase of its list to run (slice_schedule.h)
-  bool begun = false; // the mover has seen its first step
+  int phase = 0;       // the next phase of its list to run (slice_schedule.h)
+  bool begun = false;  // the mover has seen its first step
   SliceId id() const { return SliceId{op->seq, seq, op->collective}; }
 };
 

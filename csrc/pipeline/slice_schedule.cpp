@@ -16,7 +16,12 @@ constexpr int64_t kLargeOpBytes = 4 << 20;
 }  // namespace
 
 SliceSchedule::SliceSchedule(const Topology& topo, int slots, NodeSlots& node, Mover& mover, RailExchange* rail)
-    : topo_(topo), k_(topo.ranks_per_node), me_(topo.local_rank), node_(node), mover_(mover), rail_(rail),
+    : topo_(topo),
+      k_(topo.ranks_per_node),
+      me_(topo.local_rank),
+      node_(node),
+      mover_(mover),
+      rail_(rail),
       mirrors_(slots) {}
 
 const Script& SliceSchedule::script_of(const Slice& s) const {

@@ -8,9 +8,7 @@ namespace fairring {
 namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-int64_t align_elems(int64_t elem_size, const PlanParams& p) {
-  return std::max<int64_t>(1, p.align_bytes / elem_size);
-}
+int64_t align_elems(int64_t elem_size, const PlanParams& p) { return std::max<int64_t>(1, p.align_bytes / elem_size); }
 
 int64_t slice_elems(int64_t elem_size, const PlanParams& p) {
   const int64_t align = align_elems(elem_size, p);
@@ -46,13 +44,8 @@ int64_t num_slices(int64_t numel, int64_t elem_size, const PlanParams& params) {
   return ceil_div(numel, slice_elems(elem_size, params));
 }
 
-SlicePlan plan_slice(
-    int64_t numel,
-    int64_t elem_size,
-    int64_t index,
-    int ranks_per_node,
-    int num_nodes,
-    const PlanParams& params) {
+SlicePlan plan_slice(int64_t numel, int64_t elem_size, int64_t index, int ranks_per_node, int num_nodes,
+                     const PlanParams& params) {
   const int64_t align = align_elems(elem_size, params);
   const int64_t slices = num_slices(numel, elem_size, params);
   if (index < 0 || index >= slices) {
@@ -62,14 +55,14 @@ SlicePlan plan_slice(
   plan.slice = nth_even_range(std::max<int64_t>(numel, 0), slices, align, index);
 
   const int64_t bytes = plan.slice.count * elem_size;
-  const int chunks = static_cast<int>(std::clamp<int64_t>(
-      ceil_div(std::max<int64_t>(bytes, 1), params.min_chunk_bytes), 1, ranks_per_node));
+  const int chunks = static_cast<int>(
+      std::clamp<int64_t>(ceil_div(std::max<int64_t>(bytes, 1), params.min_chunk_bytes), 1, ranks_per_node));
   plan.chunks = split_even(plan.slice.count, chunks, align);
   plan.replicated = chunks == 1 && ranks_per_node > 1 && num_nodes == 1;
 
   const int64_t chunk_bytes = bytes / chunks;
-  const int shards = static_cast<int>(std::clamp<int64_t>(
-      ceil_div(std::max<int64_t>(chunk_bytes, 1), params.min_shard_bytes), 1, num_nodes));
+  const int shards = static_cast<int>(
+      std::clamp<int64_t>(ceil_div(std::max<int64_t>(chunk_bytes, 1), params.min_shard_bytes), 1, num_nodes));
   for (const Range& c : plan.chunks) {
     plan.shards.push_back(split_even(c.count, shards, align));
   }
@@ -87,7 +80,7 @@ int64_t piece_elems(int64_t elem_size, int world, const PlanParams& p) {
 
 bool blockwise_fits(int64_t elem_size, int world, const PlanParams& params) {
   return world * (piece_elems(elem_size, world, params) + align_elems(elem_size, params)) * elem_size <=
-      params.slice_bytes;
+         params.slice_bytes;
 }
 
 int64_t num_slices(Cut cut, int64_t numel, int64_t elem_size, int world, const PlanParams& params) {
@@ -96,8 +89,8 @@ int64_t num_slices(Cut cut, int64_t numel, int64_t elem_size, int world, const P
   return ceil_div(numel, piece_elems(elem_size, world, params));
 }
 
-SlicePlan plan_slice(Cut cut, int64_t numel, int64_t elem_size, int64_t index, int ranks_per_node,
-                     int num_nodes, const PlanParams& params) {
+SlicePlan plan_slice(Cut cut, int64_t numel, int64_t elem_size, int64_t index, int ranks_per_node, int num_nodes,
+                     const PlanParams& params) {
   if (cut == Cut::kWhole) return plan_slice(numel, elem_size, index, ranks_per_node, num_nodes, params);
   const int world = ranks_per_node * num_nodes;
   const int64_t slices = num_slices(cut, numel, elem_size, world, params);

@@ -24,9 +24,9 @@ std::vector<Range> split_even(int64_t count, int parts, int64_t align);
 
 struct PlanParams {
   int64_t slice_bytes = limits::kDefaultSliceSize;  // largest slice
-  int64_t min_chunk_bytes = 64 << 10; // a chunk smaller than this is not split among more ranks
-  int64_t min_shard_bytes = 32 << 10; // a shard smaller than this is not split among more nodes
-  int64_t align_bytes = 64;           // cache line: keeps kernels' loads aligned
+  int64_t min_chunk_bytes = 64 << 10;               // a chunk smaller than this is not split among more ranks
+  int64_t min_shard_bytes = 32 << 10;               // a shard smaller than this is not split among more nodes
+  int64_t align_bytes = 64;                         // cache line: keeps kernels' loads aligned
 };
 
 struct SlicePlan {
@@ -49,13 +49,8 @@ int64_t num_slices(int64_t numel, int64_t elem_size, const PlanParams& params);
 // The plan of slice `index` of that all-reduce on K ranks per node, N nodes.
 // Small slices use fewer chunks and shards (the small-message path): fewer,
 // larger pieces cost fewer synchronisations and messages; see `replicated`.
-SlicePlan plan_slice(
-    int64_t numel,
-    int64_t elem_size,
-    int64_t index,
-    int ranks_per_node,
-    int num_nodes,
-    const PlanParams& params);
+SlicePlan plan_slice(int64_t numel, int64_t elem_size, int64_t index, int ranks_per_node, int num_nodes,
+                     const PlanParams& params);
 
 // How a collective cuts its tensor.  kWhole: the all-reduce's cut above.
 // kBlockwise (reduce-scatter, all-gather): the big tensor holds one block
@@ -74,8 +69,8 @@ bool blockwise_fits(int64_t elem_size, int world, const PlanParams& params);
 // The slices and the plan of slice `index` of an op cut by `cut` on
 // `ranks_per_node` x `num_nodes` ranks.
 int64_t num_slices(Cut cut, int64_t numel, int64_t elem_size, int world, const PlanParams& params);
-SlicePlan plan_slice(Cut cut, int64_t numel, int64_t elem_size, int64_t index, int ranks_per_node,
-                     int num_nodes, const PlanParams& params);
+SlicePlan plan_slice(Cut cut, int64_t numel, int64_t elem_size, int64_t index, int ranks_per_node, int num_nodes,
+                     const PlanParams& params);
 
 // An upper bound on the bytes of any shard of any slice plan_slice makes with
 // these parameters, for sizing the reduction servers' staging buffers.

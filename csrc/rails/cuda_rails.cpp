@@ -33,10 +33,9 @@ NcclRailBuffers nccl_rail_buffers(const Config& config, const PlanParams& params
 
 // ---- CudaStagedRail ----
 
-CudaStagedRail::CudaStagedRail(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo,
-                               const Config& config, const PlanParams& params, const Secret& secret,
-                               c10::Device device, int64_t area, SlotStream slot_stream, SliceDone done,
-                               Failed failed)
+CudaStagedRail::CudaStagedRail(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const Config& config,
+                               const PlanParams& params, const Secret& secret, c10::Device device, int64_t area,
+                               SlotStream slot_stream, SliceDone done, Failed failed)
     : topo_(topo),
       device_(device),
       timeout_(config.timeout),
@@ -59,8 +58,8 @@ CudaStagedRail::CudaStagedRail(const c10::intrusive_ptr<c10d::Store>& store, con
   // Polls each chunk's D2H event: the rail's thread never waits on the device.
   const int index = device_.index();
   const int rank = topo_.rank;
-  feeder_ = std::make_unique<RailFeeder>(*stage_, topo_.rank, "the GPU's copy of a reduced chunk to the host",
-                                         timeout_, failed_, [index, rank] {
+  feeder_ = std::make_unique<RailFeeder>(*stage_, topo_.rank, "the GPU's copy of a reduced chunk to the host", timeout_,
+                                         failed_, [index, rank] {
                                            cuda_check(cudaSetDevice(index), "cudaSetDevice");
                                            relax_capture_mode_of_this_thread(rank);
                                          });
@@ -90,9 +89,9 @@ void CudaStagedRail::post(RailTask task) {
     const Copy shard{task.shard_at(j), host + r.offset * esize, static_cast<size_t>(r.count * esize)};
     // Sent: every shard, or (kShare) our node's only.
     if (!share || j == topo_.node) {
-      cuda_check(cudaMemcpyAsync(const_cast<char*>(shard.host), shard.device, shard.bytes, cudaMemcpyDeviceToHost,
-                                 stream),
-                 "device-to-host copy");
+      cuda_check(
+          cudaMemcpyAsync(const_cast<char*>(shard.host), shard.device, shard.bytes, cudaMemcpyDeviceToHost, stream),
+          "device-to-host copy");
     }
     // Back: with kShare the other nodes' shards; with kReduce every shard
     // if the sums come back to us, else our served one (into the result, if
@@ -154,13 +153,12 @@ CudaNcclRail::CudaNcclRail(const c10::intrusive_ptr<c10d::Store>& store, const T
   const int n = topo.num_nodes;
   if (n > kMaxCudaReduceInputs) {
     throw std::invalid_argument("fairring: FAIRRING_GPU_TRANSPORT=nccl supports at most " +
-                                std::to_string(kMaxCudaReduceInputs) + " nodes, this group has " +
-                                std::to_string(n));
+                                std::to_string(kMaxCudaReduceInputs) + " nodes, this group has " + std::to_string(n));
   }
   c10::cuda::CUDAGuard guard(device_);
   check_own_gpus(store);
-  nccl_ = std::make_unique<NcclRail>(store, "nccl/rail" + std::to_string(topo.local_rank), n, topo.node,
-                                     config.timeout, topo.rank, std::move(interrupted));
+  nccl_ = std::make_unique<NcclRail>(store, "nccl/rail" + std::to_string(topo.local_rank), n, topo.node, config.timeout,
+                                     topo.rank, std::move(interrupted));
   stream_ = std::make_unique<DedicatedStream>(device_, true);
   buffers_ = nccl_rail_buffers(config, params, topo.ranks_per_node, n);
   void* staging = nullptr;
@@ -328,8 +326,8 @@ void CudaNcclRail::check_own_gpus(const c10::intrusive_ptr<c10d::Store>& store) 
       throw std::invalid_argument(
           "fairring: FAIRRING_GPU_TRANSPORT=nccl needs the ranks of a rail (local rank " +
           std::to_string(topo_.local_rank) + " of every node) on distinct GPUs, but ranks " +
-          std::to_string(std::min(r, topo_.rank)) + " and " + std::to_string(std::max(r, topo_.rank)) +
-          " share " + device_.str() + " of rank " + std::to_string(topo_.rank) +
+          std::to_string(std::min(r, topo_.rank)) + " and " + std::to_string(std::max(r, topo_.rank)) + " share " +
+          device_.str() + " of rank " + std::to_string(topo_.rank) +
           "'s machine. Use FAIRRING_GPU_TRANSPORT=tcp, or give each node's ranks their own GPUs.");
     }
   }

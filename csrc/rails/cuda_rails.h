@@ -117,8 +117,8 @@ class CudaStagedRail : public CudaRail {
   SliceDone done_;
   Failed failed_;
 
-  char* pinned_ = nullptr;            // one slice per slot
-  std::vector<cudaEvent_t> d2h_done_;  // per slot
+  char* pinned_ = nullptr;                  // one slice per slot
+  std::vector<cudaEvent_t> d2h_done_;       // per slot
   std::vector<std::vector<Copy>> returns_;  // per slot: what comes back (set before the post)
   std::unique_ptr<TcpMesh> mesh_;
   std::unique_ptr<RailStage> stage_;
@@ -162,9 +162,9 @@ class CudaNcclRail : public CudaRail {
   std::unique_ptr<DedicatedStream> stream_;  // every exchange, in slice order
   WireCodec codec_;                          // which exchanges compress
   NcclRailBuffers buffers_;
-  char* staging_ = nullptr;                  // device: buffers_.total() bytes
-  cudaEvent_t ready_ = nullptr;              // slot stream -> NCCL stream
-  cudaEvent_t finished_ = nullptr;           // NCCL stream -> slot stream
+  char* staging_ = nullptr;         // device: buffers_.total() bytes
+  cudaEvent_t ready_ = nullptr;     // slot stream -> NCCL stream
+  cudaEvent_t finished_ = nullptr;  // NCCL stream -> slot stream
 };
 
 }  // namespace fairring

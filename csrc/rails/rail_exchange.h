@@ -47,9 +47,9 @@ struct RailTask {
   bool returns_to(int node) const { return back_to == kBackToAll || back_to == node; }
   c10::ScalarType dtype() const { return static_cast<c10::ScalarType>(key.dtype); }
   RedOp op() const { return static_cast<RedOp>(key.op); }
-  char* chunk = nullptr;       // this rank's node-reduced chunk; results land here too
-  std::vector<Range> shards;   // in chunk (elements); shard j is served by node j
-  int64_t divisor = 0;         // applied by the server (AVG)
+  char* chunk = nullptr;      // this rank's node-reduced chunk; results land here too
+  std::vector<Range> shards;  // in chunk (elements); shard j is served by node j
+  int64_t divisor = 0;        // applied by the server (AVG)
   // Where shard j is, when not at `chunk` + its offset (empty: at the
   // offset), and where kReduce puts the served sum (null: in place).
   std::vector<char*> pieces;

@@ -26,7 +26,7 @@ struct RailStage::SliceState {
   int contributions_missing = 0;  // as a server
   int results_missing = 0;        // as a client
   int sends_pending = 0;
-  bool served = true;             // our shard reduced and sent (or nothing to serve)
+  bool served = true;                                 // our shard reduced and sent (or nothing to serve)
   std::vector<std::vector<char>>* staging = nullptr;  // the slot's buffers, by node
 };
 
@@ -237,10 +237,13 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
     ch.post_send(std::move(send));
     if (results_back) {
       char* into = wire ? wire_buf(wire_result_, t, r.node) : where;
-      expect(ch, *s, WireKind::kResult, bytes, into, [this, s, wire, into, where, count, dtype] {
-               if (wire) codec_.decode(dtype, into, count, where);
-               --s->results_missing;
-             }, now);
+      expect(
+          ch, *s, WireKind::kResult, bytes, into,
+          [this, s, wire, into, where, count, dtype] {
+            if (wire) codec_.decode(dtype, into, count, where);
+            --s->results_missing;
+          },
+          now);
       ++s->results_missing;
     } else if (t.back_to >= 0) {
       // The sums go to one other node: the server still answers with an
@@ -264,48 +267,49 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
         throw std::logic_error("fairring: shard larger than its staging buffer (plan bound violated)");
       }
       char* into = wire ? wire_buf(wire_contrib_, t, i) : (*s->staging)[i].data();
-      expect(*servers_[i], *s, WireKind::kContribution, bytes, into,
-             [this, s, bytes, served, contributors, wire, into, i, dtype] {
-               if (wire) codec_.decode(dtype, into, served.count, (*s->staging)[i].data());
-               if (--s->contributions_missing > 0) return;
-               // All pieces are in: reduce in node order, send back.
-               const RailTask& t = s->task;
-               if (reduce_delay_.count() > 0) {
-                 std::this_thread::sleep_for(reduce_delay_);
-                 reduce_delay_ = std::chrono::milliseconds(0);  // once
-               }
-               char* own = t.shard_at(topo_.node);
-               char* out = t.result ? t.result : own;
-               std::vector<const void*> inputs(topo_.num_nodes);
-               for (int n = 0; n < topo_.num_nodes; ++n) {
-                 inputs[n] = (n == topo_.node) ? own : (*s->staging)[n].data();
-               }
-               reduce_(t.dtype(), t.op(), out, inputs.data(), topo_.num_nodes, served.count, t.divisor);
-               const char* result = out;
-               std::vector<int> to;  // the contributors the sum goes back to
-               for (int n : contributors) {
-                 if (t.returns_to(n)) to.push_back(n);
-               }
-               if (wire && !to.empty()) {
-                 // Rounded once; our own copy gets the very bits we send.
-                 char* msg = wire_buf(wire_out_, t, topo_.node);
-                 codec_.encode(dtype, out, served.count, msg);
-                 codec_.decode(dtype, msg, served.count, out);
-                 result = msg;
-               }
-               for (int n : contributors) {
-                 const bool sum = t.returns_to(n);
-                 if (!sum && t.back_to < 0) continue;  // kBackToNone: nothing goes back
-                 Channel::Send send;
-                 send.header = header_for(t, WireKind::kResult, sum ? bytes : 0);  // else the empty answer
-                 send.data = result;
-                 send.on_done = [s] { --s->sends_pending; };
-                 ++s->sends_pending;
-                 servers_[n]->post_send(std::move(send));
-               }
-               s->served = true;
-             },
-             now);
+      expect(
+          *servers_[i], *s, WireKind::kContribution, bytes, into,
+          [this, s, bytes, served, contributors, wire, into, i, dtype] {
+            if (wire) codec_.decode(dtype, into, served.count, (*s->staging)[i].data());
+            if (--s->contributions_missing > 0) return;
+            // All pieces are in: reduce in node order, send back.
+            const RailTask& t = s->task;
+            if (reduce_delay_.count() > 0) {
+              std::this_thread::sleep_for(reduce_delay_);
+              reduce_delay_ = std::chrono::milliseconds(0);  // once
+            }
+            char* own = t.shard_at(topo_.node);
+            char* out = t.result ? t.result : own;
+            std::vector<const void*> inputs(topo_.num_nodes);
+            for (int n = 0; n < topo_.num_nodes; ++n) {
+              inputs[n] = (n == topo_.node) ? own : (*s->staging)[n].data();
+            }
+            reduce_(t.dtype(), t.op(), out, inputs.data(), topo_.num_nodes, served.count, t.divisor);
+            const char* result = out;
+            std::vector<int> to;  // the contributors the sum goes back to
+            for (int n : contributors) {
+              if (t.returns_to(n)) to.push_back(n);
+            }
+            if (wire && !to.empty()) {
+              // Rounded once; our own copy gets the very bits we send.
+              char* msg = wire_buf(wire_out_, t, topo_.node);
+              codec_.encode(dtype, out, served.count, msg);
+              codec_.decode(dtype, msg, served.count, out);
+              result = msg;
+            }
+            for (int n : contributors) {
+              const bool sum = t.returns_to(n);
+              if (!sum && t.back_to < 0) continue;  // kBackToNone: nothing goes back
+              Channel::Send send;
+              send.header = header_for(t, WireKind::kResult, sum ? bytes : 0);  // else the empty answer
+              send.data = result;
+              send.on_done = [s] { --s->sends_pending; };
+              ++s->sends_pending;
+              servers_[n]->post_send(std::move(send));
+            }
+            s->served = true;
+          },
+          now);
       ++s->contributions_missing;
     }
   }
@@ -327,8 +331,9 @@ void RailStage::start_share(SliceState& s, int64_t elem) {
     send.on_done = [&s] { --s.sends_pending; };
     ++s.sends_pending;
     clients_[n]->post_send(std::move(send));
-    expect(*servers_[n], s, WireKind::kContribution, bytes_of(t.shards[n], elem), t.shard_at(n),
-           [&s] { --s.contributions_missing; }, now);
+    expect(
+        *servers_[n], s, WireKind::kContribution, bytes_of(t.shards[n], elem), t.shard_at(n),
+        [&s] { --s.contributions_missing; }, now);
     ++s.contributions_missing;
   }
 }
@@ -377,9 +382,9 @@ void RailStage::loop() {
   // sees the culprit itself names it first and its abort reaches us, still
   // before the network-wide deadline (half of the gap to it).
   const auto alive_grace = (network_deadline(timeout_) - remote_timeout) / 2;
-  const auto heartbeat_every = std::clamp<std::chrono::milliseconds>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(alive_grace / 4), std::chrono::milliseconds(10),
-      std::chrono::milliseconds(250));
+  const auto heartbeat_every =
+      std::clamp<std::chrono::milliseconds>(std::chrono::duration_cast<std::chrono::milliseconds>(alive_grace / 4),
+                                            std::chrono::milliseconds(10), std::chrono::milliseconds(250));
   const auto alive_window = 2 * heartbeat_every + std::chrono::milliseconds(100);
   auto next_heartbeat = Clock::now();
   try {
@@ -442,10 +447,11 @@ void RailStage::loop() {
 
       const auto now = Clock::now();
       // What is being waited for: the oldest slice in flight's collective.
-      const std::string op = active_.empty() ? std::string("a collective")
-                                             : std::string(collective_name(static_cast<Collective>(
-                                                   active_.front()->task.key.collective))) +
-                                                   " #" + std::to_string(active_.front()->task.key.op_seq);
+      const std::string op =
+          active_.empty()
+              ? std::string("a collective")
+              : std::string(collective_name(static_cast<Collective>(active_.front()->task.key.collective))) + " #" +
+                    std::to_string(active_.front()->task.key.op_seq);
       for (Channel* ch : chans) {
         const std::string peer = std::to_string(ch->peer_rank());
         const bool alive = now - ch->last_peer_alive < alive_window;
@@ -459,7 +465,8 @@ void RailStage::loop() {
               seconds(std::chrono::duration<double>(now - ch->last_recv_progress).count()) +
               " while this rank waited for its part of " + op +
               (alive ? why_alive
-                     : " (is rank " + peer + " stalled, did it skip the collective, or is the network between us down?)"));
+                     : " (is rank " + peer +
+                           " stalled, did it skip the collective, or is the network between us down?)"));
         }
         // A peer that stops reading (a stuck receive path, or a network that
         // drops what we send) leaves our send stuck in a full socket buffer;
@@ -469,8 +476,7 @@ void RailStage::loop() {
         if (ch->data_pending() && now - ch->last_send_progress > deadline) {
           throw std::runtime_error(
               "Timed out: rank " + peer + " took none of the data this rank sent it for " +
-              seconds(std::chrono::duration<double>(now - ch->last_send_progress).count()) +
-              " during " + op +
+              seconds(std::chrono::duration<double>(now - ch->last_send_progress).count()) + " during " + op +
               (alive ? why_alive : " (is rank " + peer + " stalled, or is the network between us down?)"));
         }
       }
@@ -502,8 +508,8 @@ std::unique_ptr<RailStage> connect_rail(const c10::intrusive_ptr<c10d::Store>& s
   }
   mesh = std::make_unique<TcpMesh>(store, topo.rank, peers, secret, config.socket_ifname, config.timeout);
   mesh->connect();
-  return std::make_unique<RailStage>(topo, *mesh, reduce_cpu, std::move(callbacks), config.timeout,
-                                     config.parallelism, max_shard_bytes(params, topo.ranks_per_node, topo.num_nodes),
+  return std::make_unique<RailStage>(topo, *mesh, reduce_cpu, std::move(callbacks), config.timeout, config.parallelism,
+                                     max_shard_bytes(params, topo.ranks_per_node, topo.num_nodes),
                                      wire_dtype_from_name(config.wire_dtype));
 }
 

@@ -38,8 +38,8 @@ struct Config;
 
 // The element-wise reduction the server applies (the CPU kernel, or another
 // device's).
-using ReduceFn = std::function<void(
-    c10::ScalarType, RedOp, void* out, const void* const* inputs, int n, int64_t count, int64_t divisor)>;
+using ReduceFn = std::function<void(c10::ScalarType, RedOp, void* out, const void* const* inputs, int n, int64_t count,
+                                    int64_t divisor)>;
 
 class RailStage : public RailExchange {
  public:
@@ -50,8 +50,7 @@ class RailStage : public RailExchange {
 
   // `slots` slices can be in flight; no shard is larger than `max_shard_bytes`.
   RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callbacks callbacks,
-            std::chrono::milliseconds timeout, int slots, int64_t max_shard_bytes,
-            WireDtype wire = WireDtype::kNone);
+            std::chrono::milliseconds timeout, int slots, int64_t max_shard_bytes, WireDtype wire = WireDtype::kNone);
   ~RailStage() override;
   // Starts the stage's thread.  Separate from the constructor: the thread
   // may call `callbacks.failed` at once, which reaches the owner's members
@@ -86,7 +85,7 @@ class RailStage : public RailExchange {
   ReduceFn reduce_;
   Callbacks callbacks_;
   std::chrono::milliseconds timeout_;
-  std::chrono::milliseconds reduce_delay_{0};  // tests only (rail_stage.cpp)
+  std::chrono::milliseconds reduce_delay_{0};      // tests only (rail_stage.cpp)
   std::vector<std::unique_ptr<Channel>> clients_;  // by node; null for ours
   std::vector<std::unique_ptr<Channel>> servers_;  // by node; null for ours
   int wake_fd_ = -1;

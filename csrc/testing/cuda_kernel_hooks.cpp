@@ -33,14 +33,15 @@ void reduce_cuda_for_test(at::Tensor out, const std::vector<at::Tensor>& inputs,
                           int64_t divisor) {
   const RedOp op = parse_redop(op_name);
   TORCH_CHECK_VALUE(!inputs.empty() && inputs.size() <= static_cast<size_t>(kMaxCudaReduceInputs),
-                    "_reduce_cuda_for_test takes 1 to ", kMaxCudaReduceInputs, " input tensors, got ",
-                    inputs.size());
+                    "_reduce_cuda_for_test takes 1 to ", kMaxCudaReduceInputs, " input tensors, got ", inputs.size());
   TORCH_CHECK_VALUE(out.defined() && out.is_cuda(), "out must be a CUDA tensor");
   TORCH_CHECK_VALUE(out.is_contiguous(), "out must be contiguous");
   const std::string why = reduce_unsupported_reason(out.scalar_type(), op);
   TORCH_CHECK_VALUE(why.empty(), why);
-  TORCH_CHECK_VALUE(divisor <= 0 || at::isFloatingType(out.scalar_type()), "a divisor only applies to "
-                    "floating-point tensors, got ", out.scalar_type());
+  TORCH_CHECK_VALUE(divisor <= 0 || at::isFloatingType(out.scalar_type()),
+                    "a divisor only applies to "
+                    "floating-point tensors, got ",
+                    out.scalar_type());
   std::vector<const void*> ptrs;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const at::Tensor& t = inputs[i];
@@ -53,8 +54,8 @@ void reduce_cuda_for_test(at::Tensor out, const std::vector<at::Tensor>& inputs,
     ptrs.push_back(t.data_ptr());
   }
   c10::cuda::CUDAGuard guard(out.device());
-  reduce_cuda(out.scalar_type(), op, out.data_ptr(), ptrs.data(), static_cast<int>(ptrs.size()), out.numel(),
-              divisor, c10::cuda::getCurrentCUDAStream(out.device().index()).stream());
+  reduce_cuda(out.scalar_type(), op, out.data_ptr(), ptrs.data(), static_cast<int>(ptrs.size()), out.numel(), divisor,
+              c10::cuda::getCurrentCUDAStream(out.device().index()).stream());
 }
 
 // The wire conversions (kernels/convert_cuda.h) on the current stream, with
@@ -91,8 +92,8 @@ at::Tensor wire_encode_cuda_for_test(const at::Tensor& src, const std::string& f
   check_wire_tensor(src, "src");
   const HalfFormat f = parse_half_format(fmt);
   c10::cuda::CUDAGuard guard(src.device());
-  at::Tensor out = at::empty({static_cast<int64_t>(WireCodec::message_bytes(src.numel()))},
-                             src.options().dtype(at::kByte));
+  at::Tensor out =
+      at::empty({static_cast<int64_t>(WireCodec::message_bytes(src.numel()))}, src.options().dtype(at::kByte));
   wire_encode_cuda(f, src.scalar_type(), src.data_ptr(), src.numel(), out.data_ptr(), stream_of(src));
   return out;
 }
@@ -138,13 +139,14 @@ void register_cuda_kernel_bindings(pybind11::module& m) {
   m.def("_wire_decode_cuda_for_test", &wire_decode_cuda_for_test, pybind11::arg("msg"), pybind11::arg("fmt"),
         pybind11::arg("dtype"), "Test hook: _wire_decode_for_test with the CUDA codec (a bad prefix gives NaNs).");
 #else
-  for (const char* name : {"_reduce_cuda_for_test", "_wire_narrow_cuda_for_test", "_wire_widen_cuda_for_test", "_wire_encode_cuda_for_test",
-                           "_wire_decode_cuda_for_test"}) {
+  for (const char* name : {"_reduce_cuda_for_test", "_wire_narrow_cuda_for_test", "_wire_widen_cuda_for_test",
+                           "_wire_encode_cuda_for_test", "_wire_decode_cuda_for_test"}) {
     m.def(
         name,
         [](pybind11::args, pybind11::kwargs) {
-          TORCH_CHECK(false, "fairring_py._C was built without CUDA (rebuild with FAIRRING_BUILD_CUDA=1 "
-                             "against a CUDA torch)");
+          TORCH_CHECK(false,
+                      "fairring_py._C was built without CUDA (rebuild with FAIRRING_BUILD_CUDA=1 "
+                      "against a CUDA torch)");
         },
         "Unavailable: this build has no CUDA kernels.");
   }

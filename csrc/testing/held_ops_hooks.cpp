@@ -73,9 +73,7 @@ std::vector<Event> run_scenario(int64_t timeout_ms, const std::vector<int64_t>& 
     op->seq = i;
     held.hold(std::move(op));
   }
-  auto sleep_until_ms = [&](int64_t t) {
-    std::this_thread::sleep_until(rec->t0 + std::chrono::milliseconds(t));
-  };
+  auto sleep_until_ms = [&](int64_t t) { std::this_thread::sleep_until(rec->t0 + std::chrono::milliseconds(t)); };
   if (fail_ms >= 0) {
     sleep_until_ms(fail_ms);
     rec->add("group_failed", -1, "");

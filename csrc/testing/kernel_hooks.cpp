@@ -23,19 +23,16 @@ void register_kernel_bindings(pybind11::module& m);
 
 RedOp parse_redop(const std::string& name) {
   std::string upper = name;
-  std::transform(upper.begin(), upper.end(), upper.begin(), [](unsigned char c) {
-    return static_cast<char>(std::toupper(c));
-  });
+  std::transform(upper.begin(), upper.end(), upper.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
   for (RedOp op :
-       {RedOp::kSum, RedOp::kAvg, RedOp::kProduct, RedOp::kMin, RedOp::kMax,
-        RedOp::kBand, RedOp::kBor, RedOp::kBxor}) {
+       {RedOp::kSum, RedOp::kAvg, RedOp::kProduct, RedOp::kMin, RedOp::kMax, RedOp::kBand, RedOp::kBor, RedOp::kBxor}) {
     if (upper == redop_name(op)) {
       return op;
     }
   }
-  TORCH_CHECK_VALUE(
-      false, "unknown reduction op '", name,
-      "' (expected one of SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)");
+  TORCH_CHECK_VALUE(false, "unknown reduction op '", name,
+                    "' (expected one of SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)");
 }
 
 HalfFormat parse_half_format(const std::string& name) {
@@ -51,19 +48,13 @@ void check_tensor(const at::Tensor& t, const char* what, const at::Tensor& out) 
   TORCH_CHECK_VALUE(t.device().is_cpu(), what, " must be a CPU tensor, got ", t.device());
   TORCH_CHECK_VALUE(!t.is_sparse(), what, " must be a dense tensor");
   TORCH_CHECK_VALUE(t.is_contiguous(), what, " must be contiguous");
-  TORCH_CHECK_VALUE(
-      t.scalar_type() == out.scalar_type(), what, " has dtype ", t.scalar_type(),
-      " but out has dtype ", out.scalar_type());
-  TORCH_CHECK_VALUE(
-      t.numel() == out.numel(), what, " has ", t.numel(), " elements but out has ",
-      out.numel());
+  TORCH_CHECK_VALUE(t.scalar_type() == out.scalar_type(), what, " has dtype ", t.scalar_type(), " but out has dtype ",
+                    out.scalar_type());
+  TORCH_CHECK_VALUE(t.numel() == out.numel(), what, " has ", t.numel(), " elements but out has ", out.numel());
 }
 
-void reduce_for_test(
-    at::Tensor out,
-    const std::vector<at::Tensor>& inputs,
-    const std::string& op_name,
-    int64_t divisor) {
+void reduce_for_test(at::Tensor out, const std::vector<at::Tensor>& inputs, const std::string& op_name,
+                     int64_t divisor) {
   const RedOp op = parse_redop(op_name);
   TORCH_CHECK_VALUE(!inputs.empty(), "_reduce_for_test needs at least one input tensor");
   check_tensor(out, "out", out);
@@ -73,9 +64,8 @@ void reduce_for_test(
     const std::string what = "inputs[" + std::to_string(i) + "]";
     check_tensor(inputs[i], what.c_str(), out);
     // `out` may be exactly one of the inputs, but must not partially overlap.
-    TORCH_CHECK_VALUE(
-        at::get_overlap_status(out, inputs[i]) != at::MemOverlapStatus::Partial,
-        "out partially overlaps ", what);
+    TORCH_CHECK_VALUE(at::get_overlap_status(out, inputs[i]) != at::MemOverlapStatus::Partial,
+                      "out partially overlaps ", what);
     ptrs.push_back(inputs[i].data_ptr());
   }
   void* out_ptr = out.data_ptr();
@@ -191,17 +181,12 @@ at::Tensor wire_decode_for_test(const at::Tensor& msg, const std::string& fmt, a
 }  // namespace
 
 void register_kernel_bindings(pybind11::module& m) {
-  m.def(
-      "_reduce_for_test",
-      &reduce_for_test,
-      pybind11::arg("out"),
-      pybind11::arg("inputs"),
-      pybind11::arg("op"),
-      pybind11::arg("divisor") = 0,
-      "Test hook: out = inputs[0] (op) inputs[1] (op) ... with the CPU reduction "
-      "kernel, then divided by `divisor` if it is > 0 (floating types only). All "
-      "tensors must be contiguous CPU tensors of one dtype and size; out may be "
-      "one of the inputs.");
+  m.def("_reduce_for_test", &reduce_for_test, pybind11::arg("out"), pybind11::arg("inputs"), pybind11::arg("op"),
+        pybind11::arg("divisor") = 0,
+        "Test hook: out = inputs[0] (op) inputs[1] (op) ... with the CPU reduction "
+        "kernel, then divided by `divisor` if it is > 0 (floating types only). All "
+        "tensors must be contiguous CPU tensors of one dtype and size; out may be "
+        "one of the inputs.");
   m.def("_device_nan_rule_for_test", &device_nan_rule_for_test, pybind11::arg("inputs"), pybind11::arg("op"),
         pybind11::arg("divisor") = 0,
         "Test hook: the CUDA kernel's float32/float64 sum or product (then division by `divisor` if > 0) as "

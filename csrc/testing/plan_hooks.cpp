@@ -25,13 +25,12 @@ py::list ranges(const std::vector<Range>& rs) {
 }  // namespace
 
 void register_plan_hooks(py::module& m) {
-  m.def("_split_even_for_test", [](int64_t count, int parts, int64_t align) {
-    return ranges(split_even(count, parts, align));
-  });
+  m.def("_split_even_for_test",
+        [](int64_t count, int parts, int64_t align) { return ranges(split_even(count, parts, align)); });
   m.def(
       "_plan_for_test",
       [](int64_t numel, int64_t elem_size, int ranks_per_node, int num_nodes, int64_t slice_bytes,
-                         int64_t min_chunk_bytes, int64_t min_shard_bytes, const std::string& collective) {
+         int64_t min_chunk_bytes, int64_t min_shard_bytes, const std::string& collective) {
         const Cut c = collective_def(collective_named(collective)).cut();
         PlanParams p;
         p.slice_bytes = slice_bytes;
@@ -84,16 +83,14 @@ void register_plan_hooks(py::module& m) {
     return py::make_tuple(names, script.front);
   });
 
-  m.def(
-      "_max_shard_bytes_for_test",
-      [](int ranks_per_node, int num_nodes, int64_t slice_bytes, int64_t min_chunk_bytes, int64_t min_shard_bytes) {
-        PlanParams p;
-        p.slice_bytes = slice_bytes;
-        p.min_chunk_bytes = min_chunk_bytes;
-        p.min_shard_bytes = min_shard_bytes;
-        return max_shard_bytes(p, ranks_per_node, num_nodes);
-      });
-
+  m.def("_max_shard_bytes_for_test",
+        [](int ranks_per_node, int num_nodes, int64_t slice_bytes, int64_t min_chunk_bytes, int64_t min_shard_bytes) {
+          PlanParams p;
+          p.slice_bytes = slice_bytes;
+          p.min_chunk_bytes = min_chunk_bytes;
+          p.min_shard_bytes = min_shard_bytes;
+          return max_shard_bytes(p, ranks_per_node, num_nodes);
+        });
 }
 
 }  // namespace fairring

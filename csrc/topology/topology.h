@@ -9,12 +9,12 @@
 namespace fairring {
 
 struct Topology {
-  int rank = 0;        // this rank in the process group
-  int size = 1;        // ranks in the process group
-  int num_nodes = 1;   // N
+  int rank = 0;            // this rank in the process group
+  int size = 1;            // ranks in the process group
+  int num_nodes = 1;       // N
   int ranks_per_node = 1;  // K (the same on every node)
-  int node = 0;        // index of this rank's node, 0..N-1
-  int local_rank = 0;  // index of this rank inside its node, 0..K-1
+  int node = 0;            // index of this rank's node, 0..N-1
+  int local_rank = 0;      // index of this rank inside its node, 0..K-1
   // Nodes had different rank counts, so every rank acts as its own node (a flat
   // reduction-server all-reduce over TCP).  Correct, slower; the backend warns.
   bool flattened = false;

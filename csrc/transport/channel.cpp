@@ -82,8 +82,7 @@ bool Channel::start_parked_header() {
   // A full header is in; find its destination.
   const WireHeader& h = header_;
   if (h.magic != kWireMagic) {
-    throw std::runtime_error(
-        "fairring: corrupt message from rank " + std::to_string(peer_rank_) + " (bad magic)");
+    throw std::runtime_error("fairring: corrupt message from rank " + std::to_string(peer_rank_) + " (bad magic)");
   }
   if (static_cast<WireKind>(h.kind) == WireKind::kAbort) {
     if (h.bytes > 65536) lost(peer_rank_, "sent an oversized abort");
@@ -134,8 +133,8 @@ bool Channel::progress_recv() {
       if (header_got_ < sizeof(WireHeader)) continue;
       if (header_.magic == kWireMagic && static_cast<WireKind>(header_.kind) == WireKind::kAlive) {
         if (header_.bytes != 0) {
-          throw std::runtime_error(
-              "fairring: corrupt message from rank " + std::to_string(peer_rank_) + " (heartbeat with a payload)");
+          throw std::runtime_error("fairring: corrupt message from rank " + std::to_string(peer_rank_) +
+                                   " (heartbeat with a payload)");
         }
         // A sign of life, not progress of the collective.
         last_peer_alive = last_recv_progress;

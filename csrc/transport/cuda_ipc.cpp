@@ -71,8 +71,9 @@ SharedDeviceMemory::SharedDeviceMemory(const c10::intrusive_ptr<c10d::Store>& st
       void* p = nullptr;
       cuda_check(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
                  "rank " + std::to_string(local_ranks[me]) + " (cuda:" + std::to_string(device) +
-                     ") cannot map the CUDA staging memory of rank " + std::to_string(local_ranks[x]) + " (cuda:" +
-                     std::to_string(peer_dev) + "); the GPUs of a node must be able to access each other's "
+                     ") cannot map the CUDA staging memory of rank " + std::to_string(local_ranks[x]) +
+                     " (cuda:" + std::to_string(peer_dev) +
+                     "); the GPUs of a node must be able to access each other's "
                      "memory (peer access / NVLink, or the same GPU)");
       bases_[x] = static_cast<char*>(p);
     }
@@ -97,9 +98,10 @@ SharedDeviceMemory::~SharedDeviceMemory() {
 }
 
 SharedEvents::SharedEvents(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key,
-                           const std::vector<int>& local_ranks, int me, int count,
-                           std::chrono::milliseconds timeout)
-    : events_(local_ranks.size() * static_cast<size_t>(count), nullptr), count_(count), me_(me),
+                           const std::vector<int>& local_ranks, int me, int count, std::chrono::milliseconds timeout)
+    : events_(local_ranks.size() * static_cast<size_t>(count), nullptr),
+      count_(count),
+      me_(me),
       rank_(local_ranks[me]) {
   try {
     std::vector<uint8_t> blob;

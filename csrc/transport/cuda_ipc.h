@@ -29,8 +29,7 @@ class SharedDeviceMemory {
   // current device, publishes its handle under `key`, and opens every peer's.
   // `local_ranks` are the group ranks of the node, `me` this rank's index.
   SharedDeviceMemory(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key,
-                     const std::vector<int>& local_ranks, int me, size_t bytes,
-                     std::chrono::milliseconds timeout);
+                     const std::vector<int>& local_ranks, int me, size_t bytes, std::chrono::milliseconds timeout);
   ~SharedDeviceMemory();
   SharedDeviceMemory(const SharedDeviceMemory&) = delete;
   SharedDeviceMemory& operator=(const SharedDeviceMemory&) = delete;

@@ -168,7 +168,8 @@ NcclRail::NcclRail(const c10::intrusive_ptr<c10d::Store>& store, const std::stri
   UniqueId id;
   if (index == 0) {
     check(api.get_unique_id(&id), "ncclGetUniqueId");
-    store->set(key, std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof(id)));
+    store->set(key,
+               std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof(id)));
   } else {
     store->wait({key}, timeout);
     const std::vector<uint8_t> raw = store->get(key);

@@ -78,7 +78,7 @@ class NcclRail {
   const std::chrono::milliseconds timeout_;
   std::mutex mu_;
   std::unique_lock<std::mutex> group_lock_{mu_, std::defer_lock};  // group_start() .. group_end()
-  void* comm_ = nullptr;  // null once aborted
+  void* comm_ = nullptr;                                           // null once aborted
   bool abort_on_destroy_ = false;
 };
 

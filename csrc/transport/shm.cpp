@@ -18,8 +18,7 @@ namespace fairring {
 
 namespace {
 [[noreturn]] void fail(const std::string& what, const std::string& name, int err) {
-  throw std::runtime_error(
-      "fairring: " + what + " shared memory segment /dev/shm" + name + ": " + std::strerror(err));
+  throw std::runtime_error("fairring: " + what + " shared memory segment /dev/shm" + name + ": " + std::strerror(err));
 }
 
 void* map(int fd, size_t size, const std::string& name) {

@@ -127,9 +127,8 @@ std::string interface_address(const std::string& ifname) {
   }
   freeifaddrs(list);
   if (found.empty()) {
-    throw std::invalid_argument(
-        exists ? "FAIRRING_SOCKET_IFNAME: interface '" + ifname + "' has no IPv4 address"
-               : "FAIRRING_SOCKET_IFNAME: no network interface named '" + ifname + "'");
+    throw std::invalid_argument(exists ? "FAIRRING_SOCKET_IFNAME: interface '" + ifname + "' has no IPv4 address"
+                                       : "FAIRRING_SOCKET_IFNAME: no network interface named '" + ifname + "'");
   }
   return found;
 }

@@ -23,7 +23,11 @@ class Socket {
 
   int fd() const { return fd_; }
   bool valid() const { return fd_ >= 0; }
-  int release() { int f = fd_; fd_ = -1; return f; }
+  int release() {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
   void close();
 
   void set_nonblocking();

@@ -33,7 +33,7 @@ inline void cpu_relax() {
 #endif
 }
 
-constexpr int kSpins = 256;  // about a microsecond or two
+constexpr int kSpins = 256;                        // about a microsecond or two
 constexpr long kSleepSliceNs = 20L * 1000 * 1000;  // re-check every 20 ms
 
 }  // namespace
@@ -45,9 +45,7 @@ void counter_publish(SharedCounter& c, uint32_t value) {
   }
 }
 
-void counter_wake_all(SharedCounter& c) {
-  futex_wake(&c.value);
-}
+void counter_wake_all(SharedCounter& c) { futex_wake(&c.value); }
 
 bool counter_spin(SharedCounter& c, uint32_t target, std::chrono::steady_clock::time_point until) {
   for (unsigned i = 1;; ++i) {

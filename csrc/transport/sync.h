@@ -18,9 +18,7 @@ struct alignas(64) SharedCounter {
 };
 
 // Has `value` reached `target`?  Wrap-around safe for distances below 2^31.
-inline bool counter_reached(uint32_t value, uint32_t target) {
-  return static_cast<int32_t>(value - target) >= 0;
-}
+inline bool counter_reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
 
 // Stores `value` and wakes sleepers, if any.
 void counter_publish(SharedCounter& c, uint32_t value);

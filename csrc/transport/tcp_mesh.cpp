@@ -20,7 +20,6 @@ constexpr char kHelloMagic[8] = {'F', 'A', 'I', 'R', 'R', 'N', 'G', '1'};
 // Rejected connections logged one by one per second (FAIRRING_DEBUG=1).
 constexpr int kRejectionLines = 10;
 
-
 // Constant-time comparison: a wrong guess takes as long as a near miss.
 bool same_secret(const uint8_t* a, const uint8_t* b) {
   uint8_t diff = 0;
@@ -43,13 +42,8 @@ Secret random_secret() {
   return s;
 }
 
-TcpMesh::TcpMesh(
-    c10::intrusive_ptr<c10d::Store> store,
-    int rank,
-    std::vector<int> peers,
-    const Secret& secret,
-    const std::string& ifname,
-    std::chrono::milliseconds timeout)
+TcpMesh::TcpMesh(c10::intrusive_ptr<c10d::Store> store, int rank, std::vector<int> peers, const Secret& secret,
+                 const std::string& ifname, std::chrono::milliseconds timeout)
     : store_(std::move(store)), rank_(rank), secret_(secret), timeout_(timeout), expected_(std::move(peers)) {
   address_ = ifname.empty() ? default_address() : interface_address(ifname);
   listener_ = listen_on(address_, &port_);
@@ -91,8 +85,7 @@ void TcpMesh::accept_loop() {
       Pending& p = pending[i];
       bool drop = false;
       if (fds[i + 1].revents != 0) {
-        ssize_t n = recv(p.socket.fd(), reinterpret_cast<char*>(&p.hello) + p.got, sizeof(Hello) - p.got,
-                         MSG_DONTWAIT);
+        ssize_t n = recv(p.socket.fd(), reinterpret_cast<char*>(&p.hello) + p.got, sizeof(Hello) - p.got, MSG_DONTWAIT);
         if (n > 0) {
           p.got += static_cast<size_t>(n);
         } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
@@ -158,8 +151,7 @@ void TcpMesh::log_suppressed(bool force) {
 }
 
 void TcpMesh::admit(Socket s, const Hello& hello, const std::string& from) {
-  if (std::memcmp(hello.magic, kHelloMagic, sizeof(kHelloMagic)) != 0 ||
-      !same_secret(hello.secret, secret_.data())) {
+  if (std::memcmp(hello.magic, kHelloMagic, sizeof(kHelloMagic)) != 0 || !same_secret(hello.secret, secret_.data())) {
     log_rejection(from, "it does not know this process group's secret");
     return;
   }
@@ -198,9 +190,8 @@ void TcpMesh::connect() {
     try {
       s.recv_all(&ok, 1, deadline);
     } catch (const std::exception& e) {
-      throw std::runtime_error(
-          "fairring: rank " + std::to_string(peer) + " at " + value +
-          " refused this rank's connection: " + e.what());
+      throw std::runtime_error("fairring: rank " + std::to_string(peer) + " at " + value +
+                               " refused this rank's connection: " + e.what());
     }
     clients_.emplace(peer, std::move(s));
   }

@@ -39,13 +39,8 @@ class TcpMesh {
  public:
   // Starts listening for `peers` (group ranks) and publishes this rank's
   // address in the store.
-  TcpMesh(
-      c10::intrusive_ptr<c10d::Store> store,
-      int rank,
-      std::vector<int> peers,
-      const Secret& secret,
-      const std::string& ifname,
-      std::chrono::milliseconds timeout);
+  TcpMesh(c10::intrusive_ptr<c10d::Store> store, int rank, std::vector<int> peers, const Secret& secret,
+          const std::string& ifname, std::chrono::milliseconds timeout);
   ~TcpMesh();
 
   // Connects to every peer and waits for each to connect back.
