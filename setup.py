@@ -7,7 +7,7 @@ CUDA and nvcc is found, the CUDA sources (csrc/**/*.cu) are compiled in too and
 FAIRRING_WITH_CUDA is defined, so the same tree serves both builds.
 
 FAIRRING_SANITIZE=thread (or address, undefined) builds the C++ sources with
-that sanitizer (-fsanitize=..., -O1 -g); see "Sanitizer builds" in the README
+that sanitizer (-fsanitize=..., -O1 -g); see "Sanitizer builds" in docs/DEVELOPING.md
 for how to run the tests under it (the runtime must be preloaded).
 """
 import glob

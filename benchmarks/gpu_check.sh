@@ -10,7 +10,7 @@
 #     (TORCH_CUDA_ARCH_LIST=9.0, override it for another GPU), ninja in
 #     parallel; skipped when the in-place extension already imports with its
 #     CUDA parts and was built against this torch (one built elsewhere for the
-#     device's Python and torch, carried along: README "GPU");
+#     device's Python and torch, carried along: docs/GPU.md);
 #  3. a smoke run (1x2 and 2x1, small and large, group timeout 20 s) that
 #     stops the script if it fails: if that does not work, nothing after it
 #     can say more;

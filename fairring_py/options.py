@@ -39,7 +39,7 @@ ENV = {
 GPU_TRANSPORTS = ("tcp", "nccl")
 
 # What the rails between nodes carry for floating SUM/AVG all-reduces and
-# reduce-scatters: "none" (the input dtype), "bf16" or "fp16" (README,
+# reduce-scatters: "none" (the input dtype), "bf16" or "fp16" (docs/COMPRESSED_RAILS.md,
 # "Compressed rails").  Must be the same on every rank.
 WIRE_DTYPES = ("none", "bf16", "fp16")
 

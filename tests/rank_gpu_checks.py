@@ -462,7 +462,7 @@ def sec_collectives(rank, world, cfg):
 def sec_wire(rank, world, cfg):
     """Compressed rails (FAIRRING_WIRE_DTYPE, from the environment) on CUDA
     tensors, with either transport: float32/float64 SUM/AVG all-reduces and
-    reduce-scatters within the README's bound, and the same bits as
+    reduce-scatters within the compressed rails' bound, and the same bits as
     Fairring's CPU collectives in the same group (which round the same values
     with the CPU codec: the NCCL rail's CUDA codec must match it bit for
     bit).  Digests let the test compare ranks."""

@@ -1,6 +1,6 @@
 """Compressed rails (FAIRRING_WIRE_DTYPE): the conversion kernels bit for bit
 against torch, and all-reduce / reduce-scatter on simulated clusters: bits
-identical on every rank, error within the README's bound, what must stay exact
+identical on every rank, error within the bound of docs/COMPRESSED_RAILS.md, what must stay exact
 stays exact, and ranks that disagree on the option fail group creation."""
 from __future__ import annotations
 
@@ -195,7 +195,7 @@ def _inputs(world, seed, n, dtype):
 
 
 def bound_failure(name, got, ins, op, nodes, fmt, result_rounded=True):
-    """README, "Compressed rails": |r - S| <= u|S| + (1+u)^2 (u + (N+K) u_in) M
+    """docs/COMPRESSED_RAILS.md: |r - S| <= u|S| + (1+u)^2 (u + (N+K) u_in) M
     (no u|S| when the result is not rounded: reduce-scatter).  `ins`: every
     rank's input for the elements of `got`.  A failure line, or None."""
     world = len(ins)

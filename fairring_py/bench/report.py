@@ -99,7 +99,7 @@ def table(summary: dict) -> str:
     if compressed:
         out.append("fairring-bf16/-fp16: compressed rails (FAIRRING_WIRE_DTYPE); their busbw counts the float32 "
                    "bytes (uncompressed-equivalent), their results are not exact: max rel err = max over elements "
-                   "and ranks of |result - exact| / sum over ranks of |input| (README, Compressed rails)")
+                   "and ranks of |result - exact| / sum over ranks of |input| (docs/COMPRESSED_RAILS.md)")
     hdr = f"{'size':>9}  {'backend':<14}{'median ms':>11}{'p10-p90 ms':>19}{'algbw GB/s':>12}{'busbw GB/s':>12}" \
           f"{'busbw%cpy':>10}{'vs ' + base:>9}"
     if bounded:

@@ -112,7 +112,7 @@ class Workload:
 
     def magnitudes(self) -> torch.Tensor:
         """Per element of the expected output, the sum over ranks of |input|:
-        what the error of compressed rails is relative to (README, "Compressed
+        what the error of compressed rails is relative to (docs/COMPRESSED_RAILS.md, "Compressed
         rails": the sum may cancel).  For the reducing collectives."""
         full = self.out_numel * (self.world if self.collective == "reduce_scatter" else 1)
         out = torch.zeros(full, dtype=torch.float64)
