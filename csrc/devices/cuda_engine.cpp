@@ -31,10 +31,10 @@ namespace fairring {
 // host buffers (wire buffers included), or with NCCL one set of device
 // buffers (the served shards and, with compressed rails, the messages).
 static int64_t cuda_required_memory(const Config& c, const PlanParams& p, int k, int n) {
-  const int64_t device = (k > 1 ? 2 * round_up(c.slice_size, 256) : 0) * c.parallelism;
+  const int64_t device = (k > 1 ? 2 * round_up(c.slice_size, kDeviceAlignBytes) : 0) * c.parallelism;
   if (n < 2) return device;
   if (c.gpu_transport == "nccl") return device + nccl_rail_buffers(c, p, k, n).total();
-  return device + staged_rail_bytes(c, p, k, n, round_up(c.slice_size, 256));
+  return device + staged_rail_bytes(c, p, k, n, round_up(c.slice_size, kDeviceAlignBytes));
 }
 
 // Device memory: every step is enqueued on the slot's stream; a step that
@@ -89,7 +89,7 @@ CudaEngine::CudaEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
                        const std::string& job_uid, const Secret& secret, c10::Device device,
                        std::function<void()> peers_failed)
     : Pipeline(topo, config, "CUDA "), device_(device) {
-  area_ = round_up(config.slice_size, 256);
+  area_ = round_up(config.slice_size, kDeviceAlignBytes);
   const int k = topo.ranks_per_node;
   const int n = topo.num_nodes;
   require_memory(cuda_required_memory(config, params(), k, n));

@@ -18,6 +18,8 @@ namespace {
 int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 // Every segment's name starts with this (tests and the sweep look for it).
 constexpr const char* kShmPrefix = "fairring-";
+// Each part of the segment starts on its own page.
+constexpr int64_t kPageBytes = 4096;
 }  // namespace
 
 NodeArena::NodeArena(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const std::string& job_uid,
@@ -28,9 +30,9 @@ NodeArena::NodeArena(const c10::intrusive_ptr<c10d::Store>& store, const Topolog
     throw std::runtime_error("fairring: " + std::to_string(ranks_) + " ranks on one node; at most " +
                              std::to_string(kMaxLocalRanks) + " are supported");
   }
-  const int64_t control_bytes = round_up(sizeof(NodeControl), 4096);
-  const int64_t header_bytes = round_up(sizeof(SlotHeader) * slots * ranks_, 4096) +
-                               round_up(sizeof(SharedCounter) * slots * ranks_ * counters_per_slot, 4096);
+  const int64_t control_bytes = round_up(sizeof(NodeControl), kPageBytes);
+  const int64_t header_bytes = round_up(sizeof(SlotHeader) * slots * ranks_, kPageBytes) +
+                               round_up(sizeof(SharedCounter) * slots * ranks_ * counters_per_slot, kPageBytes);
 
   if (ranks_ == 1) {
     // Nothing to share: the counters live in private memory.
@@ -38,12 +40,12 @@ NodeArena::NodeArena(const c10::intrusive_ptr<c10d::Store>& store, const Topolog
     control_ = new (private_.get()) NodeControl();
     headers_ = reinterpret_cast<SlotHeader*>(private_.get() + control_bytes);
     counters_ = reinterpret_cast<SharedCounter*>(private_.get() + control_bytes +
-                                                 round_up(sizeof(SlotHeader) * slots * ranks_, 4096));
+                                                 round_up(sizeof(SlotHeader) * slots * ranks_, kPageBytes));
     control_->pids[0] = getpid();
     return;
   }
 
-  area_ = round_up(slot_area_bytes, 4096);
+  area_ = round_up(slot_area_bytes, kPageBytes);
   const int64_t total = control_bytes + header_bytes + area_ * (ranks_ + 1) * slots;
   const std::string ready_key = "fairring/shm_ready/" + std::to_string(topo.node);
   const std::string mapped_key = "fairring/shm_mapped/" + std::to_string(topo.node);
@@ -80,8 +82,8 @@ NodeArena::NodeArena(const c10::intrusive_ptr<c10d::Store>& store, const Topolog
   char* base = static_cast<char*>(shm_.data());
   control_ = reinterpret_cast<NodeControl*>(base);
   headers_ = reinterpret_cast<SlotHeader*>(base + control_bytes);
-  counters_ =
-      reinterpret_cast<SharedCounter*>(base + control_bytes + round_up(sizeof(SlotHeader) * slots * ranks_, 4096));
+  counters_ = reinterpret_cast<SharedCounter*>(base + control_bytes +
+                                               round_up(sizeof(SlotHeader) * slots * ranks_, kPageBytes));
   data_ = base + control_bytes + header_bytes;
   control_->pids[topo.local_rank] = getpid();
 

@@ -25,9 +25,9 @@ NcclRailBuffers nccl_rail_buffers(const Config& config, const PlanParams& params
   NcclRailBuffers b;
   b.nodes = n;
   const int64_t shard = max_shard_bytes(params, k, n);
-  b.shard = round_up(shard, 256);
+  b.shard = round_up(shard, kDeviceAlignBytes);
   // 256-byte aligned: the prefix's 8 bytes and the elements after it stay aligned.
-  b.message = config.wire_dtype == "none" ? 0 : round_up(WireCodec::buffer_bytes(shard), 256);
+  b.message = config.wire_dtype == "none" ? 0 : round_up(WireCodec::buffer_bytes(shard), kDeviceAlignBytes);
   return b;
 }
 

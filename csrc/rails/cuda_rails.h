@@ -49,6 +49,9 @@ using SlotStream = std::function<cudaStream_t(int slot)>;
 
 // Bytes rounded up to `to` (device allocations keep their areas aligned).
 inline int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+// Device staging areas start on this boundary (the kernels' widest loads and
+// the allocator's granularity are smaller).
+constexpr int64_t kDeviceAlignBytes = 256;
 
 // Staging memory of the rails, as the rails allocate it and the engine
 // counts it (FAIRRING_TOTAL_MEMORY), for a group of `n` > 1 nodes of `k`.
