@@ -58,7 +58,7 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
     }
     t.pieces.push_back(piece);
   }
-  p.post(s, std::move(t));
+  p.post(std::move(t));
   return true;
 }
 

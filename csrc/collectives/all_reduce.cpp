@@ -39,6 +39,23 @@ bool step_publish_input(SliceSchedule& p, Slice& s, const SliceSchedule::TimePoi
   return true;
 }
 
+bool step_gather(SliceSchedule& p, Slice& s, const SliceSchedule::TimePoint* until) {
+  if (s.plan.replicated) return true;
+  if (!p.wait_chunks(s, s.plan.num_chunks(), until)) return false;
+  const int slot = p.slot(s);
+  const int64_t esize = p.esize(s);
+  const bool large = SliceSchedule::large(s.op->numel * esize);
+  char* tensor = p.tensor_at(s);
+  for (int x = 0; x < s.plan.num_chunks(); ++x) {
+    const Range& r = s.plan.chunks[x];
+    if (x == p.me() || r.count == 0) continue;  // ours is in the tensor already
+    p.mover().after(slot, x, PeerStep::kChunkDone);
+    p.mover().copy(slot, tensor + r.offset * esize, p.mover().output_area(slot, x) + r.offset * esize, r.count * esize,
+                   large);
+  }
+  return true;
+}
+
 namespace {
 
 using TimePoint = SliceSchedule::TimePoint;
@@ -88,24 +105,7 @@ bool exchange(SliceSchedule& p, Slice& s, const TimePoint*) {
   t.chunk = chunk;
   t.shards = s.plan.shards[p.me()];
   t.divisor = p.divisor(s);
-  p.post(s, std::move(t));
-  return true;
-}
-
-bool gather(SliceSchedule& p, Slice& s, const TimePoint* until) {
-  if (s.plan.replicated) return true;
-  if (!p.wait_chunks(s, s.plan.num_chunks(), until)) return false;
-  const int slot = p.slot(s);
-  const int64_t esize = p.esize(s);
-  const bool large = SliceSchedule::large(s.op->numel * esize);
-  char* tensor = p.tensor_at(s);
-  for (int x = 0; x < s.plan.num_chunks(); ++x) {
-    const Range& r = s.plan.chunks[x];
-    if (x == p.me() || r.count == 0) continue;  // ours is in the tensor already
-    p.mover().after(slot, x, PeerStep::kChunkDone);
-    p.mover().copy(slot, tensor + r.offset * esize, p.mover().output_area(slot, x) + r.offset * esize, r.count * esize,
-                   large);
-  }
+  p.post(std::move(t));
   return true;
 }
 
@@ -114,12 +114,12 @@ Script node_script() {
                  {"publish-input", step_publish_input},
                  {"reduce-chunk", reduce_chunk},
                  {"exchange", exchange},
-                 {"gather", gather},
+                 {"gather", step_gather},
                  {"release", step_release}},
                 4};
 }
 
-Script alone_script() { return Script{{{"exchange", exchange}, {"gather", gather}}, 1}; }
+Script alone_script() { return Script{{{"exchange", exchange}, {"gather", step_gather}}, 1}; }
 
 }  // namespace
 

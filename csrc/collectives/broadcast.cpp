@@ -59,7 +59,7 @@ bool exchange_root(SliceSchedule& p, Slice& s, const TimePoint* until) {
   t.shards.assign(p.topo().num_nodes, Range{0, 0});
   t.shards[root_node].count = own.count;
   t.pieces.assign(p.topo().num_nodes, chunk);
-  p.post(s, std::move(t));
+  p.post(std::move(t));
   return true;
 }
 

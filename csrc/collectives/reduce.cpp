@@ -74,25 +74,15 @@ bool exchange(SliceSchedule& p, Slice& s, const TimePoint*) {
     const int64_t at = s.plan.chunks[p.me()].offset + t.shards[node].offset;
     t.result = p.own_piece(s.op->output, s) + at * p.esize(s);
   }
-  p.post(s, std::move(t));
+  p.post(std::move(t));
   return true;
 }
 
 bool to_root(SliceSchedule& p, Slice& s, const TimePoint* until) {
   if (s.plan.replicated) return true;
+  // The others wait until the rails are done with their chunk's memory.
   if (!is_root(p, s)) return !p.owns_chunk(s) || p.node().wait_chunk(s.id(), p.me(), until);
-  if (!p.wait_chunks(s, s.plan.num_chunks(), until)) return false;
-  const int slot = p.slot(s);
-  const int64_t esize = p.esize(s);
-  const bool large = SliceSchedule::large(s.op->numel * esize);
-  for (int x = 0; x < s.plan.num_chunks(); ++x) {
-    const Range& r = s.plan.chunks[x];
-    if (x == p.me() || r.count == 0) continue;  // ours is in the tensor already
-    p.mover().after(slot, x, PeerStep::kChunkDone);
-    p.mover().copy(slot, p.tensor_at(s) + r.offset * esize, p.mover().output_area(slot, x) + r.offset * esize,
-                   r.count * esize, large);
-  }
-  return true;
+  return step_gather(p, s, until);
 }
 
 }  // namespace

@@ -89,7 +89,7 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
                                  : p.block_at(op.buffer, s, j, 0));  // only read
   }
   t.result = p.own_piece(op.output, s);
-  p.post(s, std::move(t));
+  p.post(std::move(t));
   return true;
 }
 

@@ -24,10 +24,8 @@ SliceSchedule::SliceSchedule(const Topology& topo, int slots, NodeSlots& node, M
       rail_(rail),
       mirrors_(slots) {}
 
-const Script& SliceSchedule::script_of(const Slice& s) const {
-  if (!s.op->def) throw std::logic_error("fairring: an op without a collective definition reached the pipeline");
-  return s.op->def->script(k_);
-}
+// Pipeline::submit refuses an op without a definition.
+const Script& SliceSchedule::script_of(const Slice& s) const { return s.op->def->script(k_); }
 
 bool SliceSchedule::front_done(const Slice& s) const { return static_cast<size_t>(s.phase) >= script_of(s).front; }
 
@@ -104,11 +102,8 @@ RailTask SliceSchedule::rail_task(const Slice& s) const {
   return t;
 }
 
-void SliceSchedule::post(Slice& s, RailTask task) {
-  if (!rail_) {
-    publish_chunk(s.seq);
-    return;
-  }
+void SliceSchedule::post(RailTask task) {
+  if (!rail_) throw std::logic_error("fairring: a rail task posted on a single node");
   rail_->post(std::move(task));
 }
 

@@ -70,10 +70,10 @@ class SliceSchedule {
   void release(Slice& s);
 
   // A rail task of the slice (its number, slot and key); the step adds the
-  // pattern and the data, then posts it.  Without rails (one node) the
-  // chunk is final at once: post() publishes it.
+  // pattern and the data, then posts it (between nodes only: on one node
+  // the step's chunk is final at once, and it calls publish_chunk itself).
   RailTask rail_task(const Slice& s) const;
-  void post(Slice& s, RailTask task);
+  void post(RailTask task);
   // Where our chunk is copied for the node's peers once it is final (none:
   // nothing to copy); read by publish_chunk.
   void set_mirror(const Slice& s, const char* from, char* to, int64_t bytes);

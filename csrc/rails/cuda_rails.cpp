@@ -98,10 +98,10 @@ void CudaStagedRail::post(RailTask task) {
     // it has one: a sum kept at its server).
     if (share) {
       if (j != topo_.node) back.push_back(shard);
-    } else if (task.returns_to(topo_.node)) {
-      back.push_back(j == topo_.node && task.result ? Copy{task.result, shard.host, shard.bytes} : shard);
     } else if (j == topo_.node && task.result) {
       back.push_back(Copy{task.result, shard.host, shard.bytes});
+    } else if (task.returns_to(topo_.node)) {
+      back.push_back(shard);
     }
   }
   returns_[slot] = std::move(back);  // read by back(), ordered by the feed

@@ -286,11 +286,9 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
             }
             reduce_(t.dtype(), t.op(), out, inputs.data(), topo_.num_nodes, served.count, t.divisor);
             const char* result = out;
-            std::vector<int> to;  // the contributors the sum goes back to
-            for (int n : contributors) {
-              if (t.returns_to(n)) to.push_back(n);
-            }
-            if (wire && !to.empty()) {
+            const bool sum_sent =
+                std::any_of(contributors.begin(), contributors.end(), [&t](int n) { return t.returns_to(n); });
+            if (wire && sum_sent) {
               // Rounded once; our own copy gets the very bits we send.
               char* msg = wire_buf(wire_out_, t, topo_.node);
               codec_.encode(dtype, out, served.count, msg);
