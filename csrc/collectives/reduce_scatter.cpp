@@ -81,7 +81,7 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   }
   RailTask t = p.rail_task(s);
   t.pattern = RailPattern::kReduce;
-  t.back_to = RailTask::kBackToNone;  // each sum stays with its server, in its result
+  t.back_to = kBackToNone;  // each sum stays with its server, in its result
   t.shards = s.plan.shards[p.me()];
   t.divisor = p.divisor(s);
   for (int j = 0; j < p.topo().num_nodes; ++j) {

@@ -13,7 +13,6 @@
 #include <stdexcept>
 #include <thread>
 
-#include "plan/rail_plan.h"
 #include "node/wait_check.h"
 #include "common/dist_error.h"
 #include "common/errors.h"

@@ -7,9 +7,10 @@
 #include <cuda_runtime.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <algorithm>
 #include <stdexcept>
 
-#include "plan/rail_plan.h"
+#include "plan/rail_walk.h"
 #include "common/cuda_check.h"
 #include "common/errors.h"
 #include "kernels/convert_cuda.h"
@@ -75,34 +76,28 @@ CudaStagedRail::~CudaStagedRail() {
 }
 
 void CudaStagedRail::post(RailTask task) {
-  // The chunk's shards go through pinned memory at their offsets: what we
-  // send goes down now (D2H), what the exchange brings back goes up in back().
+  // The chunk's shards go through pinned memory at their offsets: the ones
+  // the walk reads go down now (D2H), the ones it writes go up in back()
+  // (our served sum into the result, if the task has one).
   const int slot = task.slot;
   cudaStream_t stream = slot_stream_(slot);
   const int64_t esize = c10::elementSize(task.dtype());
-  const bool share = task.pattern == RailPattern::kShare;
+  const RailWalk walk = task.walk(topo_.node, topo_.num_nodes);
   char* host = pinned_ + static_cast<int64_t>(slot) * area_;
-  std::vector<Copy> back;
-  for (int j = 0; j < static_cast<int>(task.shards.size()); ++j) {
+  auto copy_of = [&](int j) {
     const Range& r = task.shards[j];
-    if (r.count == 0) continue;
-    const Copy shard{task.shard_at(j), host + r.offset * esize, static_cast<size_t>(r.count * esize)};
-    // Sent: every shard, or (kShare) our node's only.
-    if (!share || j == topo_.node) {
-      cuda_check(
-          cudaMemcpyAsync(const_cast<char*>(shard.host), shard.device, shard.bytes, cudaMemcpyDeviceToHost, stream),
-          "device-to-host copy");
-    }
-    // Back: with kShare the other nodes' shards; with kReduce every shard
-    // if the sums come back to us, else our served one (into the result, if
-    // it has one: a sum kept at its server).
-    if (share) {
-      if (j != topo_.node) back.push_back(shard);
-    } else if (j == topo_.node && task.result) {
-      back.push_back(Copy{task.result, shard.host, shard.bytes});
-    } else if (task.returns_to(topo_.node)) {
-      back.push_back(shard);
-    }
+    return Copy{task.shard_at(j), host + r.offset * esize, static_cast<size_t>(r.count * esize)};
+  };
+  for (int j : walk.shards_read()) {
+    const Copy c = copy_of(j);
+    cuda_check(cudaMemcpyAsync(const_cast<char*>(c.host), c.device, c.bytes, cudaMemcpyDeviceToHost, stream),
+               "device-to-host copy");
+  }
+  std::vector<Copy> back;
+  for (int j : walk.shards_written()) {
+    Copy c = copy_of(j);
+    if (walk.reduces && j == walk.served && task.result) c.device = task.result;
+    back.push_back(c);
   }
   returns_[slot] = std::move(back);  // read by back(), ordered by the feed
   cuda_check(cudaEventRecord(d2h_done_[slot], stream), "cudaEventRecord");
@@ -193,44 +188,26 @@ void CudaNcclRail::check() {
 }
 
 // The exchange of one chunk on the NCCL stream, after the slot stream's work
-// so far and before its next: kShare sends and receives shards, the
-// reduction patterns walk the reduction (post_reduction).
+// so far and before its next (walk()).
 void CudaNcclRail::post(RailTask task) {
-  const int64_t esize = c10::elementSize(task.dtype());
-  const int n = topo_.num_nodes;
-  const int self = topo_.node;
   cudaStream_t slot = slot_stream_(task.slot);
   cudaStream_t ns = stream_->stream();
-  auto bytes = [&](const Range& r) { return static_cast<size_t>(r.count * esize); };
   cuda_check(cudaEventRecord(ready_, slot), "cudaEventRecord");
   cuda_check(cudaStreamWaitEvent(ns, ready_, 0), "cudaStreamWaitEvent (to NCCL)");
-  if (task.pattern == RailPattern::kShare) {
-    // Our shard to every node, theirs in (empty ones move nothing).
-    const Range& ours = task.shards[self];
-    nccl_->group_start();
-    for (int j = 0; j < n; ++j) {
-      if (j == self) continue;
-      if (ours.count > 0) nccl_->send(task.shard_at(self), bytes(ours), j, ns);
-      if (task.shards[j].count > 0) nccl_->recv(task.shard_at(j), bytes(task.shards[j]), j, ns);
-    }
-    nccl_->group_end();
-  } else {
-    post_reduction(task, ns);
-  }
+  walk(task, ns);
   cuda_check(cudaEventRecord(finished_, ns), "cudaEventRecord");
   cuda_check(cudaStreamWaitEvent(slot, finished_, 0), "cudaStreamWaitEvent (from NCCL)");
   // The result is in place once the slot's stream passes the exchange.
   done_(task.slice_seq);
 }
 
-// The reduction-server exchange of one chunk, the same walk as RailStage's
-// (plan_rail): our piece of each remote shard goes to the node that serves
-// it; if we serve a shard, we sum it with the peers' pieces in node order
-// (divided for AVG) and send the sum back (a reduce-scatter keeps it, in its
-// result); the other shards' sums come in.  All on the NCCL stream, which
-// runs the exchanges one at a time in slice order (one communicator, the
-// same order on every rank of the rail).  Every rank of the rail has the
-// same shard list, so an empty transfer is skipped on both of its ends.
+// The chunk's rail walk (plan/rail_walk.h), the TCP rail's, as two groups of
+// NCCL sends and receives with the reduction between them, on the NCCL
+// stream, which runs the exchanges one at a time in slice order (one
+// communicator, the same order on every rank of the rail).  Every rank of
+// the rail has the same shard list, so an empty transfer (which on TCP
+// carries only the op's key) is skipped on both of its ends.  kReduce's
+// pieces land in staging, one buffer per peer; kShare's shards in place.
 //
 // Compressed (codec_.applies): the same walk with messages instead of
 // elements, and the values rounded where RailStage rounds them
@@ -239,72 +216,73 @@ void CudaNcclRail::post(RailTask task) {
 // so that the reduction is the uncompressed one.  The message buffers are
 // reused by the next exchange only after this one's transfers and kernels,
 // in the NCCL stream's order.
-void CudaNcclRail::post_reduction(const RailTask& task, cudaStream_t ns) {
+void CudaNcclRail::walk(const RailTask& task, cudaStream_t ns) {
   const c10::ScalarType dtype = task.dtype();
   const int64_t esize = c10::elementSize(dtype);
-  const int n = topo_.num_nodes;
   const int self = topo_.node;
-  const bool results_back = task.returns_to(self);
-  const RailPlan plan = plan_rail(task.shards, self, n);
+  const RailWalk w = task.walk(self, topo_.num_nodes);
+  const bool reduction = w.pattern == RailPattern::kReduce;
   const bool wire = codec_.applies(task);
   const HalfFormat fmt = half_format_of(codec_.dtype());
-  // What travels for a shard: its elements, or its message.
-  auto bytes = [&](const Range& r) {
-    return static_cast<size_t>(wire ? WireCodec::message_bytes(r.count) : r.count * esize);
+  // What travels for a transfer: its elements, or its message.
+  auto bytes = [&](int64_t count) {
+    return static_cast<size_t>(wire ? WireCodec::message_bytes(count) : count * esize);
   };
-  const bool serving = plan.serves && plan.served.count > 0;
-  if (serving && plan.served.count * esize > buffers_.shard) {
+  const bool serving = w.reduces && w.served_count > 0;
+  if (serving && w.served_count * esize > buffers_.shard) {
     throw std::logic_error("fairring: shard larger than its NCCL staging buffer (plan bound violated)");
   }
+  // Round one: pieces (or shared shards).
   if (wire) {
-    for (const RemoteShard& r : plan.remote) {
-      if (r.shard.count == 0) continue;
-      wire_encode_cuda(fmt, dtype, task.shard_at(r.node), r.shard.count, message_out(r.node), ns);
+    for (const Transfer& x : w.sends) {
+      if (x.count > 0) wire_encode_cuda(fmt, dtype, task.shard_at(x.shard), x.count, message_out(x.node), ns);
     }
   }
   nccl_->group_start();
-  for (const RemoteShard& r : plan.remote) {
-    if (r.shard.count > 0) nccl_->send(wire ? message_out(r.node) : task.shard_at(r.node), bytes(r.shard), r.node, ns);
+  for (const Transfer& x : w.sends) {
+    if (x.count > 0) nccl_->send(wire ? message_out(x.node) : task.shard_at(x.shard), bytes(x.count), x.node, ns);
   }
-  if (serving) {
-    for (int j : plan.contributors) nccl_->recv(wire ? message_in(j) : staging(j), bytes(plan.served), j, ns);
+  for (const Transfer& x : w.receives) {
+    if (x.count == 0) continue;
+    char* into = !reduction ? task.shard_at(x.shard) : wire ? message_in(x.node) : staging(x.node);
+    nccl_->recv(into, bytes(x.count), x.node, ns);
   }
   nccl_->group_end();
-  // Only a serving rank has a shard of its own to reduce into (the shard
-  // list may not even reach our node's entry otherwise).
-  char* out = serving ? (task.result ? task.result : task.shard_at(self)) : nullptr;
-  const char* result = out;  // what we send back
-  std::vector<int> to;       // the contributors the sum goes back to (back_to)
+  if (!reduction) return;
+  // The served reduction, in node order (ours included), in place or into the result.
+  const char* result = nullptr;  // what we send back
   if (serving) {
-    for (int j : plan.contributors) {
-      if (task.returns_to(j)) to.push_back(j);
-    }
+    const int64_t count = w.served_count;
     if (wire) {
-      for (int j : plan.contributors) wire_decode_cuda(fmt, dtype, message_in(j), plan.served.count, staging(j), ns);
+      for (const Transfer& x : w.receives) wire_decode_cuda(fmt, dtype, message_in(x.node), count, staging(x.node), ns);
     }
+    char* out = task.result ? task.result : task.shard_at(self);
     const void* inputs[kMaxCudaReduceInputs];
-    for (int j = 0; j < n; ++j) inputs[j] = j == self ? task.shard_at(self) : staging(j);
-    reduce_cuda(dtype, task.op(), out, inputs, n, plan.served.count, task.divisor, ns);
-    if (wire && !to.empty()) {
-      wire_encode_cuda(fmt, dtype, out, plan.served.count, message_out(self), ns);
-      wire_decode_cuda(fmt, dtype, message_out(self), plan.served.count, out, ns);
+    for (int j = 0; j < topo_.num_nodes; ++j) inputs[j] = j == self ? task.shard_at(self) : staging(j);
+    reduce_cuda(dtype, task.op(), out, inputs, topo_.num_nodes, count, task.divisor, ns);
+    result = out;
+    if (wire && w.sends_sum_data()) {
+      wire_encode_cuda(fmt, dtype, out, count, message_out(self), ns);
+      wire_decode_cuda(fmt, dtype, message_out(self), count, out, ns);
       result = message_out(self);
     }
   }
-  if (to.empty() && !results_back) return;
+  // Round two: the sums.
+  auto has_data = [](const std::vector<Transfer>& v) {
+    return std::any_of(v.begin(), v.end(), [](const Transfer& x) { return x.count > 0; });
+  };
+  if (!has_data(w.sum_sends) && !has_data(w.sum_receives)) return;
   nccl_->group_start();
-  for (int j : to) nccl_->send(result, bytes(plan.served), j, ns);
-  if (results_back) {
-    for (const RemoteShard& r : plan.remote) {
-      if (r.shard.count > 0) {
-        nccl_->recv(wire ? message_in(r.node) : task.shard_at(r.node), bytes(r.shard), r.node, ns);
-      }
-    }
+  for (const Transfer& x : w.sum_sends) {
+    if (x.count > 0) nccl_->send(result, bytes(x.count), x.node, ns);
+  }
+  for (const Transfer& x : w.sum_receives) {
+    if (x.count > 0) nccl_->recv(wire ? message_in(x.node) : task.shard_at(x.shard), bytes(x.count), x.node, ns);
   }
   nccl_->group_end();
-  if (wire && results_back) {
-    for (const RemoteShard& r : plan.remote) {
-      if (r.shard.count > 0) wire_decode_cuda(fmt, dtype, message_in(r.node), r.shard.count, task.shard_at(r.node), ns);
+  if (wire) {
+    for (const Transfer& x : w.sum_receives) {
+      if (x.count > 0) wire_decode_cuda(fmt, dtype, message_in(x.node), x.count, task.shard_at(x.shard), ns);
     }
   }
 }

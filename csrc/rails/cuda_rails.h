@@ -1,11 +1,11 @@
 // The rail exchanges of the CUDA path, both behind the schedule's
-// RailExchange and both walking the same plan as the TCP stage (rail_plan.h):
+// RailExchange and both running the same walk as the TCP stage (rail_walk.h):
 //
 //   CudaStagedRail  the TCP RailStage fed through pinned host memory: the
 //                   chunk goes to the host on the slot's stream (D2H), a
 //                   RailFeeder posts it once that copy is done, and the
 //                   result comes back on the slot's stream (H2D).
-//   CudaNcclRail    FAIRRING_GPU_TRANSPORT=nccl: the reduction-server walk as
+//   CudaNcclRail    FAIRRING_GPU_TRANSPORT=nccl: the rail walk as
 //                   NCCL sends and receives on one NCCL stream, ordered after
 //                   and before the slot's stream; nothing waits on the host.
 //
@@ -148,7 +148,7 @@ class CudaNcclRail : public CudaRail {
 
  private:
   void check_own_gpus(const c10::intrusive_ptr<c10d::Store>& store);
-  void post_reduction(const RailTask& task, cudaStream_t ns);
+  void walk(const RailTask& task, cudaStream_t ns);
   // Where peer j's full-precision shard is (the one we serve), and with
   // compressed rails where our message to node j is, and where node j's
   // message to us lands (see NcclRailBuffers).

@@ -2,7 +2,7 @@
 // shards to the rail and hear back, in slice order, once every shard's
 // reduced result is in the chunk.  Implementations: RailStage (TCP, from host
 // memory), and on the CUDA path the same stage fed through pinned memory, or
-// NCCL on a stream.  All of them walk the same plan (rail_plan.h).
+// NCCL on a stream.  All of them run the same walk (plan/rail_walk.h).
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -14,37 +14,20 @@
 #include <vector>
 
 #include "plan/plan.h"
+#include "plan/rail_walk.h"
 #include "common/op_key.h"
 #include "common/reduce_op.h"
 
 namespace fairring {
 
-// What a rail does with a task's shards.  Rails run patterns and never see
-// which collective it is (the key travels only to be matched and named);
-// each pattern serves several collectives.
-enum class RailPattern : int32_t {
-  // Our piece of shard j goes to node j, which reduces every node's piece
-  // (node order, divided for AVG) into `result` (or in place) and sends the
-  // sum back to the nodes `back_to` names: every node (all-reduce, barrier:
-  // the chunk then holds every reduced shard), none (reduce-scatter: node j
-  // keeps its sum), or one (a reduce: the root's node; the others get an
-  // empty answer, so that every rank hears that its server matched its op).
-  kReduce = 1,
-  // Our shard to every node; node j's lands in shard j.  Empty shards move
-  // nothing (all-gather; broadcast, where only the root's node has one).
-  kShare = 2,
-};
-
 struct RailTask {
   uint64_t slice_seq = 0;
   int slot = 0;  // the pipeline slot the slice runs in
   OpKey key;     // the collective, for matching and messages only
+  // What the rail does with the shards (rail_walk.h), never which
+  // collective it is: rails run patterns, each serving several collectives.
   RailPattern pattern = RailPattern::kReduce;
-  // kReduce: where the served sums go (a node index, or one of these).
-  static constexpr int kBackToAll = -1;
-  static constexpr int kBackToNone = -2;
-  int back_to = kBackToAll;
-  bool returns_to(int node) const { return back_to == kBackToAll || back_to == node; }
+  int back_to = kBackToAll;  // kReduce: where the served sums go
   c10::ScalarType dtype() const { return static_cast<c10::ScalarType>(key.dtype); }
   RedOp op() const { return static_cast<RedOp>(key.op); }
   char* chunk = nullptr;      // this rank's node-reduced chunk; results land here too
@@ -54,6 +37,8 @@ struct RailTask {
   // offset), and where kReduce puts the served sum (null: in place).
   std::vector<char*> pieces;
   char* result = nullptr;
+  // This node's part of the exchange of the task.
+  RailWalk walk(int node, int num_nodes) const { return walk_rail(pattern, back_to, shards, node, num_nodes); }
   char* shard_at(int j) const {
     return pieces.empty() ? chunk + shards[j].offset * static_cast<int64_t>(c10::elementSize(dtype())) : pieces[j];
   }

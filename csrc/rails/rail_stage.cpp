@@ -12,7 +12,7 @@
 #include <stdexcept>
 
 #include "common/deadlines.h"
-#include "plan/rail_plan.h"
+#include "plan/rail_walk.h"
 #include "common/config.h"
 #include "common/errors.h"
 #include "common/fault_injection.h"
@@ -26,12 +26,26 @@ struct RailStage::SliceState {
   int contributions_missing = 0;  // as a server
   int results_missing = 0;        // as a client
   int sends_pending = 0;
+  RailWalk walk;
+  bool wire = false;                                  // compressed messages (codec_.applies)
   bool served = true;                                 // our shard reduced and sent (or nothing to serve)
   std::vector<std::vector<char>>* staging = nullptr;  // the slot's buffers, by node
 };
 
 namespace {
-int64_t bytes_of(const Range& r, int64_t elem) { return r.count * elem; }
+
+// The stage's loop wakes at least this often (heartbeats, deadlines).
+constexpr int kLoopPollMs = 50;
+// Heartbeats: a quarter of the alive grace (deadlines.h), within these; a
+// peer is alive while its last heartbeat is at most two periods and this
+// slack old.
+constexpr auto kHeartbeatMin = std::chrono::milliseconds(10);
+constexpr auto kHeartbeatMax = std::chrono::milliseconds(250);
+constexpr auto kHeartbeatSlack = std::chrono::milliseconds(100);
+// How long a failing stage tries to get its abort messages out, and how
+// long a closing one reads what its peers still send (close_gracefully).
+constexpr auto kAbortFlush = std::chrono::seconds(1);
+constexpr auto kCloseDrain = std::chrono::seconds(1);
 
 WireHeader header_for(const RailTask& t, WireKind kind, uint64_t bytes) {
   WireHeader h;
@@ -116,7 +130,6 @@ void RailStage::close_gracefully() {
   // its end of stream first, then reads (and drops) what still comes until
   // the peer's end of stream (it stops its heartbeats once it sees ours),
   // for at most kCloseDrain.
-  constexpr auto kCloseDrain = std::chrono::seconds(1);
   std::vector<int> open;
   for (auto* list : {&clients_, &servers_}) {
     for (auto& ch : *list) {
@@ -188,7 +201,7 @@ void RailStage::send_aborts(const std::string& why) {
   // Nothing left reads or writes a task's memory: the pipeline may hand the
   // failed ops' tensors back while the aborts go out.
   released();
-  const auto deadline = Clock::now() + std::chrono::seconds(1);
+  const auto deadline = Clock::now() + kAbortFlush;
   for (auto* list : {&clients_, &servers_}) {
     for (auto& ch : *list) {
       if (ch) ch->flush_abort(deadline);
@@ -196,150 +209,122 @@ void RailStage::send_aborts(const std::string& why) {
   }
 }
 
+// One chunk's walk (plan/rail_walk.h) as messages: round one's sends go on
+// the client channel of their node and its receives come in on the server
+// channel; round two the other way.  Each channel's receives are posted in
+// slice order, so a message is matched against the slice it belongs to.
+// Compressed rails: the messages are encoded/decoded next to the data
+// (wire_codec.h says which values are rounded).
 void RailStage::start(std::unique_ptr<SliceState> st) {
-  SliceState* s = st.get();
-  const RailTask& t = s->task;
-  const int64_t elem = c10::elementSize(t.dtype());
-  if (t.pattern == RailPattern::kShare) {
-    start_share(*s, elem);
-    active_.push_back(std::move(st));
-    return;
-  }
-  // Whether the served sums come back to us (back_to).
-  const bool results_back = t.returns_to(topo_.node);
-  const RailPlan plan = plan_rail(t.shards, topo_.node, topo_.num_nodes);
+  SliceState& s = *st;
+  const RailTask& t = s.task;
+  s.walk = t.walk(topo_.node, topo_.num_nodes);
+  s.wire = codec_.applies(t);
   const auto now = Clock::now();
-  // Compressed rails: the messages are encoded/decoded next to the data
-  // (wire_codec.h says which values are rounded).
-  const bool wire = codec_.applies(t);
   const c10::ScalarType dtype = t.dtype();
-
-  // Client side: our piece of each other node's shard goes to its server, the
-  // reduced shard comes back into place.
-  for (const RemoteShard& r : plan.remote) {
-    Channel& ch = *clients_[r.node];
-    const int64_t count = r.shard.count;
-    const uint64_t bytes = wire ? WireCodec::message_bytes(count) : static_cast<uint64_t>(bytes_of(r.shard, elem));
-    char* where = t.shard_at(r.node);
-    Channel::Send send;
-    send.header = header_for(t, WireKind::kContribution, bytes);
-    send.data = where;
-    if (wire) {
-      char* msg = wire_buf(wire_out_, t, r.node);
-      if (bytes > wire_out_[0][r.node].size()) {
+  for (const Transfer& x : s.walk.sends) {
+    const char* data = t.shard_at(x.shard);
+    if (s.wire && x.count > 0) {
+      char* msg = wire_buf(wire_out_, t, x.node);
+      if (message_bytes(s, x.count) > wire_out_[0][x.node].size()) {
         throw std::logic_error("fairring: shard larger than its wire buffer (plan bound violated)");
       }
-      codec_.encode(dtype, where, count, msg);
-      send.data = msg;
+      codec_.encode(dtype, data, x.count, msg);
+      data = msg;
     }
-    send.on_done = [this, s] { --s->sends_pending; };
-    ++s->sends_pending;
-    ch.post_send(std::move(send));
-    if (results_back) {
-      char* into = wire ? wire_buf(wire_result_, t, r.node) : where;
-      expect(
-          ch, *s, WireKind::kResult, bytes, into,
-          [this, s, wire, into, where, count, dtype] {
-            if (wire) codec_.decode(dtype, into, count, where);
-            --s->results_missing;
-          },
-          now);
-      ++s->results_missing;
-    } else if (t.back_to >= 0) {
-      // The sums go to one other node: the server still answers with an
-      // empty result, so that a rank told nothing else learns that its
-      // server matched its op (or failed), as every rank must.
-      expect(ch, *s, WireKind::kResult, 0, where, [s] { --s->results_missing; }, now);
-      ++s->results_missing;
-    }
+    send(*clients_[x.node], s, WireKind::kContribution, x.count, data);
   }
-
-  // Server side: the peers' pieces of our shard, if the plan gives us one.
-  if (plan.serves) {
-    const Range served = plan.served;
-    const std::vector<int> contributors = plan.contributors;
-    const uint64_t bytes =
-        wire ? WireCodec::message_bytes(served.count) : static_cast<uint64_t>(bytes_of(served, elem));
-    s->served = false;
-    s->staging = &staging_[t.slice_seq % staging_.size()];
-    for (int i : contributors) {
-      if (static_cast<uint64_t>(bytes_of(served, elem)) > (*s->staging)[i].size()) {
+  for (const Transfer& x : s.walk.sum_receives) {
+    char* where = t.shard_at(x.shard);
+    const bool decode = s.wire && x.count > 0;
+    char* into = decode ? wire_buf(wire_result_, t, x.node) : where;
+    expect(
+        *clients_[x.node], s, WireKind::kResult, x.count, into,
+        [this, &s, decode, into, where, x] {
+          if (decode) codec_.decode(s.task.dtype(), into, x.count, where);
+          --s.results_missing;
+        },
+        now);
+    ++s.results_missing;
+  }
+  if (s.walk.pattern == RailPattern::kShare) {
+    for (const Transfer& x : s.walk.receives) {
+      expect(
+          *servers_[x.node], s, WireKind::kContribution, x.count, t.shard_at(x.shard),
+          [&s] { --s.contributions_missing; }, now);
+      ++s.contributions_missing;
+    }
+  } else if (s.walk.reduces) {
+    // Serving: every peer's piece of our shard into its staging buffer;
+    // once all are in, the reduction and round two (serve()).
+    s.served = false;
+    s.staging = &staging_[t.slice_seq % staging_.size()];
+    const int64_t elem = c10::elementSize(dtype);
+    for (const Transfer& x : s.walk.receives) {
+      if (x.count * elem > static_cast<int64_t>((*s.staging)[x.node].size())) {
         throw std::logic_error("fairring: shard larger than its staging buffer (plan bound violated)");
       }
-      char* into = wire ? wire_buf(wire_contrib_, t, i) : (*s->staging)[i].data();
+      const bool decode = s.wire && x.count > 0;
+      char* into = decode ? wire_buf(wire_contrib_, t, x.node) : (*s.staging)[x.node].data();
       expect(
-          *servers_[i], *s, WireKind::kContribution, bytes, into,
-          [this, s, bytes, served, contributors, wire, into, i, dtype] {
-            if (wire) codec_.decode(dtype, into, served.count, (*s->staging)[i].data());
-            if (--s->contributions_missing > 0) return;
-            // All pieces are in: reduce in node order, send back.
-            const RailTask& t = s->task;
-            if (reduce_delay_.count() > 0) {
-              std::this_thread::sleep_for(reduce_delay_);
-              reduce_delay_ = std::chrono::milliseconds(0);  // once
-            }
-            char* own = t.shard_at(topo_.node);
-            char* out = t.result ? t.result : own;
-            std::vector<const void*> inputs(topo_.num_nodes);
-            for (int n = 0; n < topo_.num_nodes; ++n) {
-              inputs[n] = (n == topo_.node) ? own : (*s->staging)[n].data();
-            }
-            reduce_(t.dtype(), t.op(), out, inputs.data(), topo_.num_nodes, served.count, t.divisor);
-            const char* result = out;
-            const bool sum_sent =
-                std::any_of(contributors.begin(), contributors.end(), [&t](int n) { return t.returns_to(n); });
-            if (wire && sum_sent) {
-              // Rounded once; our own copy gets the very bits we send.
-              char* msg = wire_buf(wire_out_, t, topo_.node);
-              codec_.encode(dtype, out, served.count, msg);
-              codec_.decode(dtype, msg, served.count, out);
-              result = msg;
-            }
-            for (int n : contributors) {
-              const bool sum = t.returns_to(n);
-              if (!sum && t.back_to < 0) continue;  // kBackToNone: nothing goes back
-              Channel::Send send;
-              send.header = header_for(t, WireKind::kResult, sum ? bytes : 0);  // else the empty answer
-              send.data = result;
-              send.on_done = [s] { --s->sends_pending; };
-              ++s->sends_pending;
-              servers_[n]->post_send(std::move(send));
-            }
-            s->served = true;
+          *servers_[x.node], s, WireKind::kContribution, x.count, into,
+          [this, &s, decode, into, x] {
+            if (decode) codec_.decode(s.task.dtype(), into, x.count, (*s.staging)[x.node].data());
+            if (--s.contributions_missing == 0) serve(s);
           },
           now);
-      ++s->contributions_missing;
+      ++s.contributions_missing;
     }
   }
   active_.push_back(std::move(st));
 }
 
-void RailStage::start_share(SliceState& s, int64_t elem) {
-  // Our shard goes to every other node (as a contribution to its server
-  // side), and each node's shard comes in from it: each byte crosses each
-  // link once.  (A broadcast's shards are empty but on the root's node: the
-  // empty messages carry the key, so ranks naming different roots are told.)
+// Every piece of our shard is in: reduce them in node order, then round two.
+void RailStage::serve(SliceState& s) {
   const RailTask& t = s.task;
-  const auto now = Clock::now();
-  for (int n = 0; n < topo_.num_nodes; ++n) {
-    if (n == topo_.node) continue;
-    Channel::Send send;
-    send.header = header_for(t, WireKind::kContribution, bytes_of(t.shards[topo_.node], elem));
-    send.data = t.shard_at(topo_.node);
-    send.on_done = [&s] { --s.sends_pending; };
-    ++s.sends_pending;
-    clients_[n]->post_send(std::move(send));
-    expect(
-        *servers_[n], s, WireKind::kContribution, bytes_of(t.shards[n], elem), t.shard_at(n),
-        [&s] { --s.contributions_missing; }, now);
-    ++s.contributions_missing;
+  if (reduce_delay_.count() > 0) {
+    std::this_thread::sleep_for(reduce_delay_);
+    reduce_delay_ = std::chrono::milliseconds(0);  // once
   }
+  const int64_t count = s.walk.served_count;
+  char* own = t.shard_at(topo_.node);
+  char* out = t.result ? t.result : own;
+  std::vector<const void*> inputs(topo_.num_nodes);
+  for (int n = 0; n < topo_.num_nodes; ++n) {
+    inputs[n] = (n == topo_.node) ? own : (*s.staging)[n].data();
+  }
+  reduce_(t.dtype(), t.op(), out, inputs.data(), topo_.num_nodes, count, t.divisor);
+  const char* result = out;
+  if (s.wire && s.walk.sends_sum_data()) {
+    // Rounded once; our own copy gets the very bits we send.
+    char* msg = wire_buf(wire_out_, t, topo_.node);
+    codec_.encode(t.dtype(), out, count, msg);
+    codec_.decode(t.dtype(), msg, count, out);
+    result = msg;
+  }
+  for (const Transfer& x : s.walk.sum_sends) send(*servers_[x.node], s, WireKind::kResult, x.count, result);
+  s.served = true;
 }
 
-void RailStage::expect(Channel& ch, SliceState& s, WireKind kind, uint64_t bytes, char* into,
+uint64_t RailStage::message_bytes(const SliceState& s, int64_t count) const {
+  if (count == 0) return 0;  // an empty transfer is an empty message, compressed or not
+  if (s.wire) return WireCodec::message_bytes(count);
+  return static_cast<uint64_t>(count * static_cast<int64_t>(c10::elementSize(s.task.dtype())));
+}
+
+void RailStage::send(Channel& ch, SliceState& s, WireKind kind, int64_t count, const char* data) {
+  Channel::Send send;
+  send.header = header_for(s.task, kind, message_bytes(s, count));
+  send.data = data;
+  send.on_done = [&s] { --s.sends_pending; };
+  ++s.sends_pending;
+  ch.post_send(std::move(send));
+}
+
+void RailStage::expect(Channel& ch, SliceState& s, WireKind kind, int64_t count, char* into,
                        std::function<void()> on_done, Clock::time_point now) {
   if (!ch.has_pending_recv()) ch.last_recv_progress = now;
-  WireHeader want = header_for(s.task, kind, bytes);
+  WireHeader want = header_for(s.task, kind, message_bytes(s, count));
   const int peer = ch.peer_rank();
   const int self = topo_.rank;
   ch.post_recv({[want, into, peer, self](const WireHeader& got) -> void* {
@@ -380,10 +365,9 @@ void RailStage::loop() {
   // sees the culprit itself names it first and its abort reaches us, still
   // before the network-wide deadline (half of the gap to it).
   const auto alive_grace = (network_deadline(timeout_) - remote_timeout) / 2;
-  const auto heartbeat_every =
-      std::clamp<std::chrono::milliseconds>(std::chrono::duration_cast<std::chrono::milliseconds>(alive_grace / 4),
-                                            std::chrono::milliseconds(10), std::chrono::milliseconds(250));
-  const auto alive_window = 2 * heartbeat_every + std::chrono::milliseconds(100);
+  const auto heartbeat_every = std::clamp<std::chrono::milliseconds>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(alive_grace / 4), kHeartbeatMin, kHeartbeatMax);
+  const auto alive_window = 2 * heartbeat_every + kHeartbeatSlack;
   auto next_heartbeat = Clock::now();
   try {
     for (;;) {
@@ -429,7 +413,7 @@ void RailStage::loop() {
         if (ch->wants_write()) ch->progress_send();
       }
       maybe_finish();
-      int r = poll(fds.data(), fds.size(), 50);
+      int r = poll(fds.data(), fds.size(), kLoopPollMs);
       if (r < 0 && errno != EINTR) throw std::runtime_error("fairring: poll failed");
       if (fds[0].revents & POLLIN) {
         uint64_t v;

@@ -1,8 +1,8 @@
-// The inter-node steps of the all-reduce, on this rank's rail: send each shard
-// of the node-reduced chunk to the peer that serves it, serve our own shard
-// (receive the peers' shards, reduce them in node order, send the result back)
-// and receive the results of the other shards.  Runs on its own thread, many
-// slices in flight, driven by poll() over non-blocking connections.
+// The TCP rail: this rank's part of each chunk's rail walk (plan/rail_walk.h),
+// as messages to and from the same local rank of every other node: pieces
+// to their servers, the served reduction, the sums back; or shared shards.
+// Runs on its own thread, many slices in flight, driven by poll() over
+// non-blocking connections.
 #pragma once
 
 #include <atomic>
@@ -66,11 +66,14 @@ class RailStage : public RailExchange {
   struct SliceState;
   void loop();
   void start(std::unique_ptr<SliceState> state);
-  // All-gather and broadcast: each node's shard to every other node.
-  void start_share(SliceState& s, int64_t elem);
+  void serve(SliceState& s);
+  // The bytes on the wire of a transfer of `count` elements of the slice.
+  uint64_t message_bytes(const SliceState& s, int64_t count) const;
+  // Posts the slice's next `kind` message of `count` elements to `ch`'s peer.
+  void send(Channel& ch, SliceState& s, WireKind kind, int64_t count, const char* data);
   // Posts the receive of the slice's next `kind` message from `ch`'s peer
   // (checked against what we expect) into `into`.
-  void expect(Channel& ch, SliceState& s, WireKind kind, uint64_t bytes, char* into, std::function<void()> on_done,
+  void expect(Channel& ch, SliceState& s, WireKind kind, int64_t count, char* into, std::function<void()> on_done,
               Clock::time_point now);
   void maybe_finish();
   void wake();

@@ -1,5 +1,5 @@
 // Test hooks of the pure planning: slices, chunks and shards, the rail walk,
-// each collective's script (tests/test_plan_topology.py, test_rail_plan.py).
+// each collective's script (tests/test_plan_topology.py, test_rail_walk.py).
 #include <pybind11/stl.h>
 #include <torch/extension.h>
 
@@ -8,7 +8,7 @@
 
 #include "collectives/collectives.h"
 #include "plan/plan.h"
-#include "plan/rail_plan.h"
+#include "plan/rail_walk.h"
 
 namespace py = pybind11;
 
@@ -60,18 +60,31 @@ void register_plan_hooks(py::module& m) {
     return blockwise_fits(elem_size, world, p);
   });
 
-  // The rail exchange of a chunk with these shards, seen from `node`.
-  m.def("_rail_walk_for_test", [](const std::vector<std::pair<int64_t, int64_t>>& shards, int node, int num_nodes) {
+  // The rail walk of a chunk with these shards, seen from `node`; pattern
+  // "reduce" or "share", back_to a node, "all" or "none".
+  m.def("_rail_walk_for_test", [](const std::string& pattern, const std::string& back_to,
+                                  const std::vector<std::pair<int64_t, int64_t>>& shards, int node, int num_nodes) {
     std::vector<Range> rs;
     for (const auto& s : shards) rs.push_back(Range{s.first, s.second});
-    const RailPlan p = plan_rail(rs, node, num_nodes);
+    const RailPattern pat = pattern == "share" ? RailPattern::kShare : RailPattern::kReduce;
+    const int to = back_to == "all" ? kBackToAll : back_to == "none" ? kBackToNone : std::stoi(back_to);
+    const RailWalk w = walk_rail(pat, to, rs, node, num_nodes);
+    auto transfers = [](const std::vector<Transfer>& v) {
+      py::list out;
+      for (const auto& t : v) out.append(py::make_tuple(t.node, t.shard, t.count));
+      return out;
+    };
     py::dict d;
-    py::list remote;
-    for (const auto& r : p.remote) remote.append(py::make_tuple(r.node, r.shard.offset, r.shard.count));
-    d["remote"] = remote;
-    d["serves"] = p.serves;
-    d["served"] = py::make_tuple(p.served.offset, p.served.count);
-    d["contributors"] = p.contributors;
+    d["sends"] = transfers(w.sends);
+    d["receives"] = transfers(w.receives);
+    d["reduces"] = w.reduces;
+    d["served"] = w.served;
+    d["served_count"] = w.served_count;
+    d["sum_sends"] = transfers(w.sum_sends);
+    d["sum_receives"] = transfers(w.sum_receives);
+    d["sends_sum_data"] = w.sends_sum_data();
+    d["shards_read"] = w.shards_read();
+    d["shards_written"] = w.shards_written();
     return d;
   });
 
