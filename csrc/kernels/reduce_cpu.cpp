@@ -16,6 +16,8 @@
 
 #include "common/dtype_name.h"
 #include "common/reduce_op.h"
+#include "kernels/host_device.h"
+#include "kernels/nan_rule.h"
 #include "kernels/convert_cpu.h"
 #include "kernels/reduce_cpu_internal.h"
 

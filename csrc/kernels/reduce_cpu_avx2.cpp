@@ -20,6 +20,8 @@
 #include <utility>
 
 #include "common/reduce_op.h"
+#include "kernels/host_device.h"
+#include "kernels/nan_rule.h"
 
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)

@@ -3,10 +3,10 @@
 // a grid sized from the device's SM count.
 //
 // The results are the same bits as the CPU kernels (kernels/reduce_impl.h):
-// the inputs are combined strictly in order 0..n-1, each step is one IEEE
-// operation written with the _rn intrinsics (so nvcc cannot contract a
-// multiply and an add into an FMA), and float16 / bfloat16 go through the
-// same bit-exact conversions (round to nearest even, canonical NaNs).  This
+// the inputs are combined strictly in order 0..n-1 with the very operations
+// and conversions the CPU kernels use (kernels/reduce_ops.h), whose IEEE
+// steps are the _rn intrinsics here (so nvcc cannot contract a multiply and
+// an add into an FMA) with x86's NaNs.  This
 // file must not be compiled with --use_fast_math (flush-to-zero and
 // approximate division would change the bits).
 
@@ -19,131 +19,14 @@
 #include <type_traits>
 
 #include "kernels/half_bits_cuda.cuh"
-#include "kernels/nan_rule.h"
 
 namespace fairring {
 namespace {
 
 using namespace cuda_bits;
 
-template <typename T>
-struct PlainCvt {
-  using Storage = T;
-  using Acc = T;
-  __device__ static Acc load(T x) { return x; }
-  __device__ static T store(Acc a) { return a; }
-};
-
-struct HalfCvt {
-  using Storage = uint16_t;
-  using Acc = float;
-  __device__ static Acc load(uint16_t x) { return f16_to_f32(x); }
-  __device__ static uint16_t store(Acc a) { return f32_to_f16(a); }
-};
-
-struct BFloat16Cvt {
-  using Storage = uint16_t;
-  using Acc = float;
-  __device__ static Acc load(uint16_t x) { return bf16_to_f32(x); }
-  __device__ static uint16_t store(Acc a) { return f32_to_bf16(a); }
-};
-
-// bool: one byte, normalised to 0/1 on load.
-struct BoolCvt {
-  using Storage = uint8_t;
-  using Acc = uint8_t;
-  __device__ static Acc load(uint8_t x) { return static_cast<uint8_t>(x != 0); }
-  __device__ static uint8_t store(Acc a) { return a; }
-};
-
-// ---- Operations (the CPU kernels' semantics) ----------------------------------
-
-// Integer arithmetic in the unsigned type of the same width, at least unsigned
-// int: two's-complement wrap-around, no signed overflow.
-template <typename A>
-using WideUnsigned = std::conditional_t<(sizeof(A) < sizeof(unsigned int)), unsigned int, std::make_unsigned_t<A>>;
-
-template <typename A>
-__device__ __forceinline__ A wrap_add(A a, A b) {
-  using W = WideUnsigned<A>;
-  using U = std::make_unsigned_t<A>;
-  return static_cast<A>(static_cast<W>(static_cast<W>(static_cast<U>(a)) + static_cast<W>(static_cast<U>(b))));
-}
-
-template <typename A>
-__device__ __forceinline__ A wrap_mul(A a, A b) {
-  using W = WideUnsigned<A>;
-  using U = std::make_unsigned_t<A>;
-  return static_cast<A>(static_cast<W>(static_cast<W>(static_cast<U>(a)) * static_cast<W>(static_cast<U>(b))));
-}
-
-// Floating point: the device's IEEE result with the CPU's NaNs (nan_rule.h).
-struct OpSum {
-  __device__ static float apply(float a, float b) { return nan_rule::like_x86(a, b, __fadd_rn(a, b)); }
-  __device__ static double apply(double a, double b) { return nan_rule::like_x86(a, b, __dadd_rn(a, b)); }
-  template <typename A>
-  __device__ static A apply(A a, A b) {
-    return wrap_add(a, b);
-  }
-};
-
-struct OpProduct {
-  __device__ static float apply(float a, float b) { return nan_rule::like_x86(a, b, __fmul_rn(a, b)); }
-  __device__ static double apply(double a, double b) { return nan_rule::like_x86(a, b, __dmul_rn(a, b)); }
-  template <typename A>
-  __device__ static A apply(A a, A b) {
-    return wrap_mul(a, b);
-  }
-};
-
-// torch.minimum / torch.maximum: a NaN in either operand gives NaN.
-struct OpMin {
-  template <typename A>
-  __device__ static A apply(A a, A b) {
-    if constexpr (std::is_floating_point<A>::value) {
-      return b != b ? b : (b < a ? b : a);
-    } else {
-      return b < a ? b : a;
-    }
-  }
-};
-
-struct OpMax {
-  template <typename A>
-  __device__ static A apply(A a, A b) {
-    if constexpr (std::is_floating_point<A>::value) {
-      return b != b ? b : (a < b ? b : a);
-    } else {
-      return a < b ? b : a;
-    }
-  }
-};
-
-struct OpAnd {
-  template <typename A>
-  __device__ static A apply(A a, A b) {
-    return static_cast<A>(a & b);
-  }
-};
-struct OpOr {
-  template <typename A>
-  __device__ static A apply(A a, A b) {
-    return static_cast<A>(a | b);
-  }
-};
-struct OpXor {
-  template <typename A>
-  __device__ static A apply(A a, A b) {
-    return static_cast<A>(a ^ b);
-  }
-};
-
-__device__ __forceinline__ float divide(float a, float d) { return nan_rule::like_x86(a, d, __fdiv_rn(a, d)); }
-__device__ __forceinline__ double divide(double a, double d) { return nan_rule::like_x86(a, d, __ddiv_rn(a, d)); }
-template <typename A>
-__device__ __forceinline__ A divide(A a, A) {
-  return a;
-}  // integers never get a divisor
+// The *Cvt and Op* types and divide(): kernels/reduce_ops.h, shared with the
+// CPU kernels (through half_bits_cuda.cuh).
 
 // ---- The kernel -----------------------------------------------------------------
 

@@ -1,10 +1,12 @@
 // The multi-input reduction kernels, as plain C++ loops written so that GCC
 // auto-vectorises them.
 //
-// NOT a normal header: it has no include guard and includes nothing.  A
-// translation unit includes it *inside its own namespace* after including
-// <cstdint>, <cstring>, <type_traits>, <utility>, <c10/core/ScalarType.h> and
-// "common/reduce_op.h" itself (and <immintrin.h> if it defines
+// NOT a normal header: it has no include guard and includes nothing but
+// reduce_ops.h (the element-wise pieces, shared with the CUDA kernels), which
+// is written the same way.  A translation unit includes it *inside its own
+// namespace* after including <cstdint>, <cstring>, <type_traits>, <utility>,
+// <c10/core/ScalarType.h>, "common/reduce_op.h", "kernels/host_device.h" and
+// "kernels/nan_rule.h" itself (and <immintrin.h> if it defines
 // FAIRRING_REDUCE_IMPL_F16C), so that each instruction set (the baseline
 // build in reduce_cpu.cpp, the AVX2 build in reduce_cpu_avx2.cpp) gets its own
 // copy of these templates under its own mangled names (no ODR clash between
@@ -29,214 +31,15 @@ namespace detail {
 // input streams through it, large enough to amortise the per-block overhead.
 constexpr int64_t kBlockBytes = 8192;
 
-inline uint32_t f32_bits(float f) {
-  uint32_t u;
-  __builtin_memcpy(&u, &f, sizeof(u));
-  return u;
-}
-
-inline float f32_from_bits(uint32_t u) {
-  float f;
-  __builtin_memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
-// All-ones if `c`, else zero; and a bitwise select with such a mask.  The
-// half-precision conversions below pick between candidates this way rather
-// than with ?: so that GCC sees no control flow it would refuse to if-convert
-// (it will not speculate floating-point work out of a branch), and the loops
-// vectorise.
-inline uint32_t mask_if(bool c) { return 0u - static_cast<uint32_t>(c); }
-
-inline uint32_t select_bits(uint32_t mask, uint32_t if_set, uint32_t if_clear) {
-  return (if_set & mask) | (if_clear & ~mask);
-}
-
-// IEEE binary16 -> binary32, exact.
-inline float f16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t e = (static_cast<uint32_t>(h) >> 10) & 0x1Fu;
-  const uint32_t m = static_cast<uint32_t>(h) & 0x3FFu;
-  const uint32_t normal = ((e + 112u) << 23) | (m << 13);
-  // Inf, or NaN made quiet (as c10 and F16C do).
-  const uint32_t inf_nan = 0x7F800000u | (m << 13) | (mask_if(m != 0u) & 0x00400000u);
-  // Subnormal: m * 2^-24, exact in float32 (m == 0 gives +0).  Computed for
-  // every lane and picked with a mask: GCC will not if-convert
-  // floating-point work out of a branch, and would not vectorise.
-  const uint32_t subnormal = f32_bits(static_cast<float>(static_cast<int32_t>(m)) * 0x1p-24f);
-  const uint32_t mag = select_bits(mask_if(e == 0u), subnormal, select_bits(mask_if(e == 31u), inf_nan, normal));
-  return f32_from_bits(sign | mag);
-}
-
-// binary32 -> binary16, round to nearest even; overflow goes to +-inf and any
-// NaN becomes the quiet NaN 0x7E00 with the input's sign (as c10::Half does).
-inline uint16_t f32_to_f16(float f) {
-  const uint32_t x = f32_bits(f);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const uint32_t ax = x & 0x7FFFFFFFu;
-  // Normal half (|f| >= 2^-14): drop 13 mantissa bits with RNE and rebias the
-  // exponent by 127 - 15 = 112; a mantissa carry rolls into the exponent.
-  const uint32_t normal = (ax + 0x0FFFu + ((ax >> 13) & 1u) - (112u << 23)) >> 13;
-  // Subnormal half (or zero), |f| < 2^-14: the result is round(|f| * 2^24)
-  // (< 2^10).  Scaling by 2^24 is exact; adding 2^23 makes the FPU round the
-  // fraction away with round-to-nearest-even, leaving the integer in the low
-  // mantissa bits.  (Fusing the two into an FMA gives the same bits, as the
-  // product is exact.)  Rounding up to 1024 yields the smallest normal half.
-  const float magic = f32_from_bits(ax) * 0x1p24f + 0x1p23f;
-  const uint32_t subnormal = f32_bits(magic) - 0x4B000000u;  // bits of 2^23
-  const uint32_t mag = select_bits(
-      mask_if(ax > 0x7F800000u), 0x7E00u,
-      select_bits(mask_if(ax >= 0x477FF000u), 0x7C00u, select_bits(mask_if(ax >= 0x38800000u), normal, subnormal)));
-  return static_cast<uint16_t>(sign | mag);
-}
-
-// bfloat16 -> binary32, exact.
-inline float bf16_to_f32(uint16_t h) { return f32_from_bits(static_cast<uint32_t>(h) << 16); }
-
-// binary32 -> bfloat16, round to nearest even; NaN -> 0x7FC0 (as c10 does).
-inline uint16_t f32_to_bf16(float f) {
-  const uint32_t x = f32_bits(f);
-  const uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
-  return static_cast<uint16_t>(select_bits(mask_if((x & 0x7FFFFFFFu) > 0x7F800000u), 0x7FC0u, rounded));
-}
-
-// ---- Storage <-> accumulator conversions -----------------------------------
-
-template <typename T>
-struct PlainCvt {
-  using Storage = T;
-  using Acc = T;
-  static Acc load(T x) { return x; }
-  static T store(Acc a) { return a; }
-};
+// The conversions, the *Cvt types and the Op* types, shared with the CUDA
+// kernels.
+#include "kernels/reduce_ops.h"
 
 #if defined(FAIRRING_REDUCE_IMPL_F16C)
 constexpr bool kHaveF16C = true;
 #else
 constexpr bool kHaveF16C = false;
 #endif
-
-// float16.  With F16C (FAIRRING_REDUCE_IMPL_F16C, defined by the AVX2 build,
-// which includes <immintrin.h> first) the fused passes convert 8 elements per
-// instruction (f16c_fused_pass below).  Without it, the bit-twiddling
-// conversion is long enough that fusing it into the combine loops spills
-// registers, so whole (small) blocks are converted at a time instead
-// (kBlockConvert).  All give the same bits: F16C converts exactly / rounds to
-// nearest even like f16_to_f32 / f32_to_f16, and NaNs are made canonical
-// before rounding.
-struct HalfCvt {
-  using Storage = uint16_t;
-  using Acc = float;
-  static constexpr bool kBlockConvert = !kHaveF16C;
-  static Acc load(uint16_t x) { return f16_to_f32(x); }
-  static uint16_t store(Acc a) { return f32_to_f16(a); }
-
-  static void load_block(float* dst, const uint16_t* src, int64_t len) {
-    for (int64_t j = 0; j < len; ++j) {
-      dst[j] = f16_to_f32(src[j]);
-    }
-  }
-
-  static void store_block(uint16_t* dst, const float* src, int64_t len) {
-    for (int64_t j = 0; j < len; ++j) {
-      dst[j] = f32_to_f16(src[j]);
-    }
-  }
-};
-
-struct BFloat16Cvt {
-  using Storage = uint16_t;
-  using Acc = float;
-  static Acc load(uint16_t x) { return bf16_to_f32(x); }
-  static uint16_t store(Acc a) { return f32_to_bf16(a); }
-};
-
-// bool is one byte holding 0 or 1; normalise anyway so that stray byte values
-// still give a 0/1 result.
-struct BoolCvt {
-  using Storage = uint8_t;
-  using Acc = uint8_t;
-  static Acc load(uint8_t x) { return static_cast<uint8_t>(x != 0); }
-  static uint8_t store(Acc a) { return a; }
-};
-
-// ---- Operations --------------------------------------------------------------
-
-// Integer arithmetic is done in the unsigned type of the same width, promoted
-// to at least unsigned int so that narrow types never overflow a signed int:
-// two's-complement wrap-around without relying on -fwrapv.
-template <typename A>
-using WideUnsigned = std::conditional_t<(sizeof(A) < sizeof(unsigned int)), unsigned int, std::make_unsigned_t<A>>;
-
-struct OpSum {
-  template <typename A>
-  static A apply(A a, A b) {
-    if constexpr (std::is_integral_v<A>) {
-      using W = WideUnsigned<A>;
-      return static_cast<A>(static_cast<W>(static_cast<W>(static_cast<std::make_unsigned_t<A>>(a)) +
-                                           static_cast<W>(static_cast<std::make_unsigned_t<A>>(b))));
-    } else {
-      return a + b;
-    }
-  }
-};
-
-struct OpProduct {
-  template <typename A>
-  static A apply(A a, A b) {
-    if constexpr (std::is_integral_v<A>) {
-      using W = WideUnsigned<A>;
-      return static_cast<A>(static_cast<W>(static_cast<W>(static_cast<std::make_unsigned_t<A>>(a)) *
-                                           static_cast<W>(static_cast<std::make_unsigned_t<A>>(b))));
-    } else {
-      return a * b;
-    }
-  }
-};
-
-// torch.minimum / torch.maximum semantics: a NaN in either operand gives NaN.
-struct OpMin {
-  template <typename A>
-  static A apply(A a, A b) {
-    if constexpr (std::is_floating_point_v<A>) {
-      return b != b ? b : (b < a ? b : a);
-    } else {
-      return b < a ? b : a;
-    }
-  }
-};
-
-struct OpMax {
-  template <typename A>
-  static A apply(A a, A b) {
-    if constexpr (std::is_floating_point_v<A>) {
-      return b != b ? b : (a < b ? b : a);
-    } else {
-      return a < b ? b : a;
-    }
-  }
-};
-
-struct OpAnd {
-  template <typename A>
-  static A apply(A a, A b) {
-    return static_cast<A>(a & b);
-  }
-};
-
-struct OpOr {
-  template <typename A>
-  static A apply(A a, A b) {
-    return static_cast<A>(a | b);
-  }
-};
-
-struct OpXor {
-  template <typename A>
-  static A apply(A a, A b) {
-    return static_cast<A>(a ^ b);
-  }
-};
 
 // ---- The blocked kernels ------------------------------------------------------
 //
@@ -302,7 +105,7 @@ inline void scalar_pass(typename Cvt::Acc* acc, typename Cvt::Storage* out, cons
       }
       ((v = step < kFromAcc || I != 0, Cvt, Op > (v, q[I][j])), ...);
       if constexpr (kDivide) {
-        out[j] = Cvt::store(v / div);
+        out[j] = Cvt::store(divide(v, div));
       } else {
         out[j] = Cvt::store(v);
       }
@@ -426,11 +229,24 @@ inline void group_pass(int g, bool to_out, typename Cvt::Acc* acc, typename Cvt:
 #undef FAIRRING_GROUP_CASE
 }
 
-template <typename Cvt, typename = void>
-struct HasBlockConvert : std::false_type {};
+// float16 without F16C: the bit-twiddling conversion is long enough that
+// fusing it into the combine loops spills registers, so whole (small) blocks
+// are converted at a time instead (kernel_block_convert).  With F16C (the
+// AVX2 build) the fused passes convert 8 elements per instruction
+// (f16c_fused_pass).  All give the same bits: F16C converts exactly / rounds
+// to nearest even like f16_to_f32 / f32_to_f16, and NaNs are made canonical
+// before rounding.
 template <typename Cvt>
-struct HasBlockConvert<Cvt, std::void_t<decltype(Cvt::kBlockConvert)>>
-    : std::integral_constant<bool, Cvt::kBlockConvert> {};
+struct BlockConvert : std::false_type {};
+template <>
+struct BlockConvert<HalfCvt> : std::integral_constant<bool, !kHaveF16C> {
+  static void load(float* dst, const uint16_t* src, int64_t len) {
+    for (int64_t j = 0; j < len; ++j) dst[j] = f16_to_f32(src[j]);
+  }
+  static void store(uint16_t* dst, const float* src, int64_t len) {
+    for (int64_t j = 0; j < len; ++j) dst[j] = f32_to_f16(src[j]);
+  }
+};
 
 // For storage types converted a block at a time (float16 without F16C):
 // each input's block is converted into `tmp`, then combined into `acc`;
@@ -448,26 +264,26 @@ void kernel_block_convert(typename Cvt::Storage* out, const typename Cvt::Storag
 
   for (int64_t base = 0; base < count; base += kBlock) {
     const int64_t len = count - base < kBlock ? count - base : kBlock;
-    Cvt::load_block(acc, in[0] + base, len);
+    BlockConvert<Cvt>::load(acc, in[0] + base, len);
     for (int k = 1; k < n; ++k) {
-      Cvt::load_block(tmp, in[k] + base, len);
+      BlockConvert<Cvt>::load(tmp, in[k] + base, len);
       for (int64_t j = 0; j < len; ++j) {
         acc[j] = Op::apply(acc[j], tmp[j]);
       }
     }
     if constexpr (kDivide) {
       for (int64_t j = 0; j < len; ++j) {
-        acc[j] = acc[j] / div;
+        acc[j] = divide(acc[j], div);
       }
     }
-    Cvt::store_block(out + base, acc, len);
+    BlockConvert<Cvt>::store(out + base, acc, len);
   }
 }
 
 template <typename Cvt, typename Op, bool kDivide>
 void kernel(typename Cvt::Storage* out, const typename Cvt::Storage* const* in, int n, int64_t count,
             typename Cvt::Acc div) {
-  if constexpr (HasBlockConvert<Cvt>::value) {
+  if constexpr (BlockConvert<Cvt>::value) {
     kernel_block_convert<Cvt, Op, kDivide>(out, in, n, count, div);
   } else {
     using S = typename Cvt::Storage;
