@@ -18,6 +18,8 @@ constexpr auto kPollEvery = std::chrono::milliseconds(20);
 // How long the rank that failed first waits for the others to read why
 // before it raises (it may host the store, which goes with it).
 constexpr std::chrono::milliseconds kFailureReadLimit(10000);
+// The first publisher of a failure counts, then writes its message.
+constexpr auto kFailureMessageWait = std::chrono::seconds(10);
 
 std::string string_of(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 }  // namespace
@@ -72,7 +74,7 @@ bool InitStore::publish_failure(const std::string& why) {
 
 std::string InitStore::first_failure() {
   // The first publisher counts, then writes its message: wait for it briefly.
-  PrefixStore::wait({kFailureKey}, std::chrono::seconds(10));
+  PrefixStore::wait({kFailureKey}, kFailureMessageWait);
   const std::string why = string_of(PrefixStore::get(kFailureKey));
   mark_failure_read();
   return "fairring: could not create the process group: " + why;

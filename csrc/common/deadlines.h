@@ -17,14 +17,18 @@
 
 namespace fairring {
 
+// The grace periods of steps 2 and 3: a share of the timeout, capped.
+constexpr auto kRailGraceCap = std::chrono::seconds(10);
+constexpr auto kNetworkGraceCap = std::chrono::seconds(5);
+
 inline std::chrono::milliseconds local_peer_deadline(std::chrono::milliseconds timeout) { return timeout; }
 
 inline std::chrono::milliseconds rail_peer_deadline(std::chrono::milliseconds timeout) {
-  return timeout + std::min<std::chrono::milliseconds>(timeout / 4, std::chrono::seconds(10));
+  return timeout + std::min<std::chrono::milliseconds>(timeout / 4, kRailGraceCap);
 }
 
 inline std::chrono::milliseconds network_deadline(std::chrono::milliseconds timeout) {
-  return rail_peer_deadline(timeout) + std::min<std::chrono::milliseconds>(timeout / 10, std::chrono::seconds(5));
+  return rail_peer_deadline(timeout) + std::min<std::chrono::milliseconds>(timeout / 10, kNetworkGraceCap);
 }
 
 }  // namespace fairring

@@ -12,6 +12,9 @@
 namespace fairring {
 
 namespace {
+
+// flush_abort(): how long one wait for room in the socket lasts.
+constexpr int kAbortFlushPollMs = 10;
 [[noreturn]] void lost(int peer, const char* what) {
   // The mark makes it a DistNetworkError for the user (common/dist_error.h).
   throw std::runtime_error("fairring: connection to rank " + std::to_string(peer) + " " + what + " " +
@@ -191,7 +194,7 @@ void Channel::flush_abort(Clock::time_point deadline) {
     while (!sendq_.empty() && Clock::now() < deadline) {
       if (!progress_send()) {
         struct pollfd p{socket_.fd(), POLLOUT, 0};
-        poll(&p, 1, 10);
+        poll(&p, 1, kAbortFlushPollMs);
       }
     }
   } catch (const std::exception&) {

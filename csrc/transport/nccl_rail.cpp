@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/backoff.h"
 #include "common/log.h"
 
 namespace fairring {
@@ -27,6 +28,12 @@ namespace {
 // The slice of NCCL's C API used here, declared by hand (stable since NCCL
 // 2.14): results and data types are C enums (int), the unique id is 128
 // opaque bytes, a communicator an opaque pointer.
+// settle(): an NCCL call in progress is polled with a back-off, and a
+// peer's published failure checked this often.
+constexpr auto kSettleNapFirst = std::chrono::microseconds(10);
+constexpr auto kSettleNapCap = std::chrono::microseconds(1000);
+constexpr auto kInterruptCheckEvery = std::chrono::milliseconds(100);
+
 constexpr int kNcclSuccess = 0;
 constexpr int kNcclInProgress = 7;
 constexpr int kNcclUint8 = 1;
@@ -225,7 +232,7 @@ void NcclRail::check_live(const char* what) const {
 
 void NcclRail::settle(const char* what, std::chrono::steady_clock::time_point deadline,
                       const std::function<void()>& interrupted) {
-  auto pause = std::chrono::microseconds(10);
+  Backoff pause(kSettleNapFirst, kSettleNapCap);
   auto next_interrupt_check = std::chrono::steady_clock::now();
   for (;;) {
     {
@@ -244,11 +251,10 @@ void NcclRail::settle(const char* what, std::chrono::steady_clock::time_point de
                                std::to_string(timeout_.count()) + " ms (is a rail peer stalled or gone?)");
     }
     if (interrupted && now >= next_interrupt_check) {
-      next_interrupt_check = now + std::chrono::milliseconds(100);
+      next_interrupt_check = now + kInterruptCheckEvery;
       interrupted();
     }
-    std::this_thread::sleep_for(pause);
-    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
+    pause.sleep();
   }
 }
 

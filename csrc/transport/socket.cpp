@@ -16,9 +16,15 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/backoff.h"
+
 namespace fairring {
 
 namespace {
+
+// A peer that does not listen yet is retried, backing off.
+constexpr auto kConnectRetryFirst = std::chrono::milliseconds(5);
+constexpr auto kConnectRetryCap = std::chrono::milliseconds(200);
 [[noreturn]] void sys_fail(const std::string& what) {
   throw std::runtime_error("fairring: " + what + ": " + std::strerror(errno));
 }
@@ -185,7 +191,7 @@ Socket listen_on(const std::string& addr, int* port_out) {
 
 Socket connect_to(const std::string& addr, int port, Clock::time_point deadline) {
   sockaddr_in sa = make_addr(addr, port);
-  auto backoff = std::chrono::milliseconds(5);
+  Backoff backoff(kConnectRetryFirst, kConnectRetryCap);
   for (;;) {
     Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (!s.valid()) sys_fail("socket");
@@ -199,8 +205,7 @@ Socket connect_to(const std::string& addr, int port, Clock::time_point deadline)
       errno = err;
       sys_fail("connect to " + addr + ":" + std::to_string(port));
     }
-    std::this_thread::sleep_for(backoff);
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+    backoff.sleep();
   }
 }
 

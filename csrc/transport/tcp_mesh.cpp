@@ -19,6 +19,10 @@ namespace {
 constexpr char kHelloMagic[8] = {'F', 'A', 'I', 'R', 'R', 'N', 'G', '1'};
 // Rejected connections logged one by one per second (FAIRRING_DEBUG=1).
 constexpr int kRejectionLines = 10;
+// Rejections past kRejectionLines are counted and summed up once per window.
+constexpr auto kRejectionLogWindow = std::chrono::seconds(1);
+// The accepting thread wakes this often to see whether it should stop.
+constexpr int kAcceptPollMs = 100;
 
 // Constant-time comparison: a wrong guess takes as long as a near miss.
 bool same_secret(const uint8_t* a, const uint8_t* b) {
@@ -76,7 +80,7 @@ void TcpMesh::accept_loop() {
   while (!stop_) {
     fds.assign(1, {listener_.fd(), POLLIN, 0});
     for (auto& p : pending) fds.push_back({p.socket.fd(), POLLIN, 0});
-    if (poll(fds.data(), fds.size(), 100) < 0 && errno != EINTR) break;
+    if (poll(fds.data(), fds.size(), kAcceptPollMs) < 0 && errno != EINTR) break;
     const auto now = Clock::now();
     log_suppressed(false);
 
@@ -129,7 +133,7 @@ void TcpMesh::log_rejection(const std::string& from, const std::string& why) {
   }
   if (!debug_enabled()) return;
   const auto now = Clock::now();
-  if (now - log_window_ >= std::chrono::seconds(1)) {
+  if (now - log_window_ >= kRejectionLogWindow) {
     log_suppressed(true);
     log_window_ = now;
     logged_in_window_ = 0;
@@ -144,7 +148,7 @@ void TcpMesh::log_rejection(const std::string& from, const std::string& why) {
 
 void TcpMesh::log_suppressed(bool force) {
   if (suppressed_ == 0) return;
-  if (!force && Clock::now() - log_window_ < std::chrono::seconds(1)) return;
+  if (!force && Clock::now() - log_window_ < kRejectionLogWindow) return;
   FAIRRING_DEBUG_LOG(rank_, "rejected %llu more connection(s) in the last second (not logged one by one)",
                      static_cast<unsigned long long>(suppressed_));
   suppressed_ = 0;
