@@ -745,3 +745,24 @@ def killed_during_init(rank, world, sync_dir, kill_after_s):
 
     dist.init_process_group("fairring", rank=rank, world_size=world, timeout=timedelta(seconds=30))
     time.sleep(60)  # never reached before the kill
+
+
+def numbers_agree(rank, world, timeout_s):
+    """The op number an error names is the one dump_recent and the logs give
+    it: the group's count, delegated ops included (here a gloo all_to_all,
+    #0), not the engine's own (which would call the failing op #1)."""
+    import io
+
+    import fairring_py
+
+    g = dist.new_group(list(range(world)), backend="fairring", timeout=timedelta(seconds=timeout_s))
+    x = torch.arange(world, dtype=torch.float32)
+    y = torch.empty_like(x)
+    dist.all_to_all_single(y, x, group=g)  # delegated: #0
+    t = torch.ones(100)
+    dist.all_reduce(t, group=g)  # #1
+    n = 101 if rank == world - 1 else 100
+    failed = _attempt(lambda: dist.all_reduce(torch.ones(n), group=g))  # #2
+    recs = fairring_py.dump_recent(g, file=io.StringIO())
+    return {"failed": failed, "recent": [(r["seq"], r["kind"], r["state"]) for r in recs],
+            "sum_ok": bool(torch.all(t == world))}

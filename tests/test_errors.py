@@ -550,3 +550,15 @@ def test_shared_memory_is_private_to_the_user():
         assert v["ok"] and v["maps"], f"rank {r.rank}: {v}"
         for name, mode, uid in v["maps"]:
             assert mode == 0o600 and uid == v["uid"], f"rank {r.rank}: {name} has mode {oct(mode)}, owner {uid}"
+
+
+@pytest.mark.parametrize("nodes", [["a", "a"], ["a", "b"]], ids=["1x2", "2x1"])
+def test_errors_name_the_op_by_its_number_in_the_group(nodes):
+    res = launch.run_ranks(rank_errors.numbers_agree, nodes, args=(10,), timeout_s=90)
+    for r in res:
+        v = r.value
+        assert v["sum_ok"]
+        assert v["failed"]["raised"] and "mismatch" in v["failed"]["msg"], v["failed"]
+        assert "#2" in v["failed"]["msg"] and "#1" not in v["failed"]["msg"], v["failed"]["msg"]
+        assert (2, "all_reduce", "failed") in v["recent"], v["recent"]
+        assert v["recent"][0][0] == 0 and v["recent"][0][1].endswith("(gloo)"), v["recent"]

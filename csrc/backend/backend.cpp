@@ -246,10 +246,11 @@ void FairringBackend::check_same_process(const char* what) const {
               "Create a new process group in the child.");
 }
 
-std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind, std::string what, int64_t bytes,
+std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind, PipelineOp& op, int64_t bytes,
                                                                std::function<void(std::exception_ptr)> done) {
   auto recent = recent_;
-  auto handle = recent->start(seq_++, kind, std::move(what), bytes);
+  op.number = seq_++;
+  auto handle = recent->start(op.number, kind, describe_args(op.key()), bytes);
   const int rank = getRank();
   FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s of %s: issued", static_cast<unsigned long long>(handle->seq), kind,
                   handle->what.c_str());
@@ -349,7 +350,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_cpu(std::shared_ptr<HostO
   auto work = c10::make_intrusive<FairringWork>(getRank(), type, std::move(outputs), title);
   op->def = &collective_def(op->collective);
   const int64_t blocks = op->def->cut() == Cut::kBlockwise ? getSize() : 1;
-  op->on_complete = track(kind, describe_args(op->key()), op->numel * blocks * c10::elementSize(op->dtype),
+  op->on_complete = track(kind, *op, op->numel * blocks * c10::elementSize(op->dtype),
                           [work](std::exception_ptr error) { work->mark_done(error); });
   op->after_complete = [work](std::exception_ptr error) { work->complete_future(error); };
   work->set_interrupt_hook(abort_hook_, kind);
@@ -417,7 +418,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
     op->output = at::empty({out_numel / (out.is_complex() ? 2 : 1)}, out.options());
     op->users = outputs;
   }
-  if (!op->buffer.is_cpu()) return submit_device(std::move(op), outputs, kind);
+  if (!op->buffer.is_cpu()) return submit_device(std::move(op), type, outputs, kind);
   return submit_cpu(std::static_pointer_cast<HostOp>(op), type, outputs, kind,
                     scatter ? "fairring:reduce_scatter" : "fairring:all_gather");
 }
@@ -531,7 +532,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor
   op->dtype = at::kByte;
   op->op = RedOp::kSum;  // compared between ranks, not applied
   op->numel = t.numel() * static_cast<int64_t>(t.element_size());
-  if (!t.is_cpu()) return submit_device(std::move(op), tensors, "broadcast");
+  if (!t.is_cpu()) return submit_device(std::move(op), c10d::OpType::BROADCAST, tensors, "broadcast");
   return submit_cpu(std::static_pointer_cast<HostOp>(op), c10d::OpType::BROADCAST, tensors, "broadcast",
                     "fairring:broadcast");
 }

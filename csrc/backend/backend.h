@@ -139,9 +139,9 @@ class FairringBackend : public c10d::Backend {
   void remember_delegated(const c10::intrusive_ptr<c10d::Work>& work, Footprint fp);
   // Waits for the pending delegated collectives whose memory `fp` overlaps.
   void order_after_delegated(const Footprint& fp);
-  // Numbers a native op, records it in recent_ and wraps its completion
-  // (`done`) to record how it ended.
-  std::function<void(std::exception_ptr)> track(const char* kind, std::string what, int64_t bytes,
+  // Numbers a native op in the group (PipelineOp::number), records it in
+  // recent_ and wraps its completion (`done`) to record how it ended.
+  std::function<void(std::exception_ptr)> track(const char* kind, PipelineOp& op, int64_t bytes,
                                                 std::function<void(std::exception_ptr)> done);
   // Throws if called in a fork()ed child of the process that built the group.
   void check_same_process(const char* what) const;
@@ -182,8 +182,8 @@ class FairringBackend : public c10d::Backend {
   // The op object of the device engine (CUDA).
   static std::shared_ptr<PipelineOp> new_device_op();
   // Like submit_cpu, on the device engine (created by the first one).
-  c10::intrusive_ptr<c10d::Work> submit_device(std::shared_ptr<PipelineOp> op, std::vector<at::Tensor> outputs,
-                                               const char* kind);
+  c10::intrusive_ptr<c10d::Work> submit_device(std::shared_ptr<PipelineOp> op, c10d::OpType type,
+                                               std::vector<at::Tensor> outputs, const char* kind);
   void wait_idle_device();
   // abort() of the CPU and CUDA engines (not of gloo).
   void abort_engines(const std::string& why);

@@ -54,13 +54,14 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_device(at::Tensor& t, 
   aop->numel = in.numel;
   aop->stage = stage_of(in, std::move(scale));
   aop->footprint.write(t);
-  return submit_device(std::move(aop), tensors, "all_reduce");
+  return submit_device(std::move(aop), c10d::OpType::ALLREDUCE, tensors, "all_reduce");
 }
 
-c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<PipelineOp> base,
+c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<PipelineOp> base, c10d::OpType type,
                                                               std::vector<at::Tensor> outputs, const char* kind) {
 #ifndef FAIRRING_WITH_CUDA
   (void)base;
+  (void)type;
   (void)outputs;
   TORCH_CHECK(false, "fairring: ", kind, " of device tensors is not supported by this build");
 #else
@@ -103,7 +104,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<Pi
               engine->device().str(), " (the device of its first CUDA collective), but got a tensor on ", device.str());
 
   c10::cuda::CUDAGuard guard(device);
-  auto work = c10::make_intrusive<CudaFairringWork>(getRank(), std::move(outputs), device);
+  auto work = c10::make_intrusive<CudaFairringWork>(getRank(), type, kind, std::move(outputs), device);
   aop->done = work->done_event();
   // The engine starts after what the caller's stream has queued so far.
   cuda_check(cudaEventCreateWithFlags(&aop->ready, cudaEventDisableTiming), "cannot create a CUDA event");
@@ -113,9 +114,9 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<Pi
   // No recordStream: the engine holds the op's tensors until its device work is over.
   aop->def = &collective_def(aop->collective);
   const int64_t blocks = aop->def->cut() == Cut::kBlockwise ? getSize() : 1;
-  aop->on_complete = track((std::string(kind) + " (CUDA)").c_str(), describe_args(aop->key()),
-                           aop->numel * blocks * c10::elementSize(aop->dtype),
-                           [work](std::exception_ptr error) { work->mark_done(error); });
+  aop->on_complete =
+      track((std::string(kind) + " (CUDA)").c_str(), *aop, aop->numel * blocks * c10::elementSize(aop->dtype),
+            [work](std::exception_ptr error) { work->mark_done(error); });
   aop->after_complete = [work](std::exception_ptr error, const c10::cuda::CUDAStream& stream) {
     work->complete_future(error, stream);
   };

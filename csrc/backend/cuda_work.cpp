@@ -8,12 +8,21 @@
 #include <chrono>
 #include <thread>
 
+#include "common/backoff.h"
 #include "common/cuda_check.h"
 
 namespace fairring {
 
-CudaFairringWork::CudaFairringWork(int rank, std::vector<at::Tensor> outputs, c10::Device device)
-    : c10d::Work(rank, c10d::OpType::ALLREDUCE),
+namespace {
+// Work.wait() waits for the future's completion, usually microseconds away.
+constexpr auto kFutureNapFirst = std::chrono::microseconds(10);
+constexpr auto kFutureNapCap = std::chrono::microseconds(1000);
+}  // namespace
+
+CudaFairringWork::CudaFairringWork(int rank, c10d::OpType type, std::string kind, std::vector<at::Tensor> outputs,
+                                   c10::Device device)
+    : c10d::Work(rank, type),
+      kind_(std::move(kind)),
       outputs_(std::move(outputs)),
       device_(device),
       done_(std::make_shared<CudaEvent>(device)),
@@ -49,7 +58,7 @@ std::exception_ptr CudaFairringWork::exception() const {
 void CudaFairringWork::stream_wait() {
   c10::cuda::CUDAGuard guard(device_);
   cuda_check(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device_.index()).stream(), done_->get(), 0),
-             "cudaStreamWaitEvent on the all_reduce's completion");
+             "cudaStreamWaitEvent on the " + kind_ + "'s completion");
 }
 
 bool CudaFairringWork::wait(std::chrono::milliseconds timeout) {
@@ -63,13 +72,13 @@ bool CudaFairringWork::wait(std::chrono::milliseconds timeout) {
   // timeout.  The future has no timed wait: poll, backing off (it is
   // usually a few microseconds away).
   if (timeout != std::chrono::milliseconds::zero()) {  // zero: c10d's kNoTimeout
-    auto nap = std::chrono::microseconds(10);
+    Backoff nap(kFutureNapFirst, kFutureNapCap);
     while (!future_->completed()) {
       TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "fairring: Work.wait(timeout=", timeout.count(),
-                  " ms): Timed out: the all_reduce is enqueued but its future was not completed in time "
+                  " ms): Timed out: the ", kind_,
+                  " is enqueued but its future was not completed in time "
                   "(a callback chained on an earlier op's future is still running?)");
-      std::this_thread::sleep_for(nap);
-      nap = std::min(nap * 2, std::chrono::microseconds(1000));
+      nap.sleep();
     }
   }
   future_->wait();
@@ -87,7 +96,7 @@ bool CudaFairringWork::isCompleted() {
   if (!c10d::Work::isCompleted()) return false;
   if (exception()) return true;  // failed on the host, or the watchdog gave up on the device
   c10::cuda::CUDAGuard guard(device_);
-  return cuda_done(cudaEventQuery(done_->get()), "querying the all_reduce's completion");
+  return cuda_done(cudaEventQuery(done_->get()), "querying the " + kind_ + "'s completion");
 }
 
 }  // namespace fairring

@@ -20,13 +20,15 @@
 
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace fairring {
 
 class CudaFairringWork : public c10d::Work {
  public:
-  CudaFairringWork(int rank, std::vector<at::Tensor> outputs, c10::Device device);
+  // `kind`: the collective's name, for messages ("all_gather").
+  CudaFairringWork(int rank, c10d::OpType type, std::string kind, std::vector<at::Tensor> outputs, c10::Device device);
 
   // The event recorded after the op's last device work (shared with the op).
   const std::shared_ptr<CudaEvent>& done_event() const { return done_; }
@@ -53,6 +55,7 @@ class CudaFairringWork : public c10d::Work {
   void stream_wait();
   std::exception_ptr device_error() const;
 
+  std::string kind_;
   std::vector<at::Tensor> outputs_;
   c10::Device device_;
   std::shared_ptr<CudaEvent> done_;

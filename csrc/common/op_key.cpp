@@ -61,16 +61,16 @@ std::string mismatch_prefix(const OpKey& mine, const char* device) {
 
 void check_same_op(const OpKey& mine, int self, const OpKey& theirs, int peer, const char* device) {
   if (mine == theirs) return;
-  throw std::runtime_error(mismatch_prefix(mine, device) + "for collective #" + std::to_string(mine.op_seq) + " rank " +
+  throw std::runtime_error(mismatch_prefix(mine, device) + "for collective #" + std::to_string(mine.number) + " rank " +
                            std::to_string(self) + " has " + describe(mine) + " but rank " + std::to_string(peer) +
-                           " has collective #" + std::to_string(theirs.op_seq) + ": " + describe(theirs) +
+                           " has collective #" + std::to_string(theirs.number) + ": " + describe(theirs) +
                            ". Every rank must issue the same collectives in the same order.");
 }
 
 void throw_out_of_step(const OpKey& mine, int self, int peer, const char* device) {
   throw std::runtime_error(mismatch_prefix(mine, device) + "rank " + std::to_string(peer) +
                            " is out of step with rank " + std::to_string(self) + " at collective #" +
-                           std::to_string(mine.op_seq) + " (an earlier collective differed between ranks)");
+                           std::to_string(mine.number) + " (an earlier collective differed between ranks)");
 }
 
 }  // namespace fairring

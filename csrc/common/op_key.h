@@ -29,14 +29,20 @@ enum class Collective : int32_t {
 const char* collective_name(Collective c);
 
 struct OpKey {
-  uint64_t op_seq = 0;  // issue order on the group (per engine)
-  int64_t numel = 0;    // elements of the whole tensor (blockwise collectives: of one rank's block)
+  uint64_t op_seq = 0;  // issue order on the engine (CPU or CUDA): what is matched
+  // The op's number in the group, as every message, log line and the
+  // recent-ops dump name it (the backend counts every op, delegated ones
+  // too).  Shown, never matched: ops issued concurrently from two threads
+  // to two engines may get their numbers in different orders on two ranks.
+  uint64_t number = 0;
+  int64_t numel = 0;  // elements of the whole tensor (blockwise collectives: of one rank's block)
   int32_t collective = 0;
   int32_t dtype = 0;  // c10::ScalarType
   int32_t op = 0;     // RedOp
   int32_t root = 0;   // a broadcast's or reduce's root rank; 0 otherwise (also the struct's padding)
 };
 
+// The same op on both sides (`number` is not compared).
 inline bool operator==(const OpKey& a, const OpKey& b) {
   return a.op_seq == b.op_seq && a.numel == b.numel && a.collective == b.collective && a.dtype == b.dtype &&
          a.op == b.op && a.root == b.root;

@@ -28,7 +28,8 @@ namespace fairring {
 
 // A slice as the protocol and its error messages know it.
 struct SliceId {
-  uint64_t op_seq = 0;
+  uint64_t op_seq = 0;     // the engine's (OpKey::op_seq)
+  uint64_t op_number = 0;  // the group's, for messages (OpKey::number)
   uint64_t slice_seq = 0;
   Collective collective = Collective::kAllReduce;  // for messages
 };

@@ -35,14 +35,15 @@ bool process_alive(int pid) {
 
 std::function<void()> make_wait_check(const Topology& topo, NodeArena& arena, std::chrono::milliseconds timeout,
                                       std::function<void()> throw_if_failed, const char* op_name, int local_peer,
-                                      const char* what, uint64_t op_seq, bool peer_waits_on_network) {
+                                      const char* what, uint64_t op_seq, uint64_t op_number,
+                                      bool peer_waits_on_network) {
   const auto start = Clock::now();
   // See deadlines.h for why a wait on the network lasts longer.
   const auto absent_at = start + local_peer_deadline(timeout);
   const auto give_up_at =
       start + (local_peer >= 0 && !peer_waits_on_network ? local_peer_deadline(timeout) : network_deadline(timeout));
   const int peer_rank = local_peer >= 0 ? topo.local_ranks()[local_peer] : -1;
-  const std::string op = std::string(op_name) + " #" + std::to_string(op_seq);
+  const std::string op = std::string(op_name) + " #" + std::to_string(op_number);
   auto next_pid_check = start;
   return [&arena, throw_if_failed = std::move(throw_if_failed), local_peer, what, start, absent_at, give_up_at, op_seq,
           peer_rank, op, next_pid_check]() mutable {

@@ -63,7 +63,7 @@ bool HeldOps::wait_released(std::chrono::steady_clock::time_point until) {
 }
 
 std::string HeldOps::name(const PipelineOp& op) const {
-  return std::string(collective_name(op.collective)) + " #" + std::to_string(op.seq);
+  return std::string(collective_name(op.collective)) + " #" + std::to_string(op.number);
 }
 
 void HeldOps::drop(std::shared_ptr<PipelineOp> op, std::unique_lock<std::mutex>& lock) {

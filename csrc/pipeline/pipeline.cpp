@@ -54,7 +54,7 @@ void Pipeline::set_arena(std::unique_ptr<NodeArena> arena) {
         const std::string op_name = std::string(device_) + collective_name(s.collective);
         return make_wait_check(
             topo_, *arena_, config_.timeout, [this] { failure_.throw_if_failed(); }, op_name.c_str(), local_peer, what,
-            s.op_seq, via_network);
+            s.op_seq, s.op_number, via_network);
       },
       device_);
 }
@@ -86,7 +86,7 @@ void Pipeline::stop() {
 }
 
 std::exception_ptr Pipeline::op_failed(const PipelineOp& op, const std::string& why) const {
-  return dist_error(std::string("fairring: ") + collective_name(op.collective) + " #" + std::to_string(op.seq) +
+  return dist_error(std::string("fairring: ") + collective_name(op.collective) + " #" + std::to_string(op.number) +
                     " failed: " + why);
 }
 
@@ -123,7 +123,7 @@ void Pipeline::submit(std::shared_ptr<PipelineOp> op) {
     const std::string why = failure_.failed() ? "this process group failed earlier: " + failure_.why() : closed_;
     lock.unlock();
     complete(op, dist_error(std::string("fairring: ") + collective_name(op->collective) + " #" +
-                            std::to_string(op->seq) + " not started: " + why));
+                            std::to_string(op->number) + " not started: " + why));
     return;
   }
   // Inline only when every earlier op has completed: then the loop thread

@@ -21,6 +21,9 @@ struct PipelineOp {
   virtual ~PipelineOp() = default;
 
   uint64_t seq = 0;  // issue order on the engine, from 0 (set by Pipeline::submit)
+  // The op's number in the group (set by the backend): the one messages
+  // show, as the recent-ops dump and the logs do (OpKey::number).
+  uint64_t number = 0;
   Collective collective = Collective::kAllReduce;
   const CollectiveDef* def = nullptr;  // its script and cut (set by the backend: collectives/)
   at::Tensor buffer;                   // contiguous; reduced in place (blockwise collectives: the input, only read)
@@ -62,6 +65,7 @@ struct PipelineOp {
   OpKey key() const {
     OpKey k;
     k.op_seq = seq;
+    k.number = number;
     k.numel = numel;
     k.collective = static_cast<int32_t>(collective);
     k.dtype = static_cast<int32_t>(dtype);

@@ -17,7 +17,7 @@ struct Slice {
   SlicePlan plan;
   int phase = 0;       // the next phase of its list to run (slice_schedule.h)
   bool begun = false;  // the mover has seen its first step
-  SliceId id() const { return SliceId{op->seq, seq, op->collective}; }
+  SliceId id() const { return SliceId{op->seq, op->number, seq, op->collective}; }
 };
 
 }  // namespace fairring

@@ -433,7 +433,7 @@ void RailStage::loop() {
           active_.empty()
               ? std::string("a collective")
               : std::string(collective_name(static_cast<Collective>(active_.front()->task.key.collective))) + " #" +
-                    std::to_string(active_.front()->task.key.op_seq);
+                    std::to_string(active_.front()->task.key.number);
       for (Channel* ch : chans) {
         const std::string peer = std::to_string(ch->peer_rank());
         const bool alive = now - ch->last_peer_alive < alive_window;

@@ -71,6 +71,7 @@ std::vector<Event> run_scenario(int64_t timeout_ms, const std::vector<int64_t>& 
       delete p;
     });
     op->seq = i;
+    op->number = i;
     held.hold(std::move(op));
   }
   auto sleep_until_ms = [&](int64_t t) { std::this_thread::sleep_until(rec->t0 + std::chrono::milliseconds(t)); };
