@@ -18,22 +18,26 @@ A run whose TCPStore port was taken in between is retried once.
 is fine: the child gets the parent's ``sys.path``).  It is looked up by name in
 the child only *after* the per-rank environment is in place, so environment
 variables are seen by everything the module imports.
+
+Starting, waiting for and stopping the processes is fairring_py._ranks, the
+launcher the benchmarks use too; what a rank runs is rank_entry.py (which must
+not import torch, see there); this module is the tests' side: environments,
+logs, results, failures.
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import queue as queue_mod
-import signal
-import socket
-import sys
 import tempfile
 import time
-import traceback
 from typing import Any, Callable, Optional, Sequence
 
 import multiprocessing as mp
+
+import rank_entry
+from fairring_py import _ranks
+from rank_entry import enter_netns  # noqa: F401  (part of this module's API)
 
 BACKEND = os.environ.get("FAIRRING_TEST_BACKEND", "fairring")
 
@@ -41,13 +45,7 @@ BACKEND = os.environ.get("FAIRRING_TEST_BACKEND", "fairring")
 # can tell a deliberate death from a crash.
 DELIBERATE_EXIT = 57
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+free_port = _ranks.free_port
 
 # Ranks fork from a server process that imported these once (multiprocessing's
 # "forkserver"): a rank then starts in tens of milliseconds, not the ~2.5 s of
@@ -59,8 +57,10 @@ def free_port() -> int:
 # own when a group is created, after the fork) and PYTEST_* ones (pytest's
 # note of the current test) gets fresh interpreters
 # ("spawn"), as does every run under FAIRRING_TEST_SPAWN=1.
-_PRELOAD = ["torch", "torch.distributed", "fairring_py", "launch"]
+_PRELOAD = ["torch", "torch.distributed", "fairring_py", "launch", "rank_entry"]
 _server_env: Optional[dict] = None
+# The variables that differ from rank to rank by design (never a reason to spawn).
+_RANK_VARS = set(_ranks.rank_env(0, 1, None))
 
 
 def _context(rank_envs: Sequence[dict]):
@@ -85,7 +85,7 @@ def _context(rank_envs: Sequence[dict]):
             os.environ.update(saved)
         _server_env = env
     for e in rank_envs:
-        keys = (set(e) | set(_server_env)) - {"FAIRRING_NODE_ID", "RANK", "WORLD_SIZE"}
+        keys = (set(e) | set(_server_env)) - _RANK_VARS
         if any(e.get(k) != _server_env.get(k) for k in keys if not k.startswith(("FAIRRING_", "PYTEST_"))):
             return mp.get_context("spawn")
     return mp.get_context("forkserver")
@@ -153,117 +153,6 @@ def describe_all(results: Sequence[RankResult]) -> str:
     return "\n".join(r.describe() for r in results)
 
 
-def _rank_main(
-    q,
-    rank: int,
-    world_size: int,
-    node_id: Optional[str],
-    env: dict,
-    fn_ref: tuple,
-    args: tuple,
-    init: dict,
-    log_path: str,
-) -> None:
-    # Capture everything this rank writes, at the fd level (C++ logs too).
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
-    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
-    # A simulated node of the namespace cluster: enter its network namespace
-    # before anything opens a socket (no thread exists yet, so every thread
-    # the rank starts later lives there too).
-    if init.get("netns"):
-        enter_netns(init["netns"][rank])
-    # On a hang the harness sends SIGUSR1 before killing: dump Python stacks.
-    import faulthandler
-
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    # FAIRRING_TEST_DUMP_AFTER=<s>: also dump them by themselves after that long.
-    if os.environ.get("FAIRRING_TEST_DUMP_AFTER"):
-        faulthandler.dump_traceback_later(float(os.environ["FAIRRING_TEST_DUMP_AFTER"]), exit=False)
-
-    # The whole environment, as a fresh interpreter started now would have it
-    # (a forked rank starts with the fork server's).
-    os.environ.clear()
-    os.environ.update(env)
-    if node_id is not None:
-        os.environ["FAIRRING_NODE_ID"] = node_id
-    else:
-        os.environ.pop("FAIRRING_NODE_ID", None)
-    os.environ["RANK"] = str(rank)
-    os.environ["WORLD_SIZE"] = str(world_size)
-
-    def report(msg):
-        q.put(msg)
-
-    try:
-        import torch  # noqa: F401
-        import torch.distributed as dist
-
-        backend = init.get("backend")
-        if backend == "fairring":
-            import fairring_py  # noqa: F401  registers the backend
-        mod_name, qualname = fn_ref
-        obj = importlib.import_module(mod_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-        fn = obj
-        if backend is not None:
-            from datetime import timedelta
-
-            kwargs = {}
-            if init.get("pg_options_fn") is not None:
-                m, n = init["pg_options_fn"]
-                kwargs["pg_options"] = getattr(importlib.import_module(m), n)(rank, world_size)
-            dist.init_process_group(
-                backend,
-                rank=rank,
-                world_size=world_size,
-                init_method=init["init_method"],
-                timeout=timedelta(seconds=init["pg_timeout_s"]),
-                **kwargs,
-            )
-        value = fn(rank, world_size, *args)
-        report(("ok", rank, value))
-    except BaseException as e:  # noqa: BLE001
-        report(("err", rank, type(e).__name__, str(e), traceback.format_exc()))
-        # Still try to exit cleanly below.
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    try:
-        q.close()
-        q.join_thread()
-    except Exception:
-        pass
-    if init.get("destroy", True):
-        try:
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                dist.destroy_process_group()
-        except BaseException:
-            traceback.print_exc()
-    sys.stdout.flush()
-    sys.stderr.flush()
-
-
-def enter_netns(name: str) -> None:
-    """Move the calling thread into network namespace ``name`` (of ``ip netns``)."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns into network namespace {name}: {os.strerror(err)}")
-    finally:
-        os.close(fd)
-
-
 def _port_clash(results) -> bool:
     """The TCPStore port picked by free_port() was taken by someone else in
     between (a rare race with other jobs on the machine)."""
@@ -271,6 +160,15 @@ def _port_clash(results) -> bool:
         r.tb and "init_process_group" in r.tb and ("ddress already in use" in r.tb or "EADDRINUSE" in r.tb)
         for r in results
     )
+
+
+def _check(fn: Callable, node_ids, results) -> None:
+    bad = [r for r in results if not (r.ok and r.exitcode == 0)]
+    if bad:
+        raise RunFailed(
+            f"run of {fn.__qualname__} on nodes {list(node_ids)} failed on ranks "
+            f"{[r.rank for r in bad]}\n" + describe_all(results)
+        )
 
 
 def run_ranks(*a, **kw) -> list:
@@ -281,14 +179,41 @@ def run_ranks(*a, **kw) -> list:
     if _port_clash(results):
         results = _run_ranks_once(*a, check=False, **kw_once)
     if check:
-        bad = [r for r in results if not (r.ok and r.exitcode == 0)]
-        if bad:
-            fn, node_ids = a[0], a[1]
-            raise RunFailed(
-                f"run of {fn.__qualname__} on nodes {list(node_ids)} failed on ranks "
-                f"{[r.rank for r in bad]}\n" + describe_all(results)
-            )
+        _check(a[0], a[1], results)
     return results
+
+
+def _log_dir(fn: Callable, world_size: int) -> str:
+    """A fresh directory for one run's rank logs (removed once they are read)."""
+    # FAIRRING_TEST_LOG_DIR keeps the per-rank logs somewhere known (the GPU
+    # check's $OUT), where they survive a session killed mid-run.
+    keep = os.environ.get("FAIRRING_TEST_LOG_DIR")
+    if keep:
+        os.makedirs(keep, exist_ok=True)
+    return tempfile.mkdtemp(prefix=f"{fn.__qualname__}-{world_size}ranks-" if keep else "fairring-test-logs-",
+                            dir=keep or None)
+
+
+def _read_logs(logdir: str, world_size: int) -> list:
+    """Each rank's captured output ("" if there is none); the files and the
+    directory are removed."""
+    out = []
+    for r in range(world_size):
+        path = os.path.join(logdir, f"rank{r}.log")
+        try:
+            with open(path, errors="replace") as f:
+                out.append(f.read())
+        except OSError:
+            out.append("")
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    try:
+        os.rmdir(logdir)
+    except OSError:
+        pass
+    return out
 
 
 def _run_ranks_once(
@@ -324,136 +249,82 @@ def _run_ranks_once(
     harness's own); then store_addr must be rank 0's address in its namespace.
     """
     world_size = len(node_ids)
-    base_env = {"FAIRRING_SOCKET_IFNAME": None, "OMP_NUM_THREADS": "1"}
-    base_env.update(env or {})
-    rank_envs = []
-    for r in range(world_size):
-        e = dict(os.environ)
-        for k, v in list(base_env.items()) + list((rank_env[r] if rank_env is not None else {}).items()):
-            if v is None:
-                e.pop(k, None)
-            else:
-                e[k] = str(v)
-        rank_envs.append(e)
-    ctx = _context(rank_envs)
-    q = ctx.Queue()
-    port = free_port()
-    # FAIRRING_TEST_LOG_DIR keeps the per-rank logs somewhere known (the GPU check's $OUT).
-    keep = os.environ.get("FAIRRING_TEST_LOG_DIR")
-    if keep:
-        os.makedirs(keep, exist_ok=True)
-    logdir = tempfile.mkdtemp(prefix=f"{fn.__qualname__}-{len(node_ids)}ranks-" if keep else "fairring-test-logs-",
-                              dir=keep or None)
-    init = {
-        "backend": backend,
-        "init_method": f"tcp://{store_addr}:{port}",
-        "pg_timeout_s": pg_timeout_s,
-        "pg_options_fn": (pg_options_fn.__module__, pg_options_fn.__qualname__) if pg_options_fn else None,
-        "destroy": destroy,
-        "netns": list(netns) if netns else None,
-    }
     fn_ref = (fn.__module__, fn.__qualname__)
     if fn_ref[0] == "__main__":
         raise ValueError("fn must live in an importable module")
+    base_env = {"FAIRRING_SOCKET_IFNAME": None, "OMP_NUM_THREADS": "1"}
+    base_env.update(env or {})
+    rank_envs = [
+        _ranks.environment(base_env, rank_env[r] if rank_env is not None else None,
+                           _ranks.rank_env(r, world_size, node_ids[r]))
+        for r in range(world_size)
+    ]
+    ctx = _context(rank_envs)
+    q = ctx.Queue()
+    init = {
+        "backend": backend,
+        "init_method": f"tcp://{store_addr}:{free_port()}",
+        "pg_timeout_s": pg_timeout_s,
+        "pg_options_fn": (pg_options_fn.__module__, pg_options_fn.__qualname__) if pg_options_fn else None,
+        "destroy": destroy,
+    }
+    logdir = _log_dir(fn, world_size)
 
     results = [RankResult(rank=r) for r in range(world_size)]
-    procs = []
-    log_paths = []
+    procs = _ranks.RankProcs()
     deadline = time.monotonic() + timeout_s
+    pending = set(range(world_size))  # ranks that have not reported
+    exited_at = {}
+
+    def all_reported() -> bool:
+        while True:
+            try:
+                msg = q.get_nowait()
+            except queue_mod.Empty:
+                break
+            kind, rank = msg[0], msg[1]
+            res = results[rank]
+            res.reported = True
+            if kind == "ok":
+                res.ok = True
+                res.value = msg[2]
+            else:
+                res.exc_type, res.exc_msg, res.tb = msg[2], msg[3], msg[4]
+            pending.discard(rank)
+        # Ranks that died without reporting: give their queue feeder a
+        # moment (a result may still be in flight), then stop waiting.
+        now = time.monotonic()
+        codes = procs.exitcodes()
+        for r in list(pending):
+            if codes[r] is not None:
+                exited_at.setdefault(r, now)
+                if now - exited_at[r] > 1.0:
+                    pending.discard(r)
+        return not pending
+
     timed_out = False
     hung_at_exit = []
     try:
         for r in range(world_size):
-            e = rank_envs[r]
-            log_path = os.path.join(logdir, f"rank{r}.log")
-            log_paths.append(log_path)
-            p = ctx.Process(
-                target=_rank_main,
-                args=(q, r, world_size, node_ids[r], e, fn_ref, tuple(args), init, log_path),
-                name=f"fairring-rank{r}",
-                daemon=True,
-            )
-            p.start()
-            procs.append(p)
-
-        pending = set(range(world_size))
-        exited_at = {}
-        while True:
-            now = time.monotonic()
-            if now > deadline:
-                timed_out = True
-                break
-            try:
-                msg = q.get(timeout=0.2)
-            except queue_mod.Empty:
-                msg = None
-            if msg is not None:
-                kind, rank = msg[0], msg[1]
-                res = results[rank]
-                res.reported = True
-                if kind == "ok":
-                    res.ok = True
-                    res.value = msg[2]
-                else:
-                    res.exc_type, res.exc_msg, res.tb = msg[2], msg[3], msg[4]
-                pending.discard(rank)
-                continue
-            # Ranks that died without reporting: give their queue feeder a
-            # moment (a result may still be in flight), then stop waiting.
-            for r in list(pending):
-                if not procs[r].is_alive():
-                    exited_at.setdefault(r, now)
-                    if now - exited_at[r] > 1.0:
-                        pending.discard(r)
-            if not pending:
-                break
+            procs.fork(ctx, rank_entry.main, name=f"fairring-rank{r}",
+                       args=(q, r, world_size, rank_envs[r], fn_ref, tuple(args), init,
+                             os.path.join(logdir, f"rank{r}.log"), netns[r] if netns else None))
+        timed_out = procs.wait(deadline, done=all_reported) == "deadline"
         # Every rank reported (or died): wait for them to exit.
         if not timed_out:
-            exit_deadline = min(deadline, time.monotonic() + exit_grace_s)
-            for p in procs:
-                p.join(max(0.0, exit_deadline - time.monotonic()))
-            for r, p in enumerate(procs):
-                if p.is_alive():
-                    hung_at_exit.append(r)
+            hung_at_exit = procs.join(min(deadline, time.monotonic() + exit_grace_s))
     finally:
-        alive = [p for p in procs if p.is_alive()]
-        for p in alive:
-            try:
-                os.kill(p.pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
-        if alive:
-            time.sleep(1.0)
-        for p in procs:
-            if p.is_alive():
-                try:
-                    os.kill(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for p in procs:
-            p.join(10)
-        for r, p in enumerate(procs):
-            results[r].exitcode = p.exitcode
+        # On the deadline (or any error here), stacks first, then SIGKILL.
+        procs.stop(dump_s=1.0)
+        for r, code in enumerate(procs.exitcodes()):
+            results[r].exitcode = code
             results[r].hung_at_exit = r in hung_at_exit
-        for r, path in enumerate(log_paths):
-            try:
-                with open(path, errors="replace") as f:
-                    results[r].output = f.read()
-            except OSError:
-                pass
+        for r, output in enumerate(_read_logs(logdir, world_size)):
+            results[r].output = output
         try:
             q.close()
             q.cancel_join_thread()
         except Exception:
-            pass
-        for path in log_paths:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-        try:
-            os.rmdir(logdir)
-        except OSError:
             pass
 
     if timed_out:
@@ -464,12 +335,7 @@ def _run_ranks_once(
             + describe_all(results)
         )
     if check:
-        bad = [r for r in results if not (r.ok and r.exitcode == 0)]
-        if bad:
-            raise RunFailed(
-                f"run of {fn.__qualname__} on nodes {list(node_ids)} failed on ranks "
-                f"{[r.rank for r in bad]}\n" + describe_all(results)
-            )
+        _check(fn, node_ids, results)
     return results
 
 

@@ -7,6 +7,8 @@ the environment torchrun would give it (RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR, MASTER_PORT) plus FAIRRING_NODE_ID = rank // ranks_per_node, so
 one code path serves our own launcher, torchrun and mpirun.  In a simulated
 cluster (netns.Cluster) each rank runs under ``ip netns exec`` of its node.
+The processes themselves (start, deadline, kill) are fairring_py._ranks, the
+launcher the test harness uses too.
 
 The job modules (worker.py: the all-reduce sweep; ddp.py) import this one;
 this one imports no job, so the package has no import cycle.
@@ -18,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,8 @@ import torch
 import torch.distributed as dist
 
 import fairring_py  # registers the "fairring" backend
+from fairring_py import _ranks
+from fairring_py._ranks import free_port
 
 WORKER = "fairring_py.bench.worker"
 # After the first rank fails, how long the others get to report their own
@@ -39,12 +42,6 @@ FAILURE_GRACE_S = 20.0
 
 class LaunchError(RuntimeError):
     pass
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def external_launcher(environ=None) -> Optional[str]:
@@ -89,10 +86,8 @@ def adopt_external(cfg: dict, kind: str, ranks_per_node: Optional[int]) -> None:
 
 
 def base_env(extra: Optional[dict] = None) -> dict:
-    env = dict(os.environ)
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-              "FAIRRING_NODE_ID", "TORCHELASTIC_RUN_ID"):
-        env.pop(k, None)
+    # Not this process's place, if a launcher gave it one (the ranks get their own).
+    env = _ranks.environment(dict.fromkeys(_ranks.PLACE_VARS + ("TORCHELASTIC_RUN_ID",)))
     env["PYTHONPATH"] = os.pathsep.join([package_path()] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     # More ranks than cores: one compute thread per rank unless asked otherwise.
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -102,15 +97,7 @@ def base_env(extra: Optional[dict] = None) -> dict:
 
 
 def rank_env(rank: int, world: int, ranks_per_node: int, master_addr: str, port: int) -> dict:
-    return {
-        "RANK": str(rank),
-        "WORLD_SIZE": str(world),
-        "LOCAL_RANK": str(rank % ranks_per_node),
-        "LOCAL_WORLD_SIZE": str(ranks_per_node),
-        "MASTER_ADDR": master_addr,
-        "MASTER_PORT": str(port),
-        "FAIRRING_NODE_ID": str(rank // ranks_per_node),
-    }
+    return _ranks.rank_env(rank, world, rank // ranks_per_node, ranks_per_node, (master_addr, port))
 
 
 def write_config(config: dict) -> str:
@@ -118,20 +105,6 @@ def write_config(config: dict) -> str:
     with os.fdopen(fd, "w") as f:
         json.dump(config, f)
     return path
-
-
-def _kill(procs: List[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    for p in procs:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def run_ranks(config: dict, nodes: int, ranks_per_node: int, timeout_s: float,
@@ -148,42 +121,33 @@ def run_ranks(config: dict, nodes: int, ranks_per_node: int, timeout_s: float,
         port = free_port()
     config_path = write_config(config)
     env0 = base_env(extra_env)
-    procs: List[subprocess.Popen] = []
+    procs = _ranks.RankProcs()
     try:
         for r in range(world):
-            env = dict(env0)
-            env.update(rank_env(r, world, ranks_per_node, master_addr, port))
+            env = _ranks.environment(rank_env(r, world, ranks_per_node, master_addr, port), base=env0)
             cmd = [sys.executable, "-m", WORKER, config_path]
             if cluster is not None:
                 node = r // ranks_per_node
                 env.update(cluster.rank_env(node))
                 cmd = cluster.exec_prefix(node) + cmd
-            # Own session: the whole rank (and anything it forks) can be killed.
-            procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
+            procs.spawn(cmd, env)
         _wait(procs, timeout_s)
     finally:
-        _kill(procs)
+        procs.stop()
         os.unlink(config_path)
 
 
-def _wait(procs: List[subprocess.Popen], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    failed_at = None
-    while True:
-        codes = [p.poll() for p in procs]
-        if all(c is not None for c in codes):
-            break
-        now = time.monotonic()
-        if failed_at is None and any(c not in (None, 0) for c in codes):
-            failed_at = now
-        if now > deadline or (failed_at is not None and now - failed_at > FAILURE_GRACE_S):
-            alive = [r for r, c in enumerate(codes) if c is None]
-            why = f"did not finish within {timeout_s:g} s" if now > deadline else \
-                "still running after another rank failed"
-            _kill(procs)
-            raise LaunchError(f"ranks {alive} {why}; killed (exit codes {[p.returncode for p in procs]})")
-        time.sleep(0.05)
-    bad = {r: c for r, c in enumerate(codes) if c != 0}
+def _wait(procs: _ranks.RankProcs, timeout_s: float) -> None:
+    """Raise LaunchError unless every rank exits 0 within ``timeout_s``; kill
+    the rest FAILURE_GRACE_S after one fails."""
+    why = procs.wait(time.monotonic() + timeout_s, failure_grace_s=FAILURE_GRACE_S)
+    if why is not None:
+        alive = procs.running()
+        procs.stop()
+        why = f"did not finish within {timeout_s:g} s" if why == "deadline" else \
+            "still running after another rank failed"
+        raise LaunchError(f"ranks {alive} {why}; killed (exit codes {procs.exitcodes()})")
+    bad = {r: c for r, c in enumerate(procs.exitcodes()) if c != 0}
     if bad:
         raise LaunchError(f"ranks failed with exit codes {bad}")
 
@@ -210,13 +174,14 @@ def run_mpirun(config: dict, nodes: int, ranks_per_node: int, timeout_s: float) 
     for k in ("PYTHONPATH", "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "MASTER_ADDR", "MASTER_PORT"):
         cmd += ["-x", k]
     cmd += [sys.executable, "-m", WORKER, config_path]
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    procs = _ranks.RankProcs()
+    procs.spawn(cmd, env)
     try:
-        _wait([proc], timeout_s)
+        _wait(procs, timeout_s)
     except LaunchError as e:
         raise LaunchError(f"mpirun: {e}") from None
     finally:
-        _kill([proc])
+        procs.stop()
         os.unlink(config_path)
 
 
