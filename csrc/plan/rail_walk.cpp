@@ -71,9 +71,11 @@ RailWalk walk_rail(RailPattern pattern, int back_to, const std::vector<Range>& s
   refuse("unknown pattern " + std::to_string(static_cast<int>(pattern)), shards, node, num_nodes);
 }
 
-bool RailWalk::sends_sum_data() const {
-  return std::any_of(sum_sends.begin(), sum_sends.end(), [](const Transfer& t) { return t.count > 0; });
+bool carries_data(const std::vector<Transfer>& transfers) {
+  return std::any_of(transfers.begin(), transfers.end(), [](const Transfer& t) { return t.count > 0; });
 }
+
+bool RailWalk::sends_sum_data() const { return carries_data(sum_sends); }
 
 std::vector<int> RailWalk::shards_read() const {
   std::vector<int> out;

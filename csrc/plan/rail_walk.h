@@ -43,6 +43,9 @@ struct Transfer {
   int64_t count = 0;
 };
 
+// Whether any of these transfers moves data (count > 0).
+bool carries_data(const std::vector<Transfer>& transfers);
+
 struct RailWalk {
   RailPattern pattern = RailPattern::kReduce;
   // Round one.  kReduce: our piece of shard j to its server j, and, if we

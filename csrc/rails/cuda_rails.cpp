@@ -7,7 +7,6 @@
 #include <cuda_runtime.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include <algorithm>
 #include <stdexcept>
 
 #include "plan/rail_walk.h"
@@ -268,10 +267,7 @@ void CudaNcclRail::walk(const RailTask& task, cudaStream_t ns) {
     }
   }
   // Round two: the sums.
-  auto has_data = [](const std::vector<Transfer>& v) {
-    return std::any_of(v.begin(), v.end(), [](const Transfer& x) { return x.count > 0; });
-  };
-  if (!has_data(w.sum_sends) && !has_data(w.sum_receives)) return;
+  if (!carries_data(w.sum_sends) && !carries_data(w.sum_receives)) return;
   nccl_->group_start();
   for (const Transfer& x : w.sum_sends) {
     if (x.count > 0) nccl_->send(result, bytes(x.count), x.node, ns);
