@@ -251,7 +251,7 @@ def test_option_validation():
     assert not problems, "\n".join(problems)
 
 
-def _init_fails_everywhere(nodes, bad, var, value, bad_type=None):
+def _init_fails_everywhere(nodes, bad, var, value, bad_type=None, others_type="DistBackendError"):
     """Group creation with `var`=`value` on rank `bad` only: every rank must
     fail within half the timeout, naming `var`, the others naming rank `bad`."""
     timeout_s = 30
@@ -269,6 +269,8 @@ def _init_fails_everywhere(nodes, bad, var, value, bad_type=None):
             problems.append(f"rank {r.rank}: error does not name {var}: {v['msg'][:400]!r}")
         if r.rank == bad and bad_type and v["type"] != bad_type:
             problems.append(f"rank {r.rank}: raised {v['type']}, expected {bad_type}")
+        if r.rank != bad and v["type"] != others_type:
+            problems.append(f"rank {r.rank}: raised {v['type']}, expected {others_type}")
         if r.rank != bad and not re.search(rf"\brank {bad}\b", v["msg"]):
             problems.append(f"rank {r.rank}: error does not name rank {bad}: {v['msg'][:400]!r}")
         if v["elapsed"] > timeout_s / 2:
@@ -281,7 +283,7 @@ def _init_fails_everywhere(nodes, bad, var, value, bad_type=None):
 def test_init_failure_reaches_every_rank(nodes, bad):
     """One rank's FAIRRING_TOTAL_MEMORY is too small: every rank fails group
     creation at once, and names the failing rank and the variable."""
-    _init_fails_everywhere(nodes, bad, "FAIRRING_TOTAL_MEMORY", "64K")
+    _init_fails_everywhere(nodes, bad, "FAIRRING_TOTAL_MEMORY", "64K", bad_type="ValueError")
 
 
 @pytest.mark.parametrize("step", ["arena", "rail", "movers", "start"])

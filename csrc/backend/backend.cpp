@@ -13,6 +13,7 @@
 #include "devices/host_op.h"
 #include "backend/init_store.h"
 #include "backend/reduce_input.h"
+#include "backend/torch_error.h"
 #include "common/log.h"
 #include "backend/work.h"
 #include "common/dtype_name.h"
@@ -206,7 +207,8 @@ void FairringBackend::abort() {
   if (fallback_) fallback_->abort();
 }
 
-void FairringBackend::abort_engines(const std::string& why) {
+void FairringBackend::abort_engines(const std::string& text) {
+  const Error why(ErrorKind::kBackend, text);
   if (engine_) engine_->abort(why);
   with_device_pipeline([&](Pipeline& p) {
     p.abort(why);
@@ -255,16 +257,7 @@ std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind,
   FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s of %s: issued", static_cast<unsigned long long>(handle->seq), kind,
                   handle->what.c_str());
   return [recent, handle, rank, done = std::move(done)](std::exception_ptr error) {
-    std::string why;
-    if (error) {
-      try {
-        std::rethrow_exception(error);
-      } catch (const std::exception& e) {
-        why = e.what();
-      } catch (...) {
-        why = "unknown error";
-      }
-    }
+    const std::string why = error ? error_of(error).what() : "";
     recent->finish(handle, why);
     FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s: %s", static_cast<unsigned long long>(handle->seq), handle->kind.c_str(),
                     error ? ("failed: " + why).c_str() : "done");
@@ -488,9 +481,11 @@ uint64_t FairringBackend::order_waits() const {
 }
 
 void FairringBackend::wait_idle_device() {
-  with_device_pipeline([](Pipeline& p) {
-    p.wait_idle();
-    return true;
+  with_torch_errors([&] {
+    with_device_pipeline([](Pipeline& p) {
+      p.wait_idle();
+      return true;
+    });
   });
 }
 

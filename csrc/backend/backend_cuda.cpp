@@ -17,7 +17,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "backend/cuda_work.h"
-#include "common/dist_error.h"
+#include "common/error.h"
 #endif
 
 namespace fairring {
@@ -120,7 +120,9 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<Pi
   aop->after_complete = [work](std::exception_ptr error, const c10::cuda::CUDAStream& stream) {
     work->complete_future(error, stream);
   };
-  aop->device_failed = [work](const std::string& why) { work->fail_on_device(dist_error("fairring: " + why)); };
+  aop->device_failed = [work](const Error& why) {
+    work->fail_on_device(std::make_exception_ptr(reworded(why, std::string("fairring: ") + why.what())));
+  };
   engine->submit(std::move(aop));
   return work;
 #endif

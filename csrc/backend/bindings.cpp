@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "backend/init_store.h"
 #include "common/config.h"
+#include "common/error.h"
 #include "pipeline/pipeline.h"
 #include "topology/topology.h"
 
@@ -19,6 +20,7 @@ void register_kernel_bindings(py::module& m);       // testing/kernel_hooks.cpp
 void register_cuda_kernel_bindings(py::module& m);  // testing/cuda_kernel_hooks.cpp
 void register_held_ops_bindings(py::module& m);     // testing/held_ops_hooks.cpp
 void register_plan_hooks(py::module& m);            // testing/plan_hooks.cpp
+void register_error_hooks(py::module& m);           // testing/error_hooks.cpp
 }  // namespace fairring
 
 namespace {
@@ -44,6 +46,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Fairring: hierarchical, reduction-server all-reduce for torch.distributed";
   // The base class is registered by torch's own module.
   py::module::import("torch.distributed");
+  // An engine Error reaching Python through this module's functions (group
+  // creation, the test hooks) raises torch's type for its kind, as the
+  // Works do (backend/torch_error.h).
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      if (e.kind() == ErrorKind::kInvalidArgument) {
+        PyErr_SetString(PyExc_ValueError, e.what());
+        return;
+      }
+      const char* type = e.kind() == ErrorKind::kNetwork ? "DistNetworkError"
+                         : e.kind() == ErrorKind::kStore ? "DistStoreError"
+                                                         : "DistBackendError";
+      PyErr_SetString(py::module::import("torch.distributed").attr(type).ptr(), e.what());
+    }
+  });
 
   py::class_<Config>(m, "Config")
       .def(py::init<>())
@@ -150,5 +169,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_kernel_bindings(m);
   register_cuda_kernel_bindings(m);
   register_held_ops_bindings(m);
+  register_error_hooks(m);
   register_plan_hooks(m);
 }

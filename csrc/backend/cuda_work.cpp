@@ -29,11 +29,11 @@ CudaFairringWork::CudaFairringWork(int rank, c10d::OpType type, std::string kind
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                        std::vector<c10::Device>{device})) {}
 
-void CudaFairringWork::mark_done(std::exception_ptr error) { finish(error); }
+void CudaFairringWork::mark_done(std::exception_ptr error) { finish(to_torch(error)); }
 
 void CudaFairringWork::complete_future(std::exception_ptr error, const c10::cuda::CUDAStream& stream) {
   if (error) {
-    future_->setError(error);
+    future_->setError(to_torch(error));
     return;
   }
   c10::cuda::CUDAStreamGuard guard(stream);
@@ -42,7 +42,7 @@ void CudaFairringWork::complete_future(std::exception_ptr error, const c10::cuda
 
 void CudaFairringWork::fail_on_device(std::exception_ptr error) {
   std::lock_guard<std::mutex> lock(device_mu_);
-  if (!device_error_) device_error_ = std::move(error);
+  if (!device_error_) device_error_ = to_torch(error);
 }
 
 std::exception_ptr CudaFairringWork::device_error() const {

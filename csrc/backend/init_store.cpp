@@ -1,5 +1,8 @@
 #include "backend/init_store.h"
 
+#include "backend/torch_error.h"
+#include "common/error.h"
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -42,9 +45,9 @@ void InitStore::wait(const std::vector<std::string>& keys, const std::chrono::mi
     if (std::chrono::steady_clock::now() > deadline) {
       std::string names;
       for (const auto& k : keys) names += (names.empty() ? "" : ", ") + k;
-      C10_THROW_ERROR(DistStoreError, "fairring: Timed out creating the process group: rank " + std::to_string(rank_) +
-                                          " waited " + std::to_string(timeout.count() / 1000) + " s for " + names +
-                                          " (did every rank of the group call init_process_group / new_group?)");
+      throw Error(ErrorKind::kStore, "fairring: Timed out creating the process group: rank " + std::to_string(rank_) +
+                                         " waited " + std::to_string(timeout.count() / 1000) + " s for " + names +
+                                         " (did every rank of the group call init_process_group / new_group?)");
     }
     std::this_thread::sleep_for(kPollEvery);
   }
@@ -54,7 +57,7 @@ void InitStore::throw_if_failed() {
   if (!PrefixStore::check({kFailureKey})) return;
   const std::string why = string_of(PrefixStore::get(kFailureKey));
   mark_failure_read();
-  throw std::runtime_error("fairring: could not create the process group: " + why);
+  throw Error(ErrorKind::kBackend, "fairring: could not create the process group: " + why);
 }
 
 bool InitStore::publish_failure(const std::string& why) {
@@ -66,7 +69,7 @@ bool InitStore::publish_failure(const std::string& why) {
     }
     mark_failure_read();  // we fail too: the first one need not wait for us
     return false;
-  } catch (...) {
+  } catch (const std::exception&) {
     // The store itself is gone: the peers' waits time out on their own.
     return true;
   }
@@ -83,7 +86,7 @@ std::string InitStore::first_failure() {
 void InitStore::mark_failure_read() {
   try {
     PrefixStore::set(kFailureReadKey + std::to_string(rank_), std::vector<uint8_t>{1});
-  } catch (...) {
+  } catch (const std::exception&) {
     // The store is gone: its host has already left.
   }
 }
@@ -99,7 +102,7 @@ void InitStore::await_failure_read() {
         std::this_thread::sleep_for(kPollEvery);
       }
     }
-  } catch (...) {
+  } catch (const std::exception&) {
     // The store is gone: nothing more can be told.
   }
 }
@@ -111,7 +114,8 @@ void InitStore::checkpoint(const std::string& stage) {
   wait(keys);
 }
 
-void build_collectively(InitStore& init, const std::function<void()>& build) {
+namespace {
+void build_or_tell(InitStore& init, const std::function<void()>& build) {
   try {
     build();
     init.checkpoint("built");
@@ -119,8 +123,9 @@ void build_collectively(InitStore& init, const std::function<void()>& build) {
     const bool ours_first = init.publish_failure(e.what());
     if (ours_first) init.await_failure_read();
     // A bad setting of our own stays our error (a ValueError in Python).
-    const bool own_setting = dynamic_cast<const c10::ValueError*>(&e) != nullptr ||
-                             dynamic_cast<const std::invalid_argument*>(&e) != nullptr;
+    const auto* own = dynamic_cast<const Error*>(&e);
+    const bool own_setting =
+        dynamic_cast<const c10::ValueError*>(&e) != nullptr || (own && own->kind() == ErrorKind::kInvalidArgument);
     if (ours_first || own_setting) throw;
     // Another rank failed first; ours may only follow from it (a segment
     // its node-mate removed while failing): report the cause.
@@ -131,8 +136,14 @@ void build_collectively(InitStore& init, const std::function<void()>& build) {
     } catch (...) {
       std::rethrow_exception(original);
     }
-    throw std::runtime_error(first + " (then on this rank: " + e.what() + ")");
+    throw Error(ErrorKind::kBackend, first + " (then on this rank: " + e.what() + ")");
   }
+}
+
+}  // namespace
+
+void build_collectively(InitStore& init, const std::function<void()>& build) {
+  with_torch_errors([&] { build_or_tell(init, build); });
 }
 
 }  // namespace fairring

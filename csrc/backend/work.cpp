@@ -1,5 +1,7 @@
 #include "backend/work.h"
 
+#include "backend/torch_error.h"
+
 #include <Python.h>
 #include <sys/syscall.h>
 #include <torch/csrc/Exceptions.h>
@@ -70,11 +72,11 @@ bool FairringWork::wait(std::chrono::milliseconds timeout) {
   return ok;
 }
 
-void FairringWork::mark_done(std::exception_ptr error) { finish(error); }
+void FairringWork::mark_done(std::exception_ptr error) { finish(to_torch(error)); }
 
 void FairringWork::complete_future(std::exception_ptr error) {
   if (error) {
-    future_->setError(error);
+    future_->setError(to_torch(error));
   } else {
     future_->markCompleted(c10::IValue(outputs_));
   }

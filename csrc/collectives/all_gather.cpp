@@ -83,7 +83,9 @@ bool gather_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
 }  // namespace
 
 const CollectiveDef& all_gather_def() {
-  static const ScriptedCollective def(Collective::kAllGather, Cut::kBlockwise,
+  static const ScriptedCollective def(Collective::kAllGather,
+                                      {"all_gather", [](const OpKey& k) { return elements_of(k) + " per rank"; }},
+                                      Cut::kBlockwise,
                                       Script{{{"acquire", step_acquire},
                                               {"publish-block", publish_block},
                                               {"exchange-blocks", exchange_blocks},

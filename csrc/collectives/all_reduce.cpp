@@ -124,12 +124,15 @@ Script alone_script() { return Script{{{"exchange", exchange}, {"gather", step_g
 }  // namespace
 
 const CollectiveDef& all_reduce_def() {
-  static const ScriptedCollective def(Collective::kAllReduce, Cut::kWhole, node_script(), alone_script());
+  static const ScriptedCollective def(Collective::kAllReduce,
+                                      {"all_reduce", [](const OpKey& k) { return elements_of(k) + with_op(k); }},
+                                      Cut::kWhole, node_script(), alone_script());
   return def;
 }
 
 const CollectiveDef& barrier_def() {
-  static const ScriptedCollective def(Collective::kBarrier, Cut::kWhole, node_script(), alone_script());
+  static const ScriptedCollective def(Collective::kBarrier, {"barrier", [](const OpKey&) { return std::string(); }},
+                                      Cut::kWhole, node_script(), alone_script());
   return def;
 }
 

@@ -94,14 +94,18 @@ bool gather_root(SliceSchedule& p, Slice& s, const TimePoint* until) {
 }  // namespace
 
 const CollectiveDef& broadcast_def() {
-  static const ScriptedCollective def(Collective::kBroadcast, Cut::kWhole,
-                                      Script{{{"acquire", step_acquire},
-                                              {"publish-root", publish_root},
-                                              {"exchange-root", exchange_root},
-                                              {"gather-root", gather_root},
-                                              {"release", step_release}},
-                                             3},
-                                      Script{{{"exchange-root", exchange_root}, {"gather-root", gather_root}}, 1});
+  static const ScriptedCollective def(
+      Collective::kBroadcast,
+      {"broadcast",
+       [](const OpKey& k) { return std::to_string(k.numel) + " bytes from rank " + std::to_string(k.root); }},
+      Cut::kWhole,
+      Script{{{"acquire", step_acquire},
+              {"publish-root", publish_root},
+              {"exchange-root", exchange_root},
+              {"gather-root", gather_root},
+              {"release", step_release}},
+             3},
+      Script{{{"exchange-root", exchange_root}, {"gather-root", gather_root}}, 1});
   return def;
 }
 

@@ -1,4 +1,5 @@
 #include "collectives/collectives.h"
+#include "common/error.h"
 
 #include <stdexcept>
 
@@ -19,15 +20,30 @@ const CollectiveDef& collective_def(Collective c) {
     case Collective::kReduce:
       return reduce_def();
   }
-  throw std::invalid_argument("fairring: no definition for collective " + std::to_string(static_cast<int>(c)));
+  throw Error(ErrorKind::kInvalidArgument,
+              "fairring: no definition for collective " + std::to_string(static_cast<int>(c)));
 }
 
+namespace {
+// Every kind, for lookups by name; the switch above makes sure each has a
+// definition.
+constexpr Collective kAll[] = {Collective::kAllReduce,     Collective::kBarrier,   Collective::kBroadcast,
+                               Collective::kReduceScatter, Collective::kAllGather, Collective::kReduce};
+
+// Every definition is built (and so its words registered, op_key.h) when the
+// library loads: a message may name a peer's collective that this rank has
+// not run yet.
+const bool kAllDefined = [] {
+  for (Collective c : kAll) collective_def(c);
+  return true;
+}();
+}  // namespace
+
 Collective collective_named(const std::string& name) {
-  for (Collective c : {Collective::kAllReduce, Collective::kBarrier, Collective::kBroadcast, Collective::kReduceScatter,
-                       Collective::kAllGather, Collective::kReduce}) {
+  for (Collective c : kAll) {
     if (name == collective_name(c)) return c;
   }
-  throw std::invalid_argument("fairring: no collective named " + name);
+  throw Error(ErrorKind::kInvalidArgument, "fairring: no collective named " + name);
 }
 
 }  // namespace fairring

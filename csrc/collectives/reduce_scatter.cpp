@@ -96,15 +96,17 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
 }  // namespace
 
 const CollectiveDef& reduce_scatter_def() {
-  static const ScriptedCollective def(Collective::kReduceScatter, Cut::kBlockwise,
-                                      Script{{{"acquire", step_acquire},
-                                              {"stage-blocks", stage_blocks},
-                                              {"reduce-blocks", reduce_blocks},
-                                              {"exchange-blocks", exchange_blocks},
-                                              {"await-own", step_await_own},
-                                              {"release", step_release}},
-                                             4},
-                                      Script{{{"exchange-blocks", exchange_blocks}, {"await-own", step_await_own}}, 1});
+  static const ScriptedCollective def(
+      Collective::kReduceScatter,
+      {"reduce_scatter", [](const OpKey& k) { return elements_of(k) + " per rank" + with_op(k); }}, Cut::kBlockwise,
+      Script{{{"acquire", step_acquire},
+              {"stage-blocks", stage_blocks},
+              {"reduce-blocks", reduce_blocks},
+              {"exchange-blocks", exchange_blocks},
+              {"await-own", step_await_own},
+              {"release", step_release}},
+             4},
+      Script{{{"exchange-blocks", exchange_blocks}, {"await-own", step_await_own}}, 1});
   return def;
 }
 

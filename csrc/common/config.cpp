@@ -1,4 +1,5 @@
 #include "common/config.h"
+#include "common/error.h"
 
 #include <stdexcept>
 
@@ -7,8 +8,8 @@ namespace fairring {
 namespace {
 void check_range(const char* var, int64_t v, int64_t lo, int64_t hi) {
   if (v < lo || v > hi) {
-    throw std::invalid_argument(std::string(var) + " must be between " + std::to_string(lo) + " and " +
-                                std::to_string(hi) + " bytes, got " + std::to_string(v));
+    throw Error(ErrorKind::kInvalidArgument, std::string(var) + " must be between " + std::to_string(lo) + " and " +
+                                                 std::to_string(hi) + " bytes, got " + std::to_string(v));
   }
 }
 }  // namespace
@@ -17,18 +18,19 @@ void validate(const Config& c) {
   check_range("FAIRRING_SLICE_SIZE", c.slice_size, limits::kMinSliceSize, limits::kMaxSliceSize);
   check_range("FAIRRING_TOTAL_MEMORY", c.total_memory, 1, limits::kMaxTotalMemory);
   if (c.parallelism < 1 || c.parallelism > limits::kMaxParallelism) {
-    throw std::invalid_argument("FAIRRING_PARALLELISM must be between 1 and " +
-                                std::to_string(limits::kMaxParallelism) + ", got " + std::to_string(c.parallelism));
+    throw Error(ErrorKind::kInvalidArgument, "FAIRRING_PARALLELISM must be between 1 and " +
+                                                 std::to_string(limits::kMaxParallelism) + ", got " +
+                                                 std::to_string(c.parallelism));
   }
   if (c.gpu_transport != "tcp" && c.gpu_transport != "nccl") {
-    throw std::invalid_argument("FAIRRING_GPU_TRANSPORT must be tcp or nccl, got " + c.gpu_transport);
+    throw Error(ErrorKind::kInvalidArgument, "FAIRRING_GPU_TRANSPORT must be tcp or nccl, got " + c.gpu_transport);
   }
   if (c.wire_dtype != "none" && c.wire_dtype != "bf16" && c.wire_dtype != "fp16") {
-    throw std::invalid_argument("FAIRRING_WIRE_DTYPE must be none, bf16 or fp16, got " + c.wire_dtype);
+    throw Error(ErrorKind::kInvalidArgument, "FAIRRING_WIRE_DTYPE must be none, bf16 or fp16, got " + c.wire_dtype);
   }
   if (c.timeout.count() <= 0) {
-    throw std::invalid_argument("the process group's timeout must be positive, got " +
-                                std::to_string(c.timeout.count()) + " ms");
+    throw Error(ErrorKind::kInvalidArgument,
+                "the process group's timeout must be positive, got " + std::to_string(c.timeout.count()) + " ms");
   }
 }
 

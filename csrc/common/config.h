@@ -42,7 +42,7 @@ struct Config {
   std::chrono::milliseconds timeout{30 * 60 * 1000};
 };
 
-// Throws std::invalid_argument naming the variable of the first value out of
+// Throws an Error of kind kInvalidArgument naming the variable of the first value out of
 // its bounds.
 void validate(const Config& c);
 

@@ -5,13 +5,15 @@
 #include <stdexcept>
 
 #include "common/log.h"
+#include "common/error.h"
 
 namespace fairring {
 
 void cuda_check(cudaError_t err, const std::string& what) {
   if (err == cudaSuccess) return;
   (void)cudaGetLastError();  // as C10_CUDA_CHECK: reported here, not to the next launch
-  throw std::runtime_error("fairring: " + what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+  throw Error(ErrorKind::kBackend,
+              "fairring: " + what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
 }
 
 bool cuda_done(cudaError_t query_result, const std::string& what) {

@@ -13,7 +13,7 @@
 
 namespace fairring {
 
-// Throws std::runtime_error("fairring: <what>: <cudaErrorName> (<description>)")
+// Throws an Error("fairring: <what>: <cudaErrorName> (<description>)")
 // unless err is cudaSuccess; clears the error first.
 void cuda_check(cudaError_t err, const std::string& what);
 

@@ -10,14 +10,15 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include "common/error.h"
 
 namespace fairring {
 
 inline void construction_step(const char* step) {
   const char* at = std::getenv("FAIRRING_TEST_FAIL_AT");
   if (at && std::string(at) == step) {
-    throw std::runtime_error(std::string("fairring: injected failure at construction step '") + step +
-                             "' (FAIRRING_TEST_FAIL_AT)");
+    throw Error(ErrorKind::kBackend,
+                std::string("fairring: injected failure at construction step '") + step + "' (FAIRRING_TEST_FAIL_AT)");
   }
 }
 

@@ -6,46 +6,48 @@
 
 #include "common/dtype_name.h"
 #include "common/reduce_op.h"
+#include "common/error.h"
 
 namespace fairring {
 
-const char* collective_name(Collective c) {
-  switch (c) {
-    case Collective::kAllReduce:
-      return "all_reduce";
-    case Collective::kBarrier:
-      return "barrier";
-    case Collective::kBroadcast:
-      return "broadcast";
-    case Collective::kReduceScatter:
-      return "reduce_scatter";
-    case Collective::kAllGather:
-      return "all_gather";
-    case Collective::kReduce:
-      return "reduce";
+namespace {
+// By kind; kinds are small integers (op_key.h).
+constexpr int kMaxCollectiveKinds = 64;
+CollectiveText* texts() {
+  static CollectiveText table[kMaxCollectiveKinds];
+  return table;
+}
+const CollectiveText* text_of(Collective c) {
+  const int i = static_cast<int>(c);
+  if (i < 0 || i >= kMaxCollectiveKinds || !texts()[i].name) return nullptr;
+  return &texts()[i];
+}
+}  // namespace
+
+void register_collective_text(Collective c, CollectiveText text) {
+  const int i = static_cast<int>(c);
+  if (i < 0 || i >= kMaxCollectiveKinds) {
+    throw Error(ErrorKind::kBackend, "fairring: collective kind " + std::to_string(i) + " out of range");
   }
-  return "collective";
+  texts()[i] = text;
 }
 
+const char* collective_name(Collective c) {
+  if (const CollectiveText* t = text_of(c)) return t->name;
+  static thread_local std::string unknown;
+  unknown = "collective " + std::to_string(static_cast<int>(c));
+  return unknown.c_str();
+}
+
+std::string elements_of(const OpKey& k) {
+  return std::to_string(k.numel) + " elements of " + dtype_name(static_cast<c10::ScalarType>(k.dtype));
+}
+
+std::string with_op(const OpKey& k) { return std::string(" with ") + redop_name(static_cast<RedOp>(k.op)); }
+
 std::string describe_args(const OpKey& k) {
-  const std::string elements =
-      std::to_string(k.numel) + " elements of " + dtype_name(static_cast<c10::ScalarType>(k.dtype));
-  const std::string with = std::string(" with ") + redop_name(static_cast<RedOp>(k.op));
-  switch (static_cast<Collective>(k.collective)) {
-    case Collective::kBroadcast:
-      return std::to_string(k.numel) + " bytes from rank " + std::to_string(k.root);
-    case Collective::kBarrier:
-      return "";
-    case Collective::kAllGather:
-      return elements + " per rank";
-    case Collective::kReduceScatter:
-      return elements + " per rank" + with;
-    case Collective::kReduce:
-      return elements + with + " to rank " + std::to_string(k.root);
-    case Collective::kAllReduce:
-      break;
-  }
-  return elements + with;
+  const CollectiveText* t = text_of(static_cast<Collective>(k.collective));
+  return t && t->args ? t->args(k) : elements_of(k);
 }
 
 std::string describe(const OpKey& k) {
@@ -61,16 +63,17 @@ std::string mismatch_prefix(const OpKey& mine, const char* device) {
 
 void check_same_op(const OpKey& mine, int self, const OpKey& theirs, int peer, const char* device) {
   if (mine == theirs) return;
-  throw std::runtime_error(mismatch_prefix(mine, device) + "for collective #" + std::to_string(mine.number) + " rank " +
-                           std::to_string(self) + " has " + describe(mine) + " but rank " + std::to_string(peer) +
-                           " has collective #" + std::to_string(theirs.number) + ": " + describe(theirs) +
-                           ". Every rank must issue the same collectives in the same order.");
+  throw Error(ErrorKind::kBackend, mismatch_prefix(mine, device) + "for collective #" + std::to_string(mine.number) +
+                                       " rank " + std::to_string(self) + " has " + describe(mine) + " but rank " +
+                                       std::to_string(peer) + " has collective #" + std::to_string(theirs.number) +
+                                       ": " + describe(theirs) +
+                                       ". Every rank must issue the same collectives in the same order.");
 }
 
 void throw_out_of_step(const OpKey& mine, int self, int peer, const char* device) {
-  throw std::runtime_error(mismatch_prefix(mine, device) + "rank " + std::to_string(peer) +
-                           " is out of step with rank " + std::to_string(self) + " at collective #" +
-                           std::to_string(mine.number) + " (an earlier collective differed between ranks)");
+  throw Error(ErrorKind::kBackend, mismatch_prefix(mine, device) + "rank " + std::to_string(peer) +
+                                       " is out of step with rank " + std::to_string(self) + " at collective #" +
+                                       std::to_string(mine.number) + " (an earlier collective differed between ranks)");
 }
 
 }  // namespace fairring

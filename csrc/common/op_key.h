@@ -26,6 +26,17 @@ enum class Collective : int32_t {
   kReduce = 6
 };
 
+// How messages name and describe a collective of one kind.  Each
+// collective's own file (collectives/) says it, registered when the library
+// loads; the layers below the collectives read it here.
+struct CollectiveText {
+  const char* name = nullptr;  // "all_reduce"
+  // The op's arguments: "1000 elements of float32 with SUM" (elements_of, with_op).
+  std::string (*args)(const struct OpKey& k) = nullptr;
+};
+void register_collective_text(Collective c, CollectiveText text);
+
+// "all_reduce"; "collective 7" for a kind this build does not know.
 const char* collective_name(Collective c);
 
 struct OpKey {
@@ -54,6 +65,10 @@ inline bool operator!=(const OpKey& a, const OpKey& b) { return !(a == b); }
 std::string describe(const OpKey& k);
 // The same without the collective's name: "1000 elements of float32 with SUM".
 std::string describe_args(const OpKey& k);
+// The parts collectives describe themselves with: "1000 elements of
+// float32" and " with SUM".
+std::string elements_of(const OpKey& k);
+std::string with_op(const OpKey& k);
 
 // Throws the error users see when ranks issued different collectives: rank
 // `self` has `mine`, rank `peer` has `theirs`.  `device`: "" or "CUDA ".

@@ -1,4 +1,5 @@
 #include "common/same_settings.h"
+#include "common/error.h"
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -14,11 +15,11 @@ void check_same_settings(const c10::intrusive_ptr<c10d::Store>& store, const std
     const std::vector<uint8_t> raw = store->get(key + "/" + std::to_string(r));
     const std::string theirs(raw.begin(), raw.end());
     if (theirs != mine) {
-      throw std::invalid_argument("fairring: ranks of one process group must use the same options, but rank " +
-                                  std::to_string(rank) + " has " + mine + " and rank " + std::to_string(r) + " has " +
-                                  theirs +
-                                  ". Set them the same way on every rank (environment or "
-                                  "pg_options).");
+      throw Error(ErrorKind::kInvalidArgument,
+                  "fairring: ranks of one process group must use the same options, but rank " + std::to_string(rank) +
+                      " has " + mine + " and rank " + std::to_string(r) + " has " + theirs +
+                      ". Set them the same way on every rank (environment or "
+                      "pg_options).");
     }
   }
 }

@@ -14,7 +14,7 @@ class Store;
 
 namespace fairring {
 
-// Throws std::invalid_argument (ValueError in Python) naming both ranks'
+// Throws an Error of kind kInvalidArgument (ValueError in Python) naming both ranks'
 // values if any rank's `mine` differs from this one's.
 void check_same_settings(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, int rank, int size,
                          const std::string& mine);

@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "node/wait_check.h"
-#include "common/dist_error.h"
+#include "common/error.h"
 #include "common/errors.h"
 #include "common/fault_injection.h"
 #include "common/same_settings.h"
@@ -76,7 +76,7 @@ class CudaEngine::CudaMover : public Mover {
   // Interprocess events of local rank x: one per slot and PeerStep.
   // None on a node of one rank, where the schedule asks for none (mover.h).
   cudaEvent_t event(int x, int slot, PeerStep step) const {
-    if (!e_.events_) throw std::logic_error("fairring: a CUDA peer event asked for on a node of one rank");
+    if (!e_.events_) throw Error(ErrorKind::kBackend, "fairring: a CUDA peer event asked for on a node of one rank");
     return e_.events_->at(x, slot * kPeerSteps + static_cast<int>(step));
   }
 
@@ -129,7 +129,7 @@ CudaEngine::CudaEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
       } else {
         rail_ = std::make_unique<CudaStagedRail>(prefixed, topo, config, params(), secret, device_, area_,
                                                  std::move(slot_stream), std::move(done),
-                                                 [this](const std::string& why) { fail(why); });
+                                                 [this](const Error& why) { fail(why); });
       }
     }
     construction_step("held");
@@ -144,8 +144,8 @@ CudaEngine::CudaEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
       return cuda_done(cudaEventQuery(c.done->get()), "querying a collective's completion");
     };
     hooks.check_peers = [this] { check_peers(); };
-    hooks.fault = [this](const std::string& why) { fail(why); };
-    hooks.device_failed = [](const PipelineOp& op, const std::string& why) {
+    hooks.fault = [this](const Error& why) { fail(why); };
+    hooks.device_failed = [](const PipelineOp& op, const Error& why) {
       const auto& c = static_cast<const CudaOp&>(op);
       if (c.device_failed) c.device_failed(why);
     };
@@ -253,9 +253,10 @@ void CudaEngine::close_ipc() {
     if (x == me) continue;
     try {
       counter_wait(c.cuda_closed[x], 1, [&] {
-        if (!process_alive(c.pids[x])) throw std::runtime_error("it exited");
-        if (arena().aborted()) throw std::runtime_error("the node aborted: " + arena().abort_message());
-        if (Clock::now() > give_up) throw std::runtime_error("Timed out");
+        if (!process_alive(c.pids[x])) throw Error(ErrorKind::kBackend, "it exited");
+        if (arena().aborted())
+          throw reworded(arena().abort_error(), std::string("the node aborted: ") + arena().abort_error().what());
+        if (Clock::now() > give_up) throw Error(ErrorKind::kBackend, "Timed out");
       });
     } catch (const std::exception& e) {
       if (!process_alive(c.pids[x])) continue;  // its mappings went with it
@@ -335,7 +336,7 @@ std::function<void()> CudaEngine::completion_call(const std::shared_ptr<Pipeline
       };
 }
 
-void CudaEngine::on_failed(const std::string& why) {
+void CudaEngine::on_failed(const Error& why) {
   if (rail_) rail_->abort(why);  // the NCCL rail aborts its communicator: its kernels end
   if (held_) held_->group_failed(why);
 }
@@ -366,13 +367,14 @@ bool CudaEngine::caught_up(cudaStream_t stream, TimePoint until) {
 }
 
 void CudaEngine::check_peers() {
-  if (arena().aborted()) throw std::runtime_error(arena().abort_message());
+  if (arena().aborted()) throw arena().abort_error();
   if (rail_) rail_->check();
   NodeControl& c = arena().control();
   for (int x = 0; x < topo().ranks_per_node; ++x) {
     if (x != topo().local_rank && !process_alive(c.pids[x])) {
-      throw std::runtime_error("rank " + std::to_string(topo().local_ranks()[x]) + " (pid " +
-                               std::to_string(c.pids[x]) + ") exited while this rank's CUDA work waited for it");
+      throw Error(ErrorKind::kBackend, "rank " + std::to_string(topo().local_ranks()[x]) + " (pid " +
+                                           std::to_string(c.pids[x]) +
+                                           ") exited while this rank's CUDA work waited for it");
     }
   }
 }
@@ -382,17 +384,18 @@ void CudaEngine::wait_device_idle() {
   // host-side completion (every op failed) is all there is to wait for.
   if (failed()) return;
   const auto timeout = config().timeout;
-  std::string why;
+  std::optional<Error> why;
   try {
     if (caught_up(tail_->stream(), Clock::now() + timeout)) return;
-    why = "Timed out: the device work of this group's CUDA collectives did not finish within " +
-          std::to_string(timeout.count()) + " ms (is a local peer stalled?)";
+    why.emplace(ErrorKind::kBackend,
+                "Timed out: the device work of this group's CUDA collectives did not finish within " +
+                    std::to_string(timeout.count()) + " ms (is a local peer stalled?)");
   } catch (const std::exception& e) {
-    why = e.what();
+    why.emplace(error_of(e));
   }
-  why = attribute_to_rank(topo().rank, why);
-  fail(why);
-  std::rethrow_exception(dist_error("fairring: " + why));
+  const Error failed = attributed(topo().rank, *why);
+  fail(failed);
+  throw reworded(failed, std::string("fairring: ") + failed.what());
 }
 
 bool CudaEngine::quiesce_device(TimePoint until) { return held_->wait_released(until); }

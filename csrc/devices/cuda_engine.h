@@ -54,7 +54,7 @@ struct CudaOp : PipelineOp {
   std::function<void(std::exception_ptr, const c10::cuda::CUDAStream& stream)> after_complete;
   // The watchdog (HeldOps) gave up on its device work, after the host side
   // succeeded: its Work reports `why` from then on.
-  std::function<void(const std::string& why)> device_failed;
+  std::function<void(const Error& why)> device_failed;
 };
 
 class CudaEngine : public Pipeline {
@@ -78,7 +78,7 @@ class CudaEngine : public Pipeline {
   void op_done(PipelineOp& op) override;
   void settle(PipelineOp& op, std::exception_ptr& error) override;
   std::function<void()> completion_call(const std::shared_ptr<PipelineOp>& op, std::exception_ptr error) override;
-  void on_failed(const std::string& why) override;
+  void on_failed(const Error& why) override;
   bool let_go(TimePoint until) override;
   void wait_device_idle() override;
   bool quiesce_device(TimePoint until) override;

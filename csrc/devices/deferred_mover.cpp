@@ -5,6 +5,7 @@
 #include <string>
 
 #include "kernels/reduce_cpu.h"
+#include "common/error.h"
 
 namespace fairring {
 
@@ -100,8 +101,8 @@ bool DeferredMover::let_go(std::chrono::steady_clock::time_point until) {
 
 void DeferredMover::require_peers(const char* what) const {
   if (!has_peers_) {
-    throw std::logic_error(std::string("fairring: the schedule called the mover's ") + what +
-                           " on a node of one rank (mover.h: no node peer, no event)");
+    throw Error(ErrorKind::kBackend, std::string("fairring: the schedule called the mover's ") + what +
+                                         " on a node of one rank (mover.h: no node peer, no event)");
   }
 }
 
@@ -126,9 +127,10 @@ void DeferredMover::after(int slot, int x, PeerStep step) {
   enqueue(slot, [c, target, arena, timeout, x] {
     const auto give_up = std::chrono::steady_clock::now() + timeout;
     counter_wait(*c, target, [&] {
-      if (arena->aborted()) throw std::runtime_error("deferred mover: the node aborted");
+      if (arena->aborted()) throw Error(ErrorKind::kBackend, "deferred mover: the node aborted");
       if (std::chrono::steady_clock::now() > give_up) {
-        throw std::runtime_error("deferred mover: Timed out waiting for local rank " + std::to_string(x) + "'s event");
+        throw Error(ErrorKind::kBackend,
+                    "deferred mover: Timed out waiting for local rank " + std::to_string(x) + "'s event");
       }
     });
   });
@@ -156,7 +158,7 @@ void FencedRail::post(RailTask task) {
   feeder_.push(std::move(task), [reached] { return reached->load(std::memory_order_acquire); });
 }
 
-void FencedRail::abort(const std::string& why) {
+void FencedRail::abort(const Error& why) {
   feeder_.stop();
   inner_.abort(why);
 }

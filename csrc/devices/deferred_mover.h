@@ -96,7 +96,7 @@ class FencedRail : public RailExchange {
  public:
   FencedRail(DeferredMover& mover, RailExchange& inner, int rank, std::chrono::milliseconds timeout, Failed failed);
   void post(RailTask task) override;
-  void abort(const std::string& why) override;
+  void abort(const Error& why) override;
   bool let_go(std::chrono::steady_clock::time_point until) override { return inner_.let_go(until); }
 
  private:

@@ -67,7 +67,7 @@ HostEngine::HostEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
   if (topo.num_nodes > 1) {
     RailStage::Callbacks cb;
     cb.slice_done = [this](uint64_t seq) { chunk_back(seq); };
-    cb.failed = [this](const std::string& why) { fail(why); };
+    cb.failed = [this](const Error& why) { fail(why); };
     rail_ = connect_rail(store, topo, config, params(), secret, std::move(cb), mesh_);
   }
   construction_step("movers");
@@ -76,7 +76,7 @@ HostEngine::HostEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
                                                 config.timeout);
     if (rail_) {
       fenced_ = std::make_unique<FencedRail>(*deferred_, *rail_, topo.rank, config.timeout,
-                                             [this](const std::string& why) { fail(why); });
+                                             [this](const Error& why) { fail(why); });
     }
     set_movers(*deferred_, fenced_.get());
   } else {
@@ -103,7 +103,7 @@ bool HostEngine::runs_inline(const PipelineOp& op) const {
   return op.numel * blocks * c10::elementSize(op.dtype) <= kInlineMaxBytes && slices_of(op) == 1;
 }
 
-void HostEngine::on_failed(const std::string& why) {
+void HostEngine::on_failed(const Error& why) {
   if (deferred_) deferred_->cancel();
   if (fenced_) {
     fenced_->abort(why);  // and the rail behind it

@@ -38,7 +38,7 @@ class HostEngine : public Pipeline {
   bool runs_inline(const PipelineOp& op) const override;
   void settle(PipelineOp& op, std::exception_ptr& error) override;
   std::function<void()> completion_call(const std::shared_ptr<PipelineOp>& op, std::exception_ptr error) override;
-  void on_failed(const std::string& why) override;
+  void on_failed(const Error& why) override;
   bool let_go(TimePoint until) override;
 
   void op_done(PipelineOp& op) override;

@@ -9,6 +9,7 @@
 
 #include "common/fault_injection.h"
 #include "common/log.h"
+#include "common/error.h"
 #include <new>
 #include <stdexcept>
 
@@ -27,8 +28,8 @@ NodeArena::NodeArena(const c10::intrusive_ptr<c10d::Store>& store, const Topolog
   ranks_ = topo.ranks_per_node;
   counters_per_slot_ = counters_per_slot;
   if (ranks_ > kMaxLocalRanks) {
-    throw std::runtime_error("fairring: " + std::to_string(ranks_) + " ranks on one node; at most " +
-                             std::to_string(kMaxLocalRanks) + " are supported");
+    throw Error(ErrorKind::kBackend, "fairring: " + std::to_string(ranks_) + " ranks on one node; at most " +
+                                         std::to_string(kMaxLocalRanks) + " are supported");
   }
   const int64_t control_bytes = round_up(sizeof(NodeControl), kPageBytes);
   const int64_t header_bytes = round_up(sizeof(SlotHeader) * slots * ranks_, kPageBytes) +
@@ -94,12 +95,13 @@ NodeArena::NodeArena(const c10::intrusive_ptr<c10d::Store>& store, const Topolog
 
 int sweep_stale_segments() { return ShmSegment::sweep_stale(kShmPrefix); }
 
-void NodeArena::abort(int rank, const std::string& msg, uint64_t first_failed_op) {
+void NodeArena::abort(int rank, const Error& why, uint64_t first_failed_op) {
   uint32_t expected = 0;
   if (control_->abort_state.compare_exchange_strong(expected, 1)) {
     control_->abort_rank = rank;
     control_->abort_op = first_failed_op;
-    std::strncpy(control_->abort_msg, msg.c_str(), sizeof(control_->abort_msg) - 1);
+    control_->abort_kind = static_cast<uint32_t>(why.kind());
+    std::strncpy(control_->abort_msg, why.what(), sizeof(control_->abort_msg) - 1);
     control_->abort_state.store(2, std::memory_order_release);
   }
   for (int i = 0; i < ranks_; ++i) {
@@ -109,11 +111,11 @@ void NodeArena::abort(int rank, const std::string& msg, uint64_t first_failed_op
   }
 }
 
-std::string NodeArena::abort_message() const {
+Error NodeArena::abort_error() const {
   if (control_->abort_state.load(std::memory_order_acquire) != 2) {
-    return aborted() ? "a rank of this node aborted" : std::string();
+    return Error(ErrorKind::kBackend, "a rank of this node aborted");
   }
-  return std::string(control_->abort_msg);
+  return Error(static_cast<ErrorKind>(control_->abort_kind), std::string(control_->abort_msg));
 }
 
 }  // namespace fairring

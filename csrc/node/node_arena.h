@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "common/error.h"
 #include "common/op_key.h"
 #include "topology/topology.h"
 #include "transport/shm.h"
@@ -33,6 +34,7 @@ struct SlotHeader {
 struct NodeControl {
   std::atomic<uint32_t> abort_state;  // 0 running, 1 being written, 2 aborted
   int32_t abort_rank;
+  uint32_t abort_kind;  // ErrorKind of the failure
   // The first op the aborting rank failed: ops before it succeeded there, so
   // they may still succeed here; this op and later ones must fail here too.
   uint64_t abort_op;
@@ -79,14 +81,14 @@ class NodeArena {
   // Records an abort for every rank of the node and wakes all waiters.
   // Only the first caller's message is kept.  `first_failed_op`: the oldest
   // op the caller fails (0 when it cannot tell: every op not yet done fails).
-  void abort(int rank, const std::string& msg, uint64_t first_failed_op = 0);
+  void abort(int rank, const Error& why, uint64_t first_failed_op = 0);
   // Whether op `op_seq` must fail because the node aborted: an op that ended
   // well on one rank must not fail on another, and the other way round.
   bool aborts_op(uint64_t op_seq) const {
     return control_->abort_state.load(std::memory_order_acquire) == 2 && control_->abort_op <= op_seq;
   }
-  // Empty while no rank of the node has aborted.
-  std::string abort_message() const;
+  // Why the node aborted (call once aborted()).
+  Error abort_error() const;
   bool aborted() const { return control_->abort_state.load(std::memory_order_acquire) != 0; }
 
  private:

@@ -1,6 +1,6 @@
 #include "node/wait_check.h"
 
-#include "common/dist_error.h"
+#include "common/error.h"
 
 #include <signal.h>
 
@@ -48,29 +48,30 @@ std::function<void()> make_wait_check(const Topology& topo, NodeArena& arena, st
   return [&arena, throw_if_failed = std::move(throw_if_failed), local_peer, what, start, absent_at, give_up_at, op_seq,
           peer_rank, op, next_pid_check]() mutable {
     throw_if_failed();
-    if (arena.aborted()) throw std::runtime_error(arena.abort_message());
+    if (arena.aborted()) throw arena.abort_error();
     const auto now = Clock::now();
     if (local_peer < 0) {
-      if (now > give_up_at) throw std::runtime_error("Timed out waiting for the network part of " + op);
+      if (now > give_up_at) throw Error(ErrorKind::kBackend, "Timed out waiting for the network part of " + op);
       return;
     }
     NodeControl& c = arena.control();
     if (now >= next_pid_check) {
       next_pid_check = now + kPidCheckEvery;
       if (!process_alive(c.pids[local_peer])) {
-        throw std::runtime_error("rank " + std::to_string(peer_rank) + " (pid " + std::to_string(c.pids[local_peer]) +
-                                 kPeerExitedMark + op + " was in progress");
+        throw Error(ErrorKind::kNetwork, "rank " + std::to_string(peer_rank) + " (pid " +
+                                             std::to_string(c.pids[local_peer]) + ") exited while " + op +
+                                             " was in progress");
       }
     }
     if (now <= absent_at) return;
     const std::string waited = seconds(std::chrono::duration<double>(now - start).count());
     if (c.issued[local_peer].load(std::memory_order_acquire) <= op_seq) {
-      throw std::runtime_error("Timed out: rank " + std::to_string(peer_rank) + " has not called " + op + " (waited " +
-                               waited + "). Is it stalled, or did it skip this collective?");
+      throw Error(ErrorKind::kBackend, "Timed out: rank " + std::to_string(peer_rank) + " has not called " + op +
+                                           " (waited " + waited + "). Is it stalled, or did it skip this collective?");
     }
     if (now <= give_up_at) return;
-    throw std::runtime_error("Timed out: rank " + std::to_string(peer_rank) + " did not " + what + " for " + op +
-                             " (waited " + waited + "). Is it stalled?");
+    throw Error(ErrorKind::kBackend, "Timed out: rank " + std::to_string(peer_rank) + " did not " + what + " for " +
+                                         op + " (waited " + waited + "). Is it stalled?");
   };
 }
 

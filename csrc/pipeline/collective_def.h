@@ -48,11 +48,14 @@ class CollectiveDef {
 };
 
 // A collective given by its two scripts: on a node of several ranks, and on
-// a node of one rank (no node steps).  What each collective file builds.
+// a node of one rank (no node steps).  What each collective file builds,
+// with the words messages use for it (registered for every layer).
 class ScriptedCollective : public CollectiveDef {
  public:
-  ScriptedCollective(Collective kind, Cut cut, Script node, Script alone)
-      : kind_(kind), cut_(cut), node_(std::move(node)), alone_(std::move(alone)) {}
+  ScriptedCollective(Collective kind, CollectiveText text, Cut cut, Script node, Script alone)
+      : kind_(kind), cut_(cut), node_(std::move(node)), alone_(std::move(alone)) {
+    register_collective_text(kind, text);
+  }
   Collective kind() const override { return kind_; }
   Cut cut() const override { return cut_; }
   const Script& script(int ranks_per_node) const override { return ranks_per_node == 1 ? alone_ : node_; }

@@ -47,12 +47,12 @@ void HeldOps::hold(std::shared_ptr<PipelineOp> op) {
   cv_.notify_all();
 }
 
-void HeldOps::group_failed(const std::string& why) {
+void HeldOps::group_failed(const Error& why) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_) return;
     failed_ = true;
-    failure_ = why;
+    failure_.emplace(why);
   }
   cv_.notify_all();
 }
@@ -78,7 +78,7 @@ void HeldOps::release_finished(std::unique_lock<std::mutex>& lock) {
   while (!held_.empty() && !failed_) {
     const auto now = Clock::now();
     const std::string op_name = name(*held_.front().op);
-    std::string why;
+    std::optional<Error> why;
     try {
       if (hooks_.finished(*held_.front().op)) {
         std::shared_ptr<PipelineOp> op = std::move(held_.front().op);
@@ -91,34 +91,36 @@ void HeldOps::release_finished(std::unique_lock<std::mutex>& lock) {
       }
       // Still running: watch it.
       if (now - held_.front().since > timeout_) {
-        why = "Timed out: " + op_name + "'s device work did not finish within " + std::to_string(timeout_.count()) +
-              " ms (this rank's CUDA work waits on its local peers' and its rail's: is one of them stalled?)";
+        why.emplace(
+            ErrorKind::kBackend,
+            "Timed out: " + op_name + "'s device work did not finish within " + std::to_string(timeout_.count()) +
+                " ms (this rank's CUDA work waits on its local peers' and its rail's: is one of them stalled?)");
       } else if (now >= next_peer_check_) {
         next_peer_check_ = now + kPeerCheckEvery;
-        std::string trouble;
+        std::optional<Error> trouble;
         lock.unlock();
         try {
           hooks_.check_peers();
         } catch (const std::exception& e) {
-          trouble = e.what();
+          trouble.emplace(error_of(e));
         }
         lock.lock();
-        if (!trouble.empty()) {
+        if (trouble) {
           if (peer_trouble_since_ == Clock::time_point{}) {
             peer_trouble_since_ = now;
           } else if (now - peer_trouble_since_ >= kPeerGoneGrace) {
-            why = op_name + "'s device work cannot finish: " + trouble;
+            why.emplace(reworded(*trouble, op_name + "'s device work cannot finish: " + trouble->what()));
           }
         }
       }
     } catch (const std::exception& e) {
       // A device fault is sticky: every later op would fail on it too.
-      why = "a device error in " + op_name + "'s device work: " + e.what();
+      why.emplace(ErrorKind::kBackend, "a device error in " + op_name + "'s device work: " + error_of(e).what());
     }
-    if (why.empty()) return;
-    FAIRRING_LOG(rank_, "%s", why.c_str());
+    if (!why) return;
+    FAIRRING_LOG(rank_, "%s", why->what());
     lock.unlock();
-    hooks_.fault(why);  // reaches group_failed() (or an earlier failure did)
+    hooks_.fault(*why);  // reaches group_failed() (or an earlier failure did)
     lock.lock();
     return;
   }
@@ -143,9 +145,11 @@ void HeldOps::release_after_failure(std::unique_lock<std::mutex>& lock) {
     if (!held_[i].reported) {
       held_[i].reported = true;
       std::shared_ptr<PipelineOp> op = held_[i].op;
-      const std::string why = name(*op) + " did not complete: the group failed while its device work was pending (" +
-                              (device_error.empty() ? "" : "a device error: " + device_error + "; ") + failure_ +
-                              "); its tensors are held until it ends";
+      const Error why = reworded(*failure_, name(*op) +
+                                                " did not complete: the group failed while its device work was "
+                                                "pending (" +
+                                                (device_error.empty() ? "" : "a device error: " + device_error + "; ") +
+                                                failure_->what() + "); its tensors are held until it ends");
       lock.unlock();
       hooks_.device_failed(*op, why);
       op.reset();

@@ -24,9 +24,11 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
+#include "common/error.h"
 #include "pipeline/pipeline_op.h"
 
 namespace fairring {
@@ -44,10 +46,10 @@ class HeldOps {
     std::function<void()> check_peers;
     // Fails the group (from HeldOps' thread, no lock held): the oldest op's
     // device work timed out, its peer died, or the device reported a fault.
-    std::function<void(const std::string&)> fault;
+    std::function<void(const Error&)> fault;
     // The op's device work did not (or may never) finish: its Work reports
     // `why` (from HeldOps' thread, no lock held; once per op).
-    std::function<void(const PipelineOp&, const std::string&)> device_failed;
+    std::function<void(const PipelineOp&, const Error&)> device_failed;
   };
   // `timeout`: the group's; the oldest op's device work gets that long, and
   // teardown waits at most that long for the held ops.
@@ -57,7 +59,7 @@ class HeldOps {
   void hold(std::shared_ptr<PipelineOp> op);
   // The group failed: held ops whose device work has not finished are
   // reported failed with `why`; they stay held until it does (or forever).
-  void group_failed(const std::string& why);
+  void group_failed(const Error& why);
   // True once nothing is held (or the group failed), before `until`.
   bool wait_released(std::chrono::steady_clock::time_point until);
   // Waits (up to the timeout, not at all after a failure) for the held ops'
@@ -93,7 +95,7 @@ class HeldOps {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Held> held_;
-  std::string failure_;  // the group's failure, once told (group_failed)
+  std::optional<Error> failure_;  // the group's failure, once told (group_failed)
   bool failed_ = false;
   bool dropping_ = false;  // the thread is dropping an op outside the lock
   bool stopping_ = false;

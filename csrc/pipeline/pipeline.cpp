@@ -8,8 +8,7 @@
 #include <stdexcept>
 
 #include "node/wait_check.h"
-#include "common/dist_error.h"
-#include "common/errors.h"
+#include "common/error.h"
 #include "common/log.h"
 
 namespace fairring {
@@ -37,13 +36,13 @@ Pipeline::~Pipeline() { stop(); }
 
 void Pipeline::require_memory(int64_t need) const {
   if (need <= config_.total_memory) return;
-  throw std::invalid_argument(
-      "FAIRRING_TOTAL_MEMORY=" + std::to_string(config_.total_memory) + " bytes is too small for the " + device_ +
-      "all-reduce with FAIRRING_PARALLELISM=" + std::to_string(config_.parallelism) +
-      " slices of FAIRRING_SLICE_SIZE=" + std::to_string(config_.slice_size) + " bytes, " +
-      std::to_string(topo_.ranks_per_node) + " ranks per node and " + std::to_string(topo_.num_nodes) +
-      " nodes: it needs " + std::to_string(need) +
-      " bytes. Raise FAIRRING_TOTAL_MEMORY or lower FAIRRING_SLICE_SIZE / FAIRRING_PARALLELISM.");
+  throw Error(ErrorKind::kInvalidArgument,
+              "FAIRRING_TOTAL_MEMORY=" + std::to_string(config_.total_memory) + " bytes is too small for the " +
+                  device_ + "all-reduce with FAIRRING_PARALLELISM=" + std::to_string(config_.parallelism) +
+                  " slices of FAIRRING_SLICE_SIZE=" + std::to_string(config_.slice_size) + " bytes, " +
+                  std::to_string(topo_.ranks_per_node) + " ranks per node and " + std::to_string(topo_.num_nodes) +
+                  " nodes: it needs " + std::to_string(need) +
+                  " bytes. Raise FAIRRING_TOTAL_MEMORY or lower FAIRRING_SLICE_SIZE / FAIRRING_PARALLELISM.");
 }
 
 void Pipeline::set_arena(std::unique_ptr<NodeArena> arena) {
@@ -64,7 +63,7 @@ void Pipeline::set_movers(Mover& mover, RailExchange* rail) {
 }
 
 void Pipeline::start() {
-  if (!schedule_) throw std::logic_error("fairring: Pipeline::start before set_movers");
+  if (!schedule_) throw Error(ErrorKind::kBackend, "fairring: Pipeline::start before set_movers");
   loop_ = std::thread([this] { loop(); });
   std::lock_guard<std::mutex> lock(g_live_mu);
   g_live.insert(this);
@@ -85,12 +84,12 @@ void Pipeline::stop() {
   if (loop_.joinable()) loop_.join();
 }
 
-std::exception_ptr Pipeline::op_failed(const PipelineOp& op, const std::string& why) const {
-  return dist_error(std::string("fairring: ") + collective_name(op.collective) + " #" + std::to_string(op.number) +
-                    " failed: " + why);
+std::exception_ptr Pipeline::op_failed(const PipelineOp& op, const Error& why) const {
+  return std::make_exception_ptr(reworded(why, std::string("fairring: ") + collective_name(op.collective) + " #" +
+                                                   std::to_string(op.number) + " failed: " + why.what()));
 }
 
-void Pipeline::abort(const std::string& why) { fail(why); }
+void Pipeline::abort(const Error& why) { fail(why); }
 
 bool Pipeline::drain(std::chrono::milliseconds limit) {
   std::unique_lock<std::mutex> lock(mu_);
@@ -103,7 +102,7 @@ void Pipeline::close(const std::string& why) {
 }
 
 void Pipeline::submit(std::shared_ptr<PipelineOp> op) {
-  if (!op->def) throw std::logic_error("fairring: an op without a collective definition was submitted");
+  if (!op->def) throw Error(ErrorKind::kBackend, "fairring: an op without a collective definition was submitted");
   std::unique_lock<std::mutex> lock(mu_);
   if (op->stage && order_.must_follow(op->footprint) == 0) {
     // Nothing pending touches what the stage reads or writes: it runs now,
@@ -120,10 +119,13 @@ void Pipeline::submit(std::shared_ptr<PipelineOp> op) {
   op->follows = order_.enter(op->seq, op->footprint);
   if (op->follows) order_waits_.fetch_add(1, std::memory_order_relaxed);
   if (failure_.failed() || !closed_.empty()) {
-    const std::string why = failure_.failed() ? "this process group failed earlier: " + failure_.why() : closed_;
+    const Error why = failure_.failed()
+                          ? reworded(failure_.error(), "this process group failed earlier: " + failure_.why())
+                          : Error(ErrorKind::kBackend, closed_);
     lock.unlock();
-    complete(op, dist_error(std::string("fairring: ") + collective_name(op->collective) + " #" +
-                            std::to_string(op->number) + " not started: " + why));
+    complete(op,
+             std::make_exception_ptr(reworded(why, std::string("fairring: ") + collective_name(op->collective) + " #" +
+                                                       std::to_string(op->number) + " not started: " + why.what())));
     return;
   }
   // Inline only when every earlier op has completed: then the loop thread
@@ -168,8 +170,8 @@ void Pipeline::run_inline(Slice s) {
     finished = schedule_->front(s, &until) && schedule_->back(s, &until);
     if (finished) op_done(*s.op);
   } catch (const std::exception& e) {
-    fail(attribute_to_rank(topo_.rank, e.what()));
-    error = op_failed(*s.op, failure_.why());
+    fail(attributed(topo_.rank, e));
+    error = op_failed(*s.op, failure_.error());
   }
   if (!finished && !error) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -183,7 +185,7 @@ void Pipeline::run_inline(Slice s) {
     }
     // The group failed meanwhile (another thread's op): the loop thread is
     // gone or going, so this op fails here.
-    error = op_failed(*s.op, failure_.why());
+    error = op_failed(*s.op, failure_.error());
   }
   complete(s.op, error, /*on_caller=*/true);
   bool queued_behind;
@@ -236,7 +238,7 @@ void Pipeline::complete(const std::shared_ptr<PipelineOp>& op, std::exception_pt
   if (!error && arena_->aborts_op(op->seq)) {
     // Our part ended well, but a node peer gave up on this op (we came
     // late, or it failed for another reason): it ends the same way here.
-    const std::string why = arena_->abort_message();
+    const Error why = arena_->abort_error();
     fail(why);
     error = op_failed(*op, why);
   }
@@ -277,29 +279,21 @@ std::exception_ptr Pipeline::after_let_go(const std::shared_ptr<PipelineOp>& op,
   }
   if (let_go_ == LetGo::kReleased) return error;
   kept_.push_back(op);
-  std::string what;
-  try {
-    std::rethrow_exception(error);
-  } catch (const c10::Error& e) {
-    what = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    what = e.what();
-  } catch (...) {
-    what = "fairring: the op failed";
-  }
-  return dist_error(what + " [a rail or stream thread of rank " + std::to_string(topo_.rank) +
-                    " had not stopped within the timeout: this op's tensors may still change until the process "
-                    "group is destroyed]");
+  const Error failed = error_of(error);
+  return std::make_exception_ptr(
+      reworded(failed, std::string(failed.what()) + " [a rail or stream thread of rank " + std::to_string(topo_.rank) +
+                           " had not stopped within the timeout: this op's tensors may still change until the "
+                           "process group is destroyed]"));
 }
 
-void Pipeline::fail(const std::string& why) {
+void Pipeline::fail(const Error& why) {
   uint64_t first_failed_op;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failure_.record(why)) return;
     first_failed_op = completed_;  // ops complete in issue order
   }
-  FAIRRING_DEBUG_LOG(topo_.rank, "%sfailing: %s", device_, why.c_str());
+  FAIRRING_DEBUG_LOG(topo_.rank, "%sfailing: %s", device_, why.what());
   arena_->abort(topo_.rank, why, first_failed_op);
   on_failed(why);
   work_cv_.notify_all();
@@ -346,8 +340,8 @@ void Pipeline::loop() {
         } else if (in_flight.empty()) {
           // Every earlier op is complete once nothing is in flight or inline.
           if (!queue_.empty() && !inline_busy_) {
-            throw std::logic_error("fairring: op #" + std::to_string(queue_.front()->seq) +
-                                   " waits for an earlier op, but none is in flight");
+            throw Error(ErrorKind::kBackend, "fairring: op #" + std::to_string(queue_.front()->seq) +
+                                                 " waits for an earlier op, but none is in flight");
           }
           return;  // stopping, nothing left
         }
@@ -368,13 +362,13 @@ void Pipeline::loop() {
       in_flight.pop_front();
     }
   } catch (const std::exception& e) {
-    fail(attribute_to_rank(topo_.rank, e.what()));
+    fail(attributed(topo_.rank, e));
   }
   drain(in_flight, cur);
 }
 
 void Pipeline::drain(std::deque<Slice>& in_flight, std::shared_ptr<PipelineOp>& cur) {
-  const std::string why = failure_.why();
+  const Error why = failure_.error();
   auto fail_op = [&](const std::shared_ptr<PipelineOp>& op) {
     if (!op || !op->on_complete) return;  // several slices of one op, or completed
     complete(op, op_failed(*op, why));

@@ -67,7 +67,7 @@ class Pipeline {
 
   // Fails every pending and later op with `why` at once, wakes every wait
   // and tells the node and the rails (their ops with us fail too).
-  void abort(const std::string& why);
+  void abort(const Error& why);
   // Waits (up to `limit`) until every submitted op has completed; true if so.
   bool drain(std::chrono::milliseconds limit);
   // Later ops fail at once with `why` (the group was shut down); nothing is
@@ -101,7 +101,7 @@ class Pipeline {
   void stop();
   // Records the first failure, tells the node and the rails (on_failed),
   // wakes every wait.
-  void fail(const std::string& why);
+  void fail(const Error& why);
   bool failed() const { return failure_.failed(); }
 
   const Topology& topo() const { return topo_; }
@@ -141,7 +141,7 @@ class Pipeline {
   // nothing to run).  Called once per op, in issue order.
   virtual std::function<void()> completion_call(const std::shared_ptr<PipelineOp>& op, std::exception_ptr error) = 0;
   // The group failed: stop the device's own threads and rails.
-  virtual void on_failed(const std::string& why) { (void)why; }
+  virtual void on_failed(const Error& why) { (void)why; }
   // After on_failed: blocks until no thread of the device's own (rails,
   // streams) reads or writes host memory of an op any more, or `until`
   // passes; true if so.  Device work already enqueued is the engine's to
@@ -165,7 +165,7 @@ class Pipeline {
   void start_op(PipelineOp& op, bool on_caller);
   // `on_caller`: the op ran inline, so its future may complete right here.
   void complete(const std::shared_ptr<PipelineOp>& op, std::exception_ptr error, bool on_caller = false);
-  std::exception_ptr op_failed(const PipelineOp& op, const std::string& why) const;
+  std::exception_ptr op_failed(const PipelineOp& op, const Error& why) const;
   // A failed op's tensors go back to its caller only once the engine's own
   // threads have let go of them (let_go), at most the group's timeout after
   // the failure; if they have not by then, the op is kept here, with its

@@ -1,4 +1,5 @@
 #include "pipeline/slice_schedule.h"
+#include "common/error.h"
 
 #include <c10/core/ScalarType.h>
 
@@ -103,7 +104,7 @@ RailTask SliceSchedule::rail_task(const Slice& s) const {
 }
 
 void SliceSchedule::post(RailTask task) {
-  if (!rail_) throw std::logic_error("fairring: a rail task posted on a single node");
+  if (!rail_) throw Error(ErrorKind::kBackend, "fairring: a rail task posted on a single node");
   rail_->post(std::move(task));
 }
 

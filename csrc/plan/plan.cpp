@@ -1,4 +1,5 @@
 #include "plan/plan.h"
+#include "common/error.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -32,7 +33,7 @@ static Range nth_even_range(int64_t count, int64_t parts, int64_t align, int64_t
 
 std::vector<Range> split_even(int64_t count, int parts, int64_t align) {
   if (parts < 1 || align < 1 || count < 0) {
-    throw std::invalid_argument("split_even: bad arguments");
+    throw Error(ErrorKind::kInvalidArgument, "split_even: bad arguments");
   }
   std::vector<Range> out(parts);
   for (int i = 0; i < parts; ++i) out[i] = nth_even_range(count, parts, align, i);
@@ -49,7 +50,7 @@ SlicePlan plan_slice(int64_t numel, int64_t elem_size, int64_t index, int ranks_
   const int64_t align = align_elems(elem_size, params);
   const int64_t slices = num_slices(numel, elem_size, params);
   if (index < 0 || index >= slices) {
-    throw std::out_of_range("plan_slice: slice index out of range");
+    throw Error(ErrorKind::kBackend, "plan_slice: slice index out of range");
   }
   SlicePlan plan;
   plan.slice = nth_even_range(std::max<int64_t>(numel, 0), slices, align, index);
@@ -95,7 +96,7 @@ SlicePlan plan_slice(Cut cut, int64_t numel, int64_t elem_size, int64_t index, i
   const int world = ranks_per_node * num_nodes;
   const int64_t slices = num_slices(cut, numel, elem_size, world, params);
   if (index < 0 || index >= slices) {
-    throw std::out_of_range("plan_slice: slice index out of range");
+    throw Error(ErrorKind::kBackend, "plan_slice: slice index out of range");
   }
   SlicePlan plan;
   plan.slice = nth_even_range(std::max<int64_t>(numel, 0), slices, align_elems(elem_size, params), index);

@@ -1,4 +1,5 @@
 #include "plan/rail_walk.h"
+#include "common/error.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -9,8 +10,9 @@ namespace fairring {
 namespace {
 
 [[noreturn]] void refuse(const std::string& what, const std::vector<Range>& shards, int node, int num_nodes) {
-  throw std::logic_error("fairring: bad rail walk: " + what + " (" + std::to_string(shards.size()) + " shards, node " +
-                         std::to_string(node) + " of " + std::to_string(num_nodes) + ")");
+  throw Error(ErrorKind::kBackend, "fairring: bad rail walk: " + what + " (" + std::to_string(shards.size()) +
+                                       " shards, node " + std::to_string(node) + " of " + std::to_string(num_nodes) +
+                                       ")");
 }
 
 void add_unique(std::vector<int>& v, int x) {

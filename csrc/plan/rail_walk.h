@@ -77,7 +77,7 @@ struct RailWalk {
 
 // The walk of a chunk with these shards (SlicePlan::shards[k], shard j
 // served by node j; at most `num_nodes` of them; kShare: exactly one per
-// node), seen from node `node` of `num_nodes`.  Throws std::logic_error on
+// node), seen from node `node` of `num_nodes`.  Throws an Error on
 // arguments no plan produces.
 RailWalk walk_rail(RailPattern pattern, int back_to, const std::vector<Range>& shards, int node, int num_nodes);
 

@@ -14,6 +14,7 @@
 #include "common/errors.h"
 #include "kernels/convert_cuda.h"
 #include "kernels/reduce_cuda.h"
+#include "common/error.h"
 
 namespace fairring {
 
@@ -108,7 +109,7 @@ void CudaStagedRail::post(RailTask task) {
                 [copied] { return cuda_done(cudaEventQuery(copied), "device-to-host copy of a reduced chunk"); });
 }
 
-void CudaStagedRail::abort(const std::string& why) {
+void CudaStagedRail::abort(const Error& why) {
   leak_on_destroy();
   stage_->abort(why);
   feeder_->stop();
@@ -130,7 +131,7 @@ void CudaStagedRail::back(uint64_t slice_seq) {
     }
     done_(slice_seq);
   } catch (const std::exception& e) {
-    failed_(attribute_to_rank(topo_.rank, e.what()));
+    failed_(attributed(topo_.rank, e));
   }
 }
 
@@ -146,8 +147,9 @@ CudaNcclRail::CudaNcclRail(const c10::intrusive_ptr<c10d::Store>& store, const T
       codec_(wire_dtype_from_name(config.wire_dtype)) {
   const int n = topo.num_nodes;
   if (n > kMaxCudaReduceInputs) {
-    throw std::invalid_argument("fairring: FAIRRING_GPU_TRANSPORT=nccl supports at most " +
-                                std::to_string(kMaxCudaReduceInputs) + " nodes, this group has " + std::to_string(n));
+    throw Error(ErrorKind::kInvalidArgument, "fairring: FAIRRING_GPU_TRANSPORT=nccl supports at most " +
+                                                 std::to_string(kMaxCudaReduceInputs) + " nodes, this group has " +
+                                                 std::to_string(n));
   }
   c10::cuda::CUDAGuard guard(device_);
   check_own_gpus(store);
@@ -176,14 +178,14 @@ CudaNcclRail::~CudaNcclRail() {
   if (staging_ && !leak_) cuda_ok_or_log(cudaFree(staging_), rank, "cudaFree (NCCL staging)");
 }
 
-void CudaNcclRail::abort(const std::string&) {
+void CudaNcclRail::abort(const Error&) {
   leak_on_destroy();
   nccl_->abort();
 }
 
 void CudaNcclRail::check() {
   const std::string error = nccl_->async_error();
-  if (!error.empty()) throw std::runtime_error("the NCCL rail failed: " + error);
+  if (!error.empty()) throw Error(ErrorKind::kBackend, "the NCCL rail failed: " + error);
 }
 
 // The exchange of one chunk on the NCCL stream, after the slot stream's work
@@ -229,7 +231,7 @@ void CudaNcclRail::walk(const RailTask& task, cudaStream_t ns) {
   };
   const bool serving = w.reduces && w.served_count > 0;
   if (serving && w.served_count * esize > buffers_.shard) {
-    throw std::logic_error("fairring: shard larger than its NCCL staging buffer (plan bound violated)");
+    throw Error(ErrorKind::kBackend, "fairring: shard larger than its NCCL staging buffer (plan bound violated)");
   }
   // Round one: pieces (or shared shards).
   if (wire) {
@@ -297,12 +299,12 @@ void CudaNcclRail::check_own_gpus(const c10::intrusive_ptr<c10d::Store>& store) 
   for (int r : topo_.rail()) {
     if (r == topo_.rank) continue;
     if (store->get("gpu_uuid/" + std::to_string(r)) == mine) {
-      throw std::invalid_argument(
-          "fairring: FAIRRING_GPU_TRANSPORT=nccl needs the ranks of a rail (local rank " +
-          std::to_string(topo_.local_rank) + " of every node) on distinct GPUs, but ranks " +
-          std::to_string(std::min(r, topo_.rank)) + " and " + std::to_string(std::max(r, topo_.rank)) + " share " +
-          device_.str() + " of rank " + std::to_string(topo_.rank) +
-          "'s machine. Use FAIRRING_GPU_TRANSPORT=tcp, or give each node's ranks their own GPUs.");
+      throw Error(ErrorKind::kInvalidArgument,
+                  "fairring: FAIRRING_GPU_TRANSPORT=nccl needs the ranks of a rail (local rank " +
+                      std::to_string(topo_.local_rank) + " of every node) on distinct GPUs, but ranks " +
+                      std::to_string(std::min(r, topo_.rank)) + " and " + std::to_string(std::max(r, topo_.rank)) +
+                      " share " + device_.str() + " of rank " + std::to_string(topo_.rank) +
+                      "'s machine. Use FAIRRING_GPU_TRANSPORT=tcp, or give each node's ranks their own GPUs.");
     }
   }
 }

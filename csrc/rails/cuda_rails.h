@@ -98,7 +98,7 @@ class CudaStagedRail : public CudaRail {
 
   void start() override { stage_->start(); }
   void post(RailTask task) override;
-  void abort(const std::string& why) override;
+  void abort(const Error& why) override;
   bool let_go(std::chrono::steady_clock::time_point until) override { return stage_->let_go(until); }
 
  private:
@@ -141,7 +141,7 @@ class CudaNcclRail : public CudaRail {
   void post(RailTask task) override;
   // Aborts the communicator at once: NCCL kernels waiting on a dead peer
   // end, and the device work queued behind them can finish.
-  void abort(const std::string& why) override;
+  void abort(const Error& why) override;
   void check() override;
   // No thread of its own: its work is on the slot streams, held by the engine.
   bool let_go(std::chrono::steady_clock::time_point) override { return true; }

@@ -15,6 +15,7 @@
 
 #include "plan/plan.h"
 #include "plan/rail_walk.h"
+#include "common/error.h"
 #include "common/op_key.h"
 #include "common/reduce_op.h"
 
@@ -50,12 +51,12 @@ class RailExchange {
   // result (for a device: when the work that puts it there is enqueued).
   using SliceDone = std::function<void(uint64_t slice_seq)>;
   // Called at most once, when the exchange fails on its own.
-  using Failed = std::function<void(const std::string& why)>;
+  using Failed = std::function<void(const Error& why)>;
 
   virtual ~RailExchange() = default;
   virtual void post(RailTask task) = 0;
   // Tells every rail peer why we stop, then stops (from any thread).
-  virtual void abort(const std::string& why) = 0;
+  virtual void abort(const Error& why) = 0;
   // After abort(): blocks until the exchange touches the memory of no task
   // posted to it any more (a chunk lives in the caller's tensor), or `until`
   // passes; true if it got there.  The pipeline returns a failed op's

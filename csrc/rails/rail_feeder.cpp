@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "common/errors.h"
+#include "common/error.h"
 
 namespace fairring {
 
@@ -72,15 +73,15 @@ void RailFeeder::loop() {
       for (int polls = 0; !next.finished(); ++polls) {
         if (stopping()) return;
         if (Clock::now() - start > timeout_) {
-          throw std::runtime_error("Timed out waiting for " + waiting_for_ + " (slice " +
-                                   std::to_string(next.task.slice_seq) + ")");
+          throw Error(ErrorKind::kBackend,
+                      "Timed out waiting for " + waiting_for_ + " (slice " + std::to_string(next.task.slice_seq) + ")");
         }
         if (polls > kSpins) std::this_thread::sleep_for(kNap);
       }
       rail_.post(std::move(next.task));
     }
   } catch (const std::exception& e) {
-    failed_(attribute_to_rank(rank_, e.what()));
+    failed_(attributed(rank_, e));
   }
 }
 

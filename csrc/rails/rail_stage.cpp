@@ -18,6 +18,7 @@
 #include "common/fault_injection.h"
 #include "kernels/reduce_cpu.h"
 #include "transport/tcp_mesh.h"
+#include "common/error.h"
 
 namespace fairring {
 
@@ -95,7 +96,7 @@ RailStage::RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callb
     servers_[n] = std::make_unique<Channel>(mesh.take_server(rail[n]), rail[n]);
   }
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (wake_fd_ < 0) throw std::runtime_error("fairring: eventfd failed");
+  if (wake_fd_ < 0) throw Error(ErrorKind::kBackend, "fairring: eventfd failed");
   // FAIRRING_TEST_RAIL_REDUCE_DELAY_MS: the server sleeps that long before
   // its first reduction of a shard into the caller's chunk (tests: a rail
   // thread slow, descheduled or stopped where it writes into an op's memory
@@ -115,7 +116,7 @@ RailStage::~RailStage() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
-    failed = !abort_reason_.empty();
+    failed = abort_reason_.has_value();
   }
   wake();
   if (thread_.joinable()) thread_.join();
@@ -171,10 +172,10 @@ void RailStage::post(RailTask task) {
   wake();
 }
 
-void RailStage::abort(const std::string& why) {
+void RailStage::abort(const Error& why) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (abort_reason_.empty()) abort_reason_ = why;
+    if (!abort_reason_) abort_reason_.emplace(why);
   }
   wake();
 }
@@ -192,7 +193,7 @@ bool RailStage::let_go(std::chrono::steady_clock::time_point until) {
   return released_cv_.wait_until(lock, until, [&] { return released_; });
 }
 
-void RailStage::send_aborts(const std::string& why) {
+void RailStage::send_aborts(const Error& why) {
   for (auto* list : {&clients_, &servers_}) {
     for (auto& ch : *list) {
       if (ch) ch->queue_abort(why);
@@ -227,7 +228,7 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
     if (s.wire && x.count > 0) {
       char* msg = wire_buf(wire_out_, t, x.node);
       if (message_bytes(s, x.count) > wire_out_[0][x.node].size()) {
-        throw std::logic_error("fairring: shard larger than its wire buffer (plan bound violated)");
+        throw Error(ErrorKind::kBackend, "fairring: shard larger than its wire buffer (plan bound violated)");
       }
       codec_.encode(dtype, data, x.count, msg);
       data = msg;
@@ -262,7 +263,7 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
     const int64_t elem = c10::elementSize(dtype);
     for (const Transfer& x : s.walk.receives) {
       if (x.count * elem > static_cast<int64_t>((*s.staging)[x.node].size())) {
-        throw std::logic_error("fairring: shard larger than its staging buffer (plan bound violated)");
+        throw Error(ErrorKind::kBackend, "fairring: shard larger than its staging buffer (plan bound violated)");
       }
       const bool decode = s.wire && x.count > 0;
       char* into = decode ? wire_buf(wire_contrib_, t, x.node) : (*s.staging)[x.node].data();
@@ -372,15 +373,15 @@ void RailStage::loop() {
   try {
     for (;;) {
       std::deque<RailTask> fresh;
-      std::string abort_reason;
+      std::optional<Error> abort_reason;
       {
         std::lock_guard<std::mutex> lock(mu_);
         abort_reason = abort_reason_;
-        if (abort_reason.empty() && stopping_ && incoming_.empty() && active_.empty()) return;
+        if (!abort_reason && stopping_ && incoming_.empty() && active_.empty()) return;
         fresh.swap(incoming_);
       }
-      if (!abort_reason.empty()) {
-        send_aborts(abort_reason);
+      if (abort_reason) {
+        send_aborts(*abort_reason);
         return;
       }
       for (auto& t : fresh) {
@@ -414,7 +415,7 @@ void RailStage::loop() {
       }
       maybe_finish();
       int r = poll(fds.data(), fds.size(), kLoopPollMs);
-      if (r < 0 && errno != EINTR) throw std::runtime_error("fairring: poll failed");
+      if (r < 0 && errno != EINTR) throw Error(ErrorKind::kBackend, "fairring: poll failed");
       if (fds[0].revents & POLLIN) {
         uint64_t v;
         ssize_t n = read(wake_fd_, &v, sizeof(v));
@@ -442,13 +443,13 @@ void RailStage::loop() {
         const std::string why_alive =
             alive ? " (its rail is alive: has it issued the collective, or is it waiting for another rank?)" : "";
         if (ch->has_pending_recv() && now - ch->last_recv_progress > deadline) {
-          throw std::runtime_error(
-              "Timed out: rank " + peer + " sent nothing for " +
-              seconds(std::chrono::duration<double>(now - ch->last_recv_progress).count()) +
-              " while this rank waited for its part of " + op +
-              (alive ? why_alive
-                     : " (is rank " + peer +
-                           " stalled, did it skip the collective, or is the network between us down?)"));
+          throw Error(ErrorKind::kBackend,
+                      "Timed out: rank " + peer + " sent nothing for " +
+                          seconds(std::chrono::duration<double>(now - ch->last_recv_progress).count()) +
+                          " while this rank waited for its part of " + op +
+                          (alive ? why_alive
+                                 : " (is rank " + peer +
+                                       " stalled, did it skip the collective, or is the network between us down?)"));
         }
         // A peer that stops reading (a stuck receive path, or a network that
         // drops what we send) leaves our send stuck in a full socket buffer;
@@ -456,20 +457,20 @@ void RailStage::loop() {
         // nothing is expected back from that peer any more (the results of
         // the last slice), which the receive check above does not cover.
         if (ch->data_pending() && now - ch->last_send_progress > deadline) {
-          throw std::runtime_error(
-              "Timed out: rank " + peer + " took none of the data this rank sent it for " +
-              seconds(std::chrono::duration<double>(now - ch->last_send_progress).count()) + " during " + op +
-              (alive ? why_alive : " (is rank " + peer + " stalled, or is the network between us down?)"));
+          throw Error(ErrorKind::kBackend,
+                      "Timed out: rank " + peer + " took none of the data this rank sent it for " +
+                          seconds(std::chrono::duration<double>(now - ch->last_send_progress).count()) + " during " +
+                          op +
+                          (alive ? why_alive : " (is rank " + peer + " stalled, or is the network between us down?)"));
         }
       }
     }
   } catch (const PeerAborted& e) {
     // The peer already told everyone it can reach; pass it on to the rest.
-    const std::string why = e.what();
-    callbacks_.failed(why);
-    send_aborts(why);
+    callbacks_.failed(e);
+    send_aborts(e);
   } catch (const std::exception& e) {
-    const std::string why = attribute_to_rank(topo_.rank, e.what());
+    const Error why = attributed(topo_.rank, e);
     callbacks_.failed(why);
     send_aborts(why);
   }

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,7 +60,7 @@ class RailStage : public RailExchange {
   void start();
 
   void post(RailTask task) override;
-  void abort(const std::string& why) override;
+  void abort(const Error& why) override;
   bool let_go(std::chrono::steady_clock::time_point until) override;
 
  private:
@@ -77,7 +78,7 @@ class RailStage : public RailExchange {
               Clock::time_point now);
   void maybe_finish();
   void wake();
-  void send_aborts(const std::string& why);
+  void send_aborts(const Error& why);
   // From the stage's thread, once it reads and writes no task's memory any
   // more (it may still send an abort): let_go() returns.
   void released();
@@ -105,7 +106,7 @@ class RailStage : public RailExchange {
 
   std::mutex mu_;
   std::deque<RailTask> incoming_;
-  std::string abort_reason_;
+  std::optional<Error> abort_reason_;
   bool stopping_ = false;
   bool released_ = false;  // see released()
   std::condition_variable released_cv_;

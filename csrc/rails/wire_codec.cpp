@@ -7,6 +7,7 @@
 #include "common/op_key.h"
 #include "common/reduce_op.h"
 #include "kernels/convert_cpu.h"
+#include "common/error.h"
 
 namespace fairring {
 
@@ -27,7 +28,7 @@ WireDtype wire_dtype_from_name(const std::string& name) {
   if (name == "none") return WireDtype::kNone;
   if (name == "bf16") return WireDtype::kBf16;
   if (name == "fp16") return WireDtype::kFp16;
-  throw std::invalid_argument("FAIRRING_WIRE_DTYPE must be none, bf16 or fp16, got " + name);
+  throw Error(ErrorKind::kInvalidArgument, "FAIRRING_WIRE_DTYPE must be none, bf16 or fp16, got " + name);
 }
 
 const char* wire_dtype_name(WireDtype w) {
@@ -66,8 +67,9 @@ void WireCodec::decode(c10::ScalarType dtype, const char* src, int64_t count, vo
   wire::Prefix p;
   std::memcpy(&p, src, sizeof(p));
   if (!wire::prefix_ok(p, half_format_of(w_))) {
-    throw std::runtime_error(std::string("fairring: malformed compressed rail message (expected FAIRRING_WIRE_DTYPE=") +
-                             wire_dtype_name(w_) + ")");
+    throw Error(ErrorKind::kBackend,
+                std::string("fairring: malformed compressed rail message (expected FAIRRING_WIRE_DTYPE=") +
+                    wire_dtype_name(w_) + ")");
   }
   widen_cpu(dtype, half_format_of(w_), reinterpret_cast<const uint16_t*>(src + kPrefixBytes), dst, count, p.scale_exp);
 }

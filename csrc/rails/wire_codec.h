@@ -32,7 +32,7 @@ namespace fairring {
 enum class WireDtype : uint32_t { kNone = 0, kBf16 = 1, kFp16 = 2 };
 
 // "none", "bf16", "fp16" (exactly these; options.py normalises); throws
-// std::invalid_argument naming FAIRRING_WIRE_DTYPE otherwise.
+// an Error of kind kInvalidArgument naming FAIRRING_WIRE_DTYPE otherwise.
 WireDtype wire_dtype_from_name(const std::string& name);
 const char* wire_dtype_name(WireDtype w);
 // The 16-bit format of a wire dtype other than none.

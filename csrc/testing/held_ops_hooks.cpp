@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "pipeline/held_ops.h"
+#include "common/error.h"
 
 namespace py = pybind11;
 
@@ -52,16 +53,16 @@ std::vector<Event> run_scenario(int64_t timeout_ms, const std::vector<int64_t>& 
   };
   hooks.check_peers = [rec, peer_dies_ms] {
     if (peer_dies_ms >= 0 && rec->ms() >= peer_dies_ms) {
-      throw std::runtime_error("rank 1 (pid 4242) exited while this rank's CUDA work waited for it");
+      throw Error(ErrorKind::kNetwork, "rank 1 (pid 4242) exited while this rank's CUDA work waited for it");
     }
   };
   // As the engine: fail() tells HeldOps through on_failed.
-  hooks.fault = [rec, &held_ptr](const std::string& why) {
-    rec->add("fault", -1, why);
+  hooks.fault = [rec, &held_ptr](const Error& why) {
+    rec->add("fault", -1, why.what());
     held_ptr->group_failed(why);
   };
-  hooks.device_failed = [rec](const PipelineOp& op, const std::string& why) {
-    rec->add("device_failed", static_cast<int64_t>(op.seq), why);
+  hooks.device_failed = [rec](const PipelineOp& op, const Error& why) {
+    rec->add("device_failed", static_cast<int64_t>(op.seq), why.what());
   };
   HeldOps held(0, std::move(hooks), std::chrono::milliseconds(timeout_ms));
   held_ptr = &held;
@@ -78,7 +79,7 @@ std::vector<Event> run_scenario(int64_t timeout_ms, const std::vector<int64_t>& 
   if (fail_ms >= 0) {
     sleep_until_ms(fail_ms);
     rec->add("group_failed", -1, "");
-    held.group_failed("the group failed elsewhere (scripted)");
+    held.group_failed(Error(ErrorKind::kBackend, "the group failed elsewhere (scripted)"));
   }
   sleep_until_ms(run_ms);
   rec->add("stop", -1, "");

@@ -1,4 +1,5 @@
 #include "topology/topology.h"
+#include "common/error.h"
 
 #include <map>
 #include <stdexcept>
@@ -17,13 +18,13 @@ std::pair<int, int> Topology::place_of(int r) const {
       if (node_ranks[n][k] == r) return {n, k};
     }
   }
-  throw std::out_of_range("fairring: rank " + std::to_string(r) + " is not in the group");
+  throw Error(ErrorKind::kInvalidArgument, "fairring: rank " + std::to_string(r) + " is not in the group");
 }
 
 Topology build_topology(const std::vector<std::string>& node_keys, int rank) {
   const int size = static_cast<int>(node_keys.size());
   if (size == 0 || rank < 0 || rank >= size) {
-    throw std::invalid_argument("build_topology: rank out of range");
+    throw Error(ErrorKind::kInvalidArgument, "build_topology: rank out of range");
   }
   Topology t;
   t.rank = rank;

@@ -1,6 +1,6 @@
 #include "transport/channel.h"
 
-#include "common/dist_error.h"
+#include "common/error.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -16,9 +16,8 @@ namespace {
 // flush_abort(): how long one wait for room in the socket lasts.
 constexpr int kAbortFlushPollMs = 10;
 [[noreturn]] void lost(int peer, const char* what) {
-  // The mark makes it a DistNetworkError for the user (common/dist_error.h).
-  throw std::runtime_error("fairring: connection to rank " + std::to_string(peer) + " " + what + " " +
-                           kConnectionLostMark);
+  throw Error(ErrorKind::kNetwork,
+              "fairring: connection to rank " + std::to_string(peer) + " " + what + " (did that rank exit or crash?)");
 }
 }  // namespace
 
@@ -85,7 +84,8 @@ bool Channel::start_parked_header() {
   // A full header is in; find its destination.
   const WireHeader& h = header_;
   if (h.magic != kWireMagic) {
-    throw std::runtime_error("fairring: corrupt message from rank " + std::to_string(peer_rank_) + " (bad magic)");
+    throw Error(ErrorKind::kBackend,
+                "fairring: corrupt message from rank " + std::to_string(peer_rank_) + " (bad magic)");
   }
   if (static_cast<WireKind>(h.kind) == WireKind::kAbort) {
     if (h.bytes > 65536) lost(peer_rank_, "sent an oversized abort");
@@ -136,8 +136,8 @@ bool Channel::progress_recv() {
       if (header_got_ < sizeof(WireHeader)) continue;
       if (header_.magic == kWireMagic && static_cast<WireKind>(header_.kind) == WireKind::kAlive) {
         if (header_.bytes != 0) {
-          throw std::runtime_error("fairring: corrupt message from rank " + std::to_string(peer_rank_) +
-                                   " (heartbeat with a payload)");
+          throw Error(ErrorKind::kBackend, "fairring: corrupt message from rank " + std::to_string(peer_rank_) +
+                                               " (heartbeat with a payload)");
         }
         // A sign of life, not progress of the collective.
         last_peer_alive = last_recv_progress;
@@ -161,7 +161,7 @@ bool Channel::progress_recv() {
     header_got_ = 0;
     payload_dst_ = nullptr;
     if (static_cast<WireKind>(header_.kind) == WireKind::kAbort) {
-      throw PeerAborted(abort_text_);
+      throw PeerAborted(static_cast<ErrorKind>(header_.slice_seq), abort_text_);
     }
     auto done = std::move(recvq_.front().on_done);
     recvq_.pop_front();
@@ -169,7 +169,7 @@ bool Channel::progress_recv() {
   }
 }
 
-void Channel::queue_abort(const std::string& why) {
+void Channel::queue_abort(const Error& why) {
   // Keep only a message already partly on the wire; the rest is moot.
   while (sendq_.size() > 1 || (sendq_.size() == 1 && sendq_.front().sent == 0)) {
     if (!sendq_.back().heartbeat) --data_sends_;
@@ -183,7 +183,8 @@ void Channel::queue_abort(const std::string& why) {
   }
   Send s;
   s.header.kind = static_cast<uint32_t>(WireKind::kAbort);
-  s.owned = why.substr(0, 4096);
+  s.header.slice_seq = static_cast<uint64_t>(why.kind());  // an abort's header carries its ErrorKind here
+  s.owned = std::string(why.what()).substr(0, 4096);
   s.header.bytes = s.owned.size();
   ++data_sends_;
   sendq_.push_back(std::move(s));

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/error.h"
 #include "common/op_key.h"
 #include "transport/socket.h"
 
@@ -28,10 +29,10 @@ struct WireHeader {
   uint64_t bytes = 0;      // payload that follows the header
 };
 
-// The peer gave up and told us why.
-class PeerAborted : public std::runtime_error {
+// The peer gave up and told us why (its message and kind, passed on as is).
+class PeerAborted : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 class Channel {
@@ -88,7 +89,7 @@ class Channel {
   // (the peer reads it whole, then the abort; its bytes are moot), and
   // queues the abort; after it the channel reads no memory of ours.
   // flush_abort: best effort, bounded, sends what is queued.
-  void queue_abort(const std::string& why);
+  void queue_abort(const Error& why);
   void flush_abort(Clock::time_point deadline);
 
   Clock::time_point last_recv_progress;

@@ -1,6 +1,7 @@
 #ifdef FAIRRING_WITH_CUDA
 
 #include "transport/cuda_ipc.h"
+#include "common/error.h"
 
 #include <cuda_runtime.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -22,8 +23,8 @@ std::vector<uint8_t> to_bytes(const Handle& h) {
 template <typename Handle>
 Handle from_bytes(const std::vector<uint8_t>& raw, const std::string& what) {
   if (raw.size() != sizeof(Handle)) {
-    throw std::runtime_error("fairring: malformed " + what + " in the store (" + std::to_string(raw.size()) +
-                             " bytes)");
+    throw Error(ErrorKind::kBackend,
+                "fairring: malformed " + what + " in the store (" + std::to_string(raw.size()) + " bytes)");
   }
   Handle h;
   std::memcpy(&h, raw.data(), sizeof(Handle));
@@ -62,7 +63,8 @@ SharedDeviceMemory::SharedDeviceMemory(const c10::intrusive_ptr<c10d::Store>& st
       store->wait({k}, timeout);
       std::vector<uint8_t> raw = store->get(k);
       if (raw.size() != sizeof(cudaIpcMemHandle_t) + 4) {
-        throw std::runtime_error("fairring: malformed CUDA memory handle of rank " + std::to_string(local_ranks[x]));
+        throw Error(ErrorKind::kBackend,
+                    "fairring: malformed CUDA memory handle of rank " + std::to_string(local_ranks[x]));
       }
       int32_t peer_dev = 0;
       std::memcpy(&peer_dev, raw.data() + sizeof(cudaIpcMemHandle_t), 4);
@@ -122,7 +124,8 @@ SharedEvents::SharedEvents(const c10::intrusive_ptr<c10d::Store>& store, const s
       store->wait({k}, timeout);
       const std::vector<uint8_t> raw = store->get(k);
       if (raw.size() != sizeof(cudaIpcEventHandle_t) * count) {
-        throw std::runtime_error("fairring: malformed CUDA event handles of rank " + std::to_string(local_ranks[x]));
+        throw Error(ErrorKind::kBackend,
+                    "fairring: malformed CUDA event handles of rank " + std::to_string(local_ranks[x]));
       }
       for (int i = 0; i < count; ++i) {
         std::vector<uint8_t> one(raw.begin() + i * sizeof(cudaIpcEventHandle_t),

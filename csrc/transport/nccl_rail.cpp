@@ -20,6 +20,7 @@
 
 #include "common/backoff.h"
 #include "common/log.h"
+#include "common/error.h"
 
 namespace fairring {
 
@@ -145,8 +146,8 @@ const NcclApi& nccl(int rank = -1) {
                        found && info.dli_fname ? info.dli_fname : "libnccl.so.2 (path unknown)");
   });
   if (!api.load_error.empty()) {
-    throw std::runtime_error("fairring: FAIRRING_GPU_TRANSPORT=nccl: " + api.load_error +
-                             " (install NCCL, or use FAIRRING_GPU_TRANSPORT=tcp)");
+    throw Error(ErrorKind::kBackend, "fairring: FAIRRING_GPU_TRANSPORT=nccl: " + api.load_error +
+                                         " (install NCCL, or use FAIRRING_GPU_TRANSPORT=tcp)");
   }
   return api;
 }
@@ -161,7 +162,7 @@ std::string describe(int result, void* comm) {
 
 void check(int result, const char* what, void* comm = nullptr) {
   if (result != kNcclSuccess && result != kNcclInProgress) {
-    throw std::runtime_error(std::string("fairring: NCCL ") + what + " failed: " + describe(result, comm));
+    throw Error(ErrorKind::kBackend, std::string("fairring: NCCL ") + what + " failed: " + describe(result, comm));
   }
 }
 
@@ -180,7 +181,7 @@ NcclRail::NcclRail(const c10::intrusive_ptr<c10d::Store>& store, const std::stri
   } else {
     store->wait({key}, timeout);
     const std::vector<uint8_t> raw = store->get(key);
-    if (raw.size() != sizeof(id)) throw std::runtime_error("fairring: malformed NCCL unique id in the store");
+    if (raw.size() != sizeof(id)) throw Error(ErrorKind::kBackend, "fairring: malformed NCCL unique id in the store");
     std::memcpy(&id, raw.data(), sizeof(id));
   }
   CommConfig config{sizeof(CommConfig), kNcclApiMagic, kConfigVersion, /*blocking=*/0};
@@ -191,7 +192,7 @@ NcclRail::NcclRail(const c10::intrusive_ptr<c10d::Store>& store, const std::stri
       const std::string why = describe(r, comm_);
       if (comm_) api.comm_abort(comm_);
       comm_ = nullptr;
-      throw std::runtime_error("fairring: NCCL ncclCommInitRankConfig failed: " + why);
+      throw Error(ErrorKind::kBackend, "fairring: NCCL ncclCommInitRankConfig failed: " + why);
     }
   }
   try {
@@ -225,8 +226,8 @@ NcclRail::~NcclRail() {
 
 void NcclRail::check_live(const char* what) const {
   if (!comm_) {
-    throw std::runtime_error(std::string("fairring: NCCL ") + what +
-                             ": the rail's communicator was aborted (the group failed)");
+    throw Error(ErrorKind::kBackend,
+                std::string("fairring: NCCL ") + what + ": the rail's communicator was aborted (the group failed)");
   }
 }
 
@@ -242,13 +243,13 @@ void NcclRail::settle(const char* what, std::chrono::steady_clock::time_point de
       check(nccl().comm_get_async_error(comm_, &state), "ncclCommGetAsyncError", comm_);
       if (state == kNcclSuccess) return;
       if (state != kNcclInProgress) {
-        throw std::runtime_error(std::string("fairring: NCCL ") + what + " failed: " + describe(state, comm_));
+        throw Error(ErrorKind::kBackend, std::string("fairring: NCCL ") + what + " failed: " + describe(state, comm_));
       }
     }
     const auto now = std::chrono::steady_clock::now();
     if (now > deadline) {
-      throw std::runtime_error(std::string("fairring: Timed out: NCCL ") + what + " did not finish within " +
-                               std::to_string(timeout_.count()) + " ms (is a rail peer stalled or gone?)");
+      throw Error(ErrorKind::kBackend, std::string("fairring: Timed out: NCCL ") + what + " did not finish within " +
+                                           std::to_string(timeout_.count()) + " ms (is a rail peer stalled or gone?)");
     }
     if (interrupted && now >= next_interrupt_check) {
       next_interrupt_check = now + kInterruptCheckEvery;
@@ -262,7 +263,8 @@ void NcclRail::group_start() {
   group_lock_.lock();
   if (!comm_) {
     group_lock_.unlock();
-    throw std::runtime_error("fairring: NCCL rail exchange: the rail's communicator was aborted (the group failed)");
+    throw Error(ErrorKind::kBackend,
+                "fairring: NCCL rail exchange: the rail's communicator was aborted (the group failed)");
   }
   const int r = nccl().group_start();
   if (r != kNcclSuccess) {
@@ -279,7 +281,7 @@ void NcclRail::check_in_group(int result, const char* what) {
 }
 
 void NcclRail::group_end() {
-  if (!group_lock_.owns_lock()) throw std::logic_error("fairring: NCCL group_end() without group_start()");
+  if (!group_lock_.owns_lock()) throw Error(ErrorKind::kBackend, "fairring: NCCL group_end() without group_start()");
   const int r = nccl().group_end();
   group_lock_.unlock();
   check(r, "ncclGroupEnd (a rail exchange)");
@@ -289,12 +291,14 @@ void NcclRail::group_end() {
 }
 
 void NcclRail::send(const void* buf, size_t bytes, int peer, cudaStream_t stream) {
-  if (!group_lock_.owns_lock()) throw std::logic_error("fairring: NCCL send outside group_start()/group_end()");
+  if (!group_lock_.owns_lock())
+    throw Error(ErrorKind::kBackend, "fairring: NCCL send outside group_start()/group_end()");
   check_in_group(nccl().send(buf, bytes, kNcclUint8, peer, comm_, stream), "ncclSend");
 }
 
 void NcclRail::recv(void* buf, size_t bytes, int peer, cudaStream_t stream) {
-  if (!group_lock_.owns_lock()) throw std::logic_error("fairring: NCCL recv outside group_start()/group_end()");
+  if (!group_lock_.owns_lock())
+    throw Error(ErrorKind::kBackend, "fairring: NCCL recv outside group_start()/group_end()");
   check_in_group(nccl().recv(buf, bytes, kNcclUint8, peer, comm_, stream), "ncclRecv");
 }
 

@@ -1,4 +1,5 @@
 #include "transport/shm.h"
+#include "common/error.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -18,7 +19,8 @@ namespace fairring {
 
 namespace {
 [[noreturn]] void fail(const std::string& what, const std::string& name, int err) {
-  throw std::runtime_error("fairring: " + what + " shared memory segment /dev/shm" + name + ": " + std::strerror(err));
+  throw Error(ErrorKind::kBackend,
+              "fairring: " + what + " shared memory segment /dev/shm" + name + ": " + std::strerror(err));
 }
 
 void* map(int fd, size_t size, const std::string& name) {
@@ -77,8 +79,9 @@ ShmSegment ShmSegment::open(const std::string& name, size_t size) {
   struct stat st;
   if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != size) {
     close(fd);
-    throw std::runtime_error("fairring: shared memory segment /dev/shm" + name +
-                             " does not have the size this rank expects (do the ranks use the same options?)");
+    throw Error(ErrorKind::kBackend,
+                "fairring: shared memory segment /dev/shm" + name +
+                    " does not have the size this rank expects (do the ranks use the same options?)");
   }
   ShmSegment s;
   s.name_ = name;

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "common/backoff.h"
+#include "common/error.h"
 
 namespace fairring {
 
@@ -26,7 +27,7 @@ namespace {
 constexpr auto kConnectRetryFirst = std::chrono::milliseconds(5);
 constexpr auto kConnectRetryCap = std::chrono::milliseconds(200);
 [[noreturn]] void sys_fail(const std::string& what) {
-  throw std::runtime_error("fairring: " + what + ": " + std::strerror(errno));
+  throw Error(ErrorKind::kBackend, "fairring: " + what + ": " + std::strerror(errno));
 }
 
 int ms_until(Clock::time_point deadline) {
@@ -39,7 +40,7 @@ void wait_ready(int fd, short events, Clock::time_point deadline, const char* wh
     struct pollfd p{fd, events, 0};
     int r = poll(&p, 1, ms_until(deadline));
     if (r > 0) return;
-    if (r == 0) throw std::runtime_error(std::string("fairring: Timed out while ") + what);
+    if (r == 0) throw Error(ErrorKind::kBackend, std::string("fairring: Timed out while ") + what);
     if (errno != EINTR) sys_fail(what);
   }
 }
@@ -49,7 +50,7 @@ sockaddr_in make_addr(const std::string& addr, int port) {
   sa.sin_family = AF_INET;
   sa.sin_port = htons(static_cast<uint16_t>(port));
   if (inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) {
-    throw std::runtime_error("fairring: not an IPv4 address: '" + addr + "'");
+    throw Error(ErrorKind::kBackend, "fairring: not an IPv4 address: '" + addr + "'");
   }
   return sa;
 }
@@ -97,7 +98,7 @@ void Socket::recv_all(void* buf, size_t len, Clock::time_point deadline) const {
   while (len > 0) {
     wait_ready(fd_, POLLIN, deadline, "receiving during connection set-up");
     ssize_t n = ::recv(fd_, p, len, 0);
-    if (n == 0) throw std::runtime_error("fairring: connection closed by " + peer_name());
+    if (n == 0) throw Error(ErrorKind::kBackend, "fairring: connection closed by " + peer_name());
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       sys_fail("recv from " + peer_name());
@@ -133,8 +134,9 @@ std::string interface_address(const std::string& ifname) {
   }
   freeifaddrs(list);
   if (found.empty()) {
-    throw std::invalid_argument(exists ? "FAIRRING_SOCKET_IFNAME: interface '" + ifname + "' has no IPv4 address"
-                                       : "FAIRRING_SOCKET_IFNAME: no network interface named '" + ifname + "'");
+    throw Error(ErrorKind::kInvalidArgument,
+                exists ? "FAIRRING_SOCKET_IFNAME: interface '" + ifname + "' has no IPv4 address"
+                       : "FAIRRING_SOCKET_IFNAME: no network interface named '" + ifname + "'");
   }
   return found;
 }

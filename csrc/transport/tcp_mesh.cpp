@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "common/log.h"
+#include "common/error.h"
 
 namespace fairring {
 
@@ -40,7 +41,7 @@ Secret random_secret() {
   size_t got = 0;
   while (got < s.size()) {
     ssize_t n = getrandom(s.data() + got, s.size() - got, 0);
-    if (n < 0) throw std::runtime_error("fairring: getrandom failed");
+    if (n < 0) throw Error(ErrorKind::kBackend, "fairring: getrandom failed");
     got += static_cast<size_t>(n);
   }
   return s;
@@ -194,8 +195,8 @@ void TcpMesh::connect() {
     try {
       s.recv_all(&ok, 1, deadline);
     } catch (const std::exception& e) {
-      throw std::runtime_error("fairring: rank " + std::to_string(peer) + " at " + value +
-                               " refused this rank's connection: " + e.what());
+      throw Error(ErrorKind::kBackend, "fairring: rank " + std::to_string(peer) + " at " + value +
+                                           " refused this rank's connection: " + e.what());
     }
     clients_.emplace(peer, std::move(s));
   }
@@ -206,7 +207,7 @@ void TcpMesh::connect() {
     for (int peer : peers) {
       if (servers_.count(peer) == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(peer);
     }
-    throw std::runtime_error("fairring: Timed out waiting for rank(s) " + missing + " to connect");
+    throw Error(ErrorKind::kBackend, "fairring: Timed out waiting for rank(s) " + missing + " to connect");
   }
 }
 
