@@ -145,13 +145,32 @@ struct BoolCvt {
 template <typename A>
 using WideUnsigned = std::conditional_t<(sizeof(A) < sizeof(unsigned int)), unsigned int, std::make_unsigned_t<A>>;
 
+struct Plus {
+  template <typename W>
+  FAIRRING_HOST_DEVICE W operator()(W x, W y) const {
+    return x + y;
+  }
+};
+struct Times {
+  template <typename W>
+  FAIRRING_HOST_DEVICE W operator()(W x, W y) const {
+    return x * y;
+  }
+};
+
+// a f b on integers in WideUnsigned, wrapped back into A.
+template <typename A, typename F>
+FAIRRING_HOST_DEVICE A wrapping(A a, A b, F f) {
+  using W = WideUnsigned<A>;
+  return static_cast<A>(static_cast<W>(f(static_cast<W>(static_cast<std::make_unsigned_t<A>>(a)),
+                                         static_cast<W>(static_cast<std::make_unsigned_t<A>>(b)))));
+}
+
 struct OpSum {
   template <typename A>
   FAIRRING_HOST_DEVICE static A apply(A a, A b) {
     if constexpr (std::is_integral_v<A>) {
-      using W = WideUnsigned<A>;
-      return static_cast<A>(static_cast<W>(static_cast<W>(static_cast<std::make_unsigned_t<A>>(a)) +
-                                           static_cast<W>(static_cast<std::make_unsigned_t<A>>(b))));
+      return wrapping(a, b, Plus{});
     } else {
       return with_x86_nan(a, b, add_rn(a, b));
     }
@@ -162,9 +181,7 @@ struct OpProduct {
   template <typename A>
   FAIRRING_HOST_DEVICE static A apply(A a, A b) {
     if constexpr (std::is_integral_v<A>) {
-      using W = WideUnsigned<A>;
-      return static_cast<A>(static_cast<W>(static_cast<W>(static_cast<std::make_unsigned_t<A>>(a)) *
-                                           static_cast<W>(static_cast<std::make_unsigned_t<A>>(b))));
+      return wrapping(a, b, Times{});
     } else {
       return with_x86_nan(a, b, mul_rn(a, b));
     }
