@@ -8,6 +8,7 @@
 #include <chrono>
 #include <thread>
 
+#include "backend/torch_error.h"
 #include "common/backoff.h"
 #include "common/cuda_check.h"
 

@@ -145,10 +145,17 @@ struct BoolCvt {
 template <typename A>
 using WideUnsigned = std::conditional_t<(sizeof(A) < sizeof(unsigned int)), unsigned int, std::make_unsigned_t<A>>;
 
+// SUM and PRODUCT: integers wrap around in WideUnsigned; floating point
+// rounds to nearest with the x86 NaN rule (nan_rule.h).  F gives both forms
+// of its operation.
 struct Plus {
   template <typename W>
   FAIRRING_HOST_DEVICE W operator()(W x, W y) const {
     return x + y;
+  }
+  template <typename A>
+  FAIRRING_HOST_DEVICE static A rounded(A a, A b) {
+    return add_rn(a, b);
   }
 };
 struct Times {
@@ -156,37 +163,27 @@ struct Times {
   FAIRRING_HOST_DEVICE W operator()(W x, W y) const {
     return x * y;
   }
-};
-
-// a f b on integers in WideUnsigned, wrapped back into A.
-template <typename A, typename F>
-FAIRRING_HOST_DEVICE A wrapping(A a, A b, F f) {
-  using W = WideUnsigned<A>;
-  return static_cast<A>(static_cast<W>(f(static_cast<W>(static_cast<std::make_unsigned_t<A>>(a)),
-                                         static_cast<W>(static_cast<std::make_unsigned_t<A>>(b)))));
-}
-
-struct OpSum {
   template <typename A>
-  FAIRRING_HOST_DEVICE static A apply(A a, A b) {
-    if constexpr (std::is_integral_v<A>) {
-      return wrapping(a, b, Plus{});
-    } else {
-      return with_x86_nan(a, b, add_rn(a, b));
-    }
+  FAIRRING_HOST_DEVICE static A rounded(A a, A b) {
+    return mul_rn(a, b);
   }
 };
 
-struct OpProduct {
+template <typename F>
+struct Arithmetic {
   template <typename A>
   FAIRRING_HOST_DEVICE static A apply(A a, A b) {
     if constexpr (std::is_integral_v<A>) {
-      return wrapping(a, b, Times{});
+      using W = WideUnsigned<A>;
+      return static_cast<A>(static_cast<W>(F{}(static_cast<W>(static_cast<std::make_unsigned_t<A>>(a)),
+                                               static_cast<W>(static_cast<std::make_unsigned_t<A>>(b)))));
     } else {
-      return with_x86_nan(a, b, mul_rn(a, b));
+      return with_x86_nan(a, b, F::rounded(a, b));
     }
   }
 };
+using OpSum = Arithmetic<Plus>;
+using OpProduct = Arithmetic<Times>;
 
 // torch.minimum / torch.maximum semantics: a NaN in either operand gives NaN.
 struct OpMin {
