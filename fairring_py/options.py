@@ -30,6 +30,7 @@ ENV = {
     "socket_ifname": "FAIRRING_SOCKET_IFNAME",
     "gpu_transport": "FAIRRING_GPU_TRANSPORT",
     "wire_dtype": "FAIRRING_WIRE_DTYPE",
+    "huge_pages": "FAIRRING_HUGE_PAGES",
 }
 
 # How CUDA all-reduces cross nodes.  "tcp": the reduced chunks go through
@@ -42,6 +43,12 @@ GPU_TRANSPORTS = ("tcp", "nccl")
 # reduce-scatters: "none" (the input dtype), "bf16" or "fp16" (docs/COMPRESSED_RAILS.md,
 # "Compressed rails").  Must be the same on every rank.
 WIRE_DTYPES = ("none", "bf16", "fp16")
+
+# Fresh CPU outputs (a new torch.empty each step, as FSDP and ZeRO pass):
+# "advise" huge pages for their 2 MiB-aligned interior when the machine's
+# transparent huge pages are in "madvise" mode, or "off" (docs/USER_GUIDE.md,
+# "Fresh output buffers").
+HUGE_PAGES = ("advise", "off")
 
 MIN_SLICE, MAX_SLICE = LIMITS["slice_size"]
 MAX_PARALLELISM = LIMITS["parallelism"][1]
@@ -61,6 +68,7 @@ class Options:
     socket_ifname: network interface for the TCP listener (FAIRRING_SOCKET_IFNAME)
     gpu_transport: how CUDA all-reduces cross nodes: "tcp" or "nccl" (FAIRRING_GPU_TRANSPORT, default tcp)
     wire_dtype:    what the rails between nodes carry: "none", "bf16" or "fp16" (FAIRRING_WIRE_DTYPE, default none)
+    huge_pages:    "advise" huge pages for fresh CPU outputs, or "off" (FAIRRING_HUGE_PAGES, default advise)
     """
 
     slice_size: Optional[int | str] = None
@@ -70,6 +78,7 @@ class Options:
     socket_ifname: Optional[str] = None
     gpu_transport: Optional[str] = None
     wire_dtype: Optional[str] = None
+    huge_pages: Optional[str] = None
 
 
 def parse_size(value, name: str, hi: int | None = None) -> int:
@@ -120,6 +129,7 @@ class Resolved:
     socket_ifname: str
     gpu_transport: str = "tcp"
     wire_dtype: str = DEFAULTS["wire_dtype"]
+    huge_pages: str = DEFAULTS["huge_pages"]
 
 
 def resolve(pg_options=None, environ=None) -> Resolved:
@@ -181,7 +191,13 @@ def resolve(pg_options=None, environ=None) -> Resolved:
         wire_dtype = str(v).strip().lower()
         if wire_dtype not in WIRE_DTYPES:
             raise ValueError(f"{name} must be one of {', '.join(WIRE_DTYPES)}, got {v!r}")
-    return Resolved(slice_size, total_memory, parallelism, node_id, ifname, gpu_transport, wire_dtype)
+    huge_pages = DEFAULTS["huge_pages"]
+    if "huge_pages" in raw:
+        v, name = raw["huge_pages"]
+        huge_pages = str(v).strip().lower()
+        if huge_pages not in HUGE_PAGES:
+            raise ValueError(f"{name} must be one of {', '.join(HUGE_PAGES)}, got {v!r}")
+    return Resolved(slice_size, total_memory, parallelism, node_id, ifname, gpu_transport, wire_dtype, huge_pages)
 
 
 def _built_with_cuda() -> bool:

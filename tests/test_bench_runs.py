@@ -127,6 +127,38 @@ def test_bench_reduce_scatter_all_gather(tmp_path, collective, nodes, k, infligh
     assert ("2 reduce-scatters in flight" in p.stdout) == (inflight == 2)
 
 
+@pytest.mark.parametrize("collective,size", [("all_gather", 64 << 20), ("reduce_scatter", 8 << 20)])
+def test_bench_fresh_buffers(tmp_path, collective, size):
+    """`--fresh-buffers`: a new output every op, results still checked; the
+    report says so, gives the THP mode and the page faults per op."""
+    runs = {}
+    for fresh in (True, False):
+        out = str(tmp_path / f"out{fresh}")
+        p = _run(["--collective", collective, "--nodes", "1", "--ranks-per-node", "2", "--out", out,
+                  "--sizes", str(size), "--time-per-size", "0.3", "--min-samples", "2", "--max-samples", "3",
+                  "--sample-ms", "2", "--no-progress"] + (["--fresh-buffers"] if fresh else []))
+        assert p.returncode == 0, p.stdout + p.stderr
+        res = _check_outputs(out, ["fairring", "gloo"], 2, [size])
+        assert res["meta"]["fresh_buffers"] is fresh and res["meta"]["thp"]
+        assert ("a new torch.empty output for every op" in p.stdout) is fresh and "faults/op" in p.stdout
+        runs[fresh] = {r["backend"]: r["faults_per_op"] for r in res["rows"]}
+    out_pages = (size if collective == "all_gather" else size // 2) // 4096
+    # Reused, Fairring's output faults in nothing.
+    assert runs[False]["fairring"] < out_pages * 0.1, runs
+    if collective == "all_gather":
+        # 64 MiB is above glibc's largest mmap threshold: each new output is
+        # fresh memory, and gloo (never advised) faults once per 4 KiB page;
+        # Fairring's advised output far less where huge pages can be advised.
+        assert runs[True]["gloo"] >= out_pages * 0.9, runs
+        if res["meta"]["thp"] == "madvise":
+            assert runs[True]["fairring"] < out_pages * 0.25, runs
+
+
+def test_bench_fresh_buffers_needs_a_separate_output():
+    p = _run(["--collective", "all_reduce", "--fresh-buffers", "--nodes", "1"])
+    assert p.returncode != 0 and "--fresh-buffers applies to --collective all_gather or reduce_scatter" in p.stderr
+
+
 def test_bench_under_torchrun(tmp_path):
     out = str(tmp_path / "out")
     port = test_launch.free_port()

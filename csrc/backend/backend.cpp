@@ -19,6 +19,7 @@
 #include "common/dtype_name.h"
 #include "common/gil.h"
 #include "common/same_settings.h"
+#include "kernels/first_touch.h"
 #include "kernels/reduce_cpu.h"
 
 namespace fairring {
@@ -92,6 +93,18 @@ Footprint touched(const Groups&... groups) {
   Footprint fp;
   (touch(fp, groups), ...);
   return fp;
+}
+
+// What an op writes that may be fresh memory (kernels/first_touch.h): the
+// caller's tensors it writes, and the stand-ins made for them.  Advice only:
+// no byte changes, so it may run while an earlier op still writes there.
+void advise_fresh(const PipelineOp& op) {
+  for (const MemRange& r : op.footprint.writes) {
+    advise_fresh_memory(reinterpret_cast<void*>(r.begin), static_cast<int64_t>(r.end - r.begin));
+  }
+  for (const at::Tensor* t : {&op.output, &op.buffer}) {
+    if (t->defined() && t->is_cpu()) advise_fresh_memory(t->data_ptr(), static_cast<int64_t>(t->nbytes()));
+  }
 }
 
 // A random id for names that must not collide between jobs (shared memory).
@@ -340,6 +353,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_cpu(std::shared_ptr<HostO
                                                            std::vector<at::Tensor> outputs, const char* kind,
                                                            const char* title) {
   order_after_delegated(op->footprint);
+  if (config_.huge_pages == "advise") advise_fresh(*op);
   auto work = c10::make_intrusive<FairringWork>(getRank(), type, std::move(outputs), title);
   op->def = &collective_def(op->collective);
   const int64_t blocks = op->def->cut() == Cut::kBlockwise ? getSize() : 1;

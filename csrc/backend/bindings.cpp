@@ -72,6 +72,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("socket_ifname", &Config::socket_ifname)
       .def_readwrite("gpu_transport", &Config::gpu_transport)
       .def_readwrite("wire_dtype", &Config::wire_dtype)
+      .def_readwrite("huge_pages", &Config::huge_pages)
       .def_readwrite("timeout", &Config::timeout);
 
   // What the extension was built with, for fairring_py.info (bug reports).
@@ -94,6 +95,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   defaults["total_memory"] = limits::kDefaultTotalMemory;
   defaults["parallelism"] = limits::kDefaultParallelism;
   defaults["wire_dtype"] = Config().wire_dtype;
+  defaults["huge_pages"] = Config().huge_pages;
   m.attr("DEFAULTS") = defaults;
   py::dict bounds;
   bounds["slice_size"] = py::make_tuple(limits::kMinSliceSize, limits::kMaxSliceSize);

@@ -28,6 +28,9 @@ void validate(const Config& c) {
   if (c.wire_dtype != "none" && c.wire_dtype != "bf16" && c.wire_dtype != "fp16") {
     throw Error(ErrorKind::kInvalidArgument, "FAIRRING_WIRE_DTYPE must be none, bf16 or fp16, got " + c.wire_dtype);
   }
+  if (c.huge_pages != "advise" && c.huge_pages != "off") {
+    throw Error(ErrorKind::kInvalidArgument, "FAIRRING_HUGE_PAGES must be advise or off, got " + c.huge_pages);
+  }
   if (c.timeout.count() <= 0) {
     throw Error(ErrorKind::kInvalidArgument,
                 "the process group's timeout must be positive, got " + std::to_string(c.timeout.count()) + " ms");

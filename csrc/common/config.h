@@ -39,6 +39,9 @@ struct Config {
   std::string socket_ifname;                           // "" = address of the hostname
   std::string gpu_transport = "tcp";                   // CUDA all-reduce between nodes: "tcp" or "nccl"
   std::string wire_dtype = "none";  // rails between nodes carry: "none" (input dtype), "bf16", "fp16"
+  // Fresh CPU outputs of 2 MiB and more: "advise" huge pages for them
+  // (kernels/first_touch.h), or "off".
+  std::string huge_pages = "advise";
   std::chrono::milliseconds timeout{30 * 60 * 1000};
 };
 

@@ -13,6 +13,7 @@
 #include "rails/wire_codec.h"
 #include "common/reduce_op.h"
 #include "kernels/convert_cpu.h"
+#include "kernels/first_touch.h"
 #include "kernels/reduce_cpu.h"
 #include "kernels/reduce_cpu_internal.h"
 #include "testing/hook_args.h"
@@ -181,6 +182,13 @@ at::Tensor wire_decode_for_test(const at::Tensor& msg, const std::string& fmt, a
 }  // namespace
 
 void register_kernel_bindings(pybind11::module& m) {
+  m.def(
+      "_advise_fresh_memory_for_test",
+      [](const at::Tensor& t) { return advise_fresh_memory(t.data_ptr(), static_cast<int64_t>(t.nbytes())); },
+      "advise_fresh_memory (kernels/first_touch.h) on a CPU tensor's bytes; returns the bytes advised.");
+  m.def(
+      "_thp_mode", [] { return std::string(thp_mode()); },
+      "The machine's transparent-huge-page mode as Fairring read it: always, madvise, never or unknown.");
   m.def("_reduce_for_test", &reduce_for_test, pybind11::arg("out"), pybind11::arg("inputs"), pybind11::arg("op"),
         pybind11::arg("divisor") = 0,
         "Test hook: out = inputs[0] (op) inputs[1] (op) ... with the CPU reduction "

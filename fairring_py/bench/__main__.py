@@ -48,6 +48,9 @@ def parser() -> argparse.ArgumentParser:
                         "backend (fairring-bf16, ...: a fairring group with Options(wire_dtype=...)) in the same run, "
                         "reported with its max relative error instead of the exact check (the plain 'fairring' "
                         "keeps FAIRRING_WIRE_DTYPE, default none)")
+    w.add_argument("--fresh-buffers", action="store_true",
+                   help="a new output (torch.empty) for every op, as FSDP and ZeRO allocate theirs: first-touch page "
+                        "faults included (all_gather and reduce_scatter, the collectives with a separate output)")
     w.add_argument("--mpi", action="store_true",
                    help="also time OpenMPI's MPI_Allreduce (mpi4py); launches the ranks with mpirun")
     c = p.add_argument_group("cluster simulation (root only)")
@@ -88,6 +91,9 @@ def build_config(args, p) -> dict:
         p.error("--inflight, --min-samples, --max-reps must be >= 1 and --max-samples >= --min-samples")
     if args.collective == "barrier" and (args.sizes or args.scaling or args.inflight != 1):
         p.error("--collective barrier takes no --sizes, --scaling or --inflight")
+    if args.fresh_buffers and args.collective not in ("all_gather", "reduce_scatter"):
+        p.error("--fresh-buffers applies to --collective all_gather or reduce_scatter (the others work in place "
+                "on a tensor that already holds the input)")
     wire = [w.strip().lower() for w in args.wire_dtype.split(",")] if args.wire_dtype else []
     if any(w not in ("bf16", "fp16") for w in wire) or len(set(wire)) != len(wire):
         p.error(f"--wire-dtype takes bf16, fp16 or bf16,fp16, got {args.wire_dtype!r}")
@@ -105,6 +111,7 @@ def build_config(args, p) -> dict:
         "collective": args.collective,
         "sizes": sizes,
         "inflight": args.inflight,
+        "fresh_buffers": args.fresh_buffers,
         "device": args.device,
         "mpi": args.mpi,
         "wire_dtypes": wire,

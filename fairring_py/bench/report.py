@@ -14,7 +14,7 @@ from . import metrics
 GB = 1e9
 CSV_FIELDS = ["size_bytes", "backend", "inflight", "reps", "samples", "median_s", "p10_s", "p90_s", "min_s",
               "max_s", "algbw_GBps", "busbw_GBps", "busbw_of_memcpy", "speedup_vs_baseline", "link_bound_s",
-              "bound_over_time", "max_rel_err"]
+              "bound_over_time", "max_rel_err", "faults_per_op"]
 
 
 def summarize_run(meta: dict, memcpy: dict, backends: List[str], results: List[dict],
@@ -34,7 +34,8 @@ def summarize_run(meta: dict, memcpy: dict, backends: List[str], results: List[d
         base_median = stats[backends.index(baseline)]["median"]
         bound = metrics.link_bound_s(nbytes, nodes, rate, collective) if rate else None
         rel = res.get("max_rel_err") or [None] * len(backends)
-        for name, st, reps, err in zip(backends, stats, res["reps"], rel):
+        faults = res.get("faults_per_op") or [None] * len(backends)
+        for name, st, reps, err, flt in zip(backends, stats, res["reps"], rel, faults):
             bus = metrics.busbw(nbytes, st["median"], world, collective)
             rows.append({
                 "size_bytes": res["size"], "backend": name, "inflight": meta["inflight"],
@@ -50,6 +51,9 @@ def summarize_run(meta: dict, memcpy: dict, backends: List[str], results: List[d
                 # Compressed rails: max |result - exact| / sum_r |input_r|
                 # (busbw counts the uncompressed float32 bytes).
                 "max_rel_err": err,
+                # Minor page faults per op on the rank that had most: how
+                # much of the output was fresh memory.
+                "faults_per_op": flt,
             })
     checked = sum(r["checked"] for r in results)
     return {
@@ -89,6 +93,10 @@ def table(summary: dict) -> str:
         f"alone, {mc['concurrent_per_rank_Bps'] / GB:.2f} GB/s per rank with all ranks copying (busbw% uses this)",
         "time: median (p10-p90) over samples of the slowest rank's time per op; busbw = algbw"
         + factor.get(collective, " x 2(P-1)/P"),
+        ("outputs: a new torch.empty output for every op (--fresh-buffers)" if m.get("fresh_buffers")
+         else "outputs: reused (warm) buffers")
+        + f"; transparent huge pages: {m.get('thp', 'unknown')}; faults/op = minor page faults per op"
+        " (getrusage, the rank with most)",
     ]
     if m.get("link_rate_Bps"):
         share = {"reduce_scatter": "(N-1)/N x ", "all_gather": "(N-1)/N x ", "broadcast": "",
@@ -101,7 +109,7 @@ def table(summary: dict) -> str:
                    "bytes (uncompressed-equivalent), their results are not exact: max rel err = max over elements "
                    "and ranks of |result - exact| / sum over ranks of |input| (docs/COMPRESSED_RAILS.md)")
     hdr = f"{'size':>9}  {'backend':<14}{'median ms':>11}{'p10-p90 ms':>19}{'algbw GB/s':>12}{'busbw GB/s':>12}" \
-          f"{'busbw%cpy':>10}{'vs ' + base:>9}"
+          f"{'busbw%cpy':>10}{'vs ' + base:>9}{'faults/op':>10}"
     if bounded:
         hdr += f"{'bound ms':>10}{'bound/time':>11}"
     if compressed:
@@ -113,7 +121,8 @@ def table(summary: dict) -> str:
         last = r["size_bytes"]
         spread = f"{r['p10_s'] * 1e3:.3f}-{r['p90_s'] * 1e3:.3f}"
         line = (f"{size:>9}  {r['backend']:<14}{r['median_s'] * 1e3:>11.3f}{spread:>19}{r['algbw_GBps']:>12.3f}"
-                f"{r['busbw_GBps']:>12.3f}{r['busbw_of_memcpy'] * 100:>9.1f}%{r['speedup_vs_baseline']:>8.2f}x")
+                f"{r['busbw_GBps']:>12.3f}{r['busbw_of_memcpy'] * 100:>9.1f}%{r['speedup_vs_baseline']:>8.2f}x"
+                f"{r['faults_per_op'] if r.get('faults_per_op') is not None else float('nan'):>10.0f}")
         if bounded:
             line += f"{r['link_bound_s'] * 1e3:>10.3f}{r['bound_over_time'] * 100:>10.1f}%"
         if compressed and r.get("max_rel_err") is not None:

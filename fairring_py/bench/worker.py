@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import time
 from typing import Dict
@@ -290,15 +291,39 @@ def max_rel_error(bufs, expected, mag) -> float:
     return worst
 
 
-def time_once(ranks, backend, bufs, prepared, work, inflight):
-    for b in bufs:
-        work.reset(b)
+def thp_setting() -> str:
+    """The machine's transparent-huge-page mode (the word in brackets)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            text = f.read()
+    except OSError:
+        return "unknown"
+    return text[text.find("[") + 1:text.find("]")] if "[" in text else text.strip()
+
+
+def minor_faults() -> int:
+    """This process's minor page faults so far (getrusage): a first write to
+    fresh memory costs one per page, memory reused by malloc none."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def time_once(ranks, backend, bufs, prepared, work, inflight, fresh=False):
+    """Seconds for one sample and the minor page faults it took.  ``fresh``:
+    every op gets a new output (torch.empty inside the timed region, as a
+    trainer allocates it each step); returns the outputs, to be checked."""
+    if not fresh:
+        for b in bufs:
+            work.reset(b)
     ranks.sync()
     ranks.barrier()
+    faults = minor_faults()
     t0 = time.perf_counter()
+    if fresh:
+        bufs = work.buffers(len(bufs))
+        prepared = backend.prepare(bufs)
     backend.run(prepared, inflight)
     ranks.sync()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, minor_faults() - faults, bufs
 
 
 def sweep_size(ranks, backends, size, cfg) -> dict:
@@ -322,11 +347,13 @@ def sweep_size(ranks, backends, size, cfg) -> dict:
             rel_err[i] = max(rel_err[i], max_rel_error(bufs_, expected, mag))
         errors.append(work.check_input(ranks.rank) and f"{backends[i].name}: {work.check_input(ranks.rank)}")
 
+    fresh = cfg.get("fresh_buffers", False)
     for _ in range(2):
         first = []
         for i, be in enumerate(backends):
-            first.append(time_once(ranks, be, bufs, be.prepare(bufs, work), work, inflight))
-            verify(i, bufs)
+            t, _, out = time_once(ranks, be, bufs, be.prepare(bufs, work), work, inflight, fresh)
+            first.append(t)
+            verify(i, out)
     slowest = ranks.max_over_ranks(first)
     # Every rank derives the same counts from the same agreed numbers.  Each
     # backend gets its own reps, so a fast one is not timed over a few
@@ -339,20 +366,25 @@ def sweep_size(ranks, backends, size, cfg) -> dict:
     mine = [bufs[:r * inflight] for r in reps]
     prepared = [be.prepare(b, work) for be, b in zip(backends, mine)]
     times = [[] for _ in backends]
+    faults = [0 for _ in backends]
     checked = 2 * len(backends) * inflight
     for s in range(samples):
         for j in range(len(backends)):
             i = (j + s) % len(backends)  # rotate the order every sample
-            t = time_once(ranks, backends[i], mine[i], prepared[i], work, inflight)
+            t, f, out = time_once(ranks, backends[i], mine[i], prepared[i], work, inflight, fresh)
             times[i].append(t / reps[i])
-            verify(i, mine[i])
-            checked += len(mine[i])
+            faults[i] += f
+            verify(i, out)
+            checked += len(out)
+            del out  # a fresh sample's outputs go back before the next one
     flat = ranks.max_over_ranks([t for ts in times for t in ts])
     times = [flat[i * samples:(i + 1) * samples] for i in range(len(backends))]
+    # Minor page faults per op, the most of any rank.
+    faults = ranks.max_over_ranks([f / (samples * reps[i] * inflight) for i, f in enumerate(faults)])
     error = next((e for e in errors if e), "")
     rel_err = ranks.max_over_ranks(rel_err)
     return {"size": size, "reps": reps, "samples": samples, "times": times, "error": error,
-            "checked": checked,
+            "checked": checked, "faults_per_op": faults,
             "max_rel_err": [None if be.exact else r for be, r in zip(backends, rel_err)]}
 
 
@@ -401,6 +433,8 @@ def run_allreduce(ranks: Ranks, cfg: dict) -> int:
             fairring_env={k: v for k, v in os.environ.items() if k.startswith("FAIRRING_")
                           and k != "FAIRRING_NODE_ID"},
             timing="per sample: barrier, reps groups back to back, max over ranks of the per-rank time / reps",
+            fresh_buffers=bool(cfg.get("fresh_buffers")),
+            thp=thp_setting(),
         )
         summary = report.summarize_run(meta, memcpy, [be.name for be in backends], results,
                                        checks_failed_ranks=failed)
