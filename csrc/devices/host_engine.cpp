@@ -14,10 +14,6 @@ namespace fairring {
 
 namespace {
 
-// Ops up to this size run on the caller's thread when the engine is idle.
-// Larger ones would keep the caller from overlapping them with its work.
-constexpr int64_t kInlineMaxBytes = 64 << 10;
-
 // Staging memory of one rank: its share of the node's shared slot areas (K
 // inputs + 1 output, none for a node of one) and, between nodes, the buffers
 // its reduction server receives the peers' shards into (and, with compressed
@@ -98,9 +94,14 @@ HostEngine::~HostEngine() {
 }
 
 bool HostEngine::runs_inline(const PipelineOp& op) const {
+  // An op of one slice runs on the caller's thread when the engine is idle
+  // (pipeline.h).  Handing it to the loop thread instead costs two thread
+  // wake-ups, about 100 us on a 2-core VM: more than the whole op up to a
+  // few hundred KiB, and more CPU time too (BENCHMARKS.md, "The inline path
+  // up to one slice").  An op of several slices gains from the loop's
+  // pipelining, and leaves the caller free.
   if (deferred_) return false;  // like a device: the caller never runs the steps
-  const int64_t blocks = op.def->cut() == Cut::kBlockwise ? topo().size : 1;
-  return op.numel * blocks * c10::elementSize(op.dtype) <= kInlineMaxBytes && slices_of(op) == 1;
+  return slices_of(op) == 1;
 }
 
 void HostEngine::on_failed(const Error& why) {

@@ -1,8 +1,8 @@
 // The collectives of CPU tensors: the pipeline core (pipeline/pipeline.h) and
 // its slice schedule with a host Mover (memcpy, the CPU kernels, the node's
-// shared memory) and the TCP rails (RailStage).  Small ops run inline on the
-// caller's thread (the pipeline's inline path), which keeps them at a few
-// microseconds.
+// shared memory) and the TCP rails (RailStage).  Ops of one slice run inline
+// on the caller's thread (the pipeline's inline path), which keeps them free
+// of thread wake-ups.
 #pragma once
 
 #include <c10/util/intrusive_ptr.h>
