@@ -174,30 +174,27 @@ def resolve(pg_options=None, environ=None) -> Resolved:
             socket.if_nametoindex(ifname)
         except OSError:
             raise ValueError(f"{name}: no network interface named {ifname!r} on this machine") from None
-    gpu_transport = "tcp"
-    if "gpu_transport" in raw:
-        v, name = raw["gpu_transport"]
-        gpu_transport = str(v).strip().lower()
-        if gpu_transport not in GPU_TRANSPORTS:
-            raise ValueError(f"{name} must be one of {', '.join(GPU_TRANSPORTS)}, got {v!r}")
-        if gpu_transport == "nccl" and not _built_with_cuda():
-            raise ValueError(
-                f"{name}=nccl needs fairring_py._C built with CUDA (this build has CPU tensors only); "
-                "rebuild with FAIRRING_BUILD_CUDA=1 against a CUDA torch, or use tcp"
-            )
-    wire_dtype = DEFAULTS["wire_dtype"]
-    if "wire_dtype" in raw:
-        v, name = raw["wire_dtype"]
-        wire_dtype = str(v).strip().lower()
-        if wire_dtype not in WIRE_DTYPES:
-            raise ValueError(f"{name} must be one of {', '.join(WIRE_DTYPES)}, got {v!r}")
-    huge_pages = DEFAULTS["huge_pages"]
-    if "huge_pages" in raw:
-        v, name = raw["huge_pages"]
-        huge_pages = str(v).strip().lower()
-        if huge_pages not in HUGE_PAGES:
-            raise ValueError(f"{name} must be one of {', '.join(HUGE_PAGES)}, got {v!r}")
+    gpu_transport = _choice(raw, "gpu_transport", GPU_TRANSPORTS, "tcp")
+    if gpu_transport == "nccl" and not _built_with_cuda():
+        raise ValueError(
+            f"{raw['gpu_transport'][1]}=nccl needs fairring_py._C built with CUDA (this build has CPU tensors only); "
+            "rebuild with FAIRRING_BUILD_CUDA=1 against a CUDA torch, or use tcp"
+        )
+    wire_dtype = _choice(raw, "wire_dtype", WIRE_DTYPES, DEFAULTS["wire_dtype"])
+    huge_pages = _choice(raw, "huge_pages", HUGE_PAGES, DEFAULTS["huge_pages"])
     return Resolved(slice_size, total_memory, parallelism, node_id, ifname, gpu_transport, wire_dtype, huge_pages)
+
+
+def _choice(raw, key: str, choices, default: str) -> str:
+    """The option `key` given in `raw` (value, where it came from), one of
+    `choices` in any case and spacing, else `default`."""
+    if key not in raw:
+        return default
+    v, name = raw[key]
+    got = str(v).strip().lower()
+    if got not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {v!r}")
+    return got
 
 
 def _built_with_cuda() -> bool:
