@@ -162,8 +162,13 @@ def test_blockwise_phase_lists():
     phases, front = _C._phases_for_test("all_gather", 3)
     assert phases == ["acquire", "publish-block", "exchange-blocks", "gather-blocks", "release"]
     assert phases[front - 1] == "exchange-blocks"
-    for name in ("reduce_scatter", "all_gather"):
+    for name in ("reduce_scatter", "all_gather", "all_to_all"):
         assert _C._phases_for_test(name, 1) == (["exchange-blocks", "await-own"], 1)
+    # All-to-all: the node's pieces through shared memory after the rail post,
+    # so the local copies overlap the rail traffic.
+    phases, front = _C._phases_for_test("all_to_all", 2)
+    assert phases == ["acquire", "publish-blocks", "exchange-blocks", "local-blocks", "await-own", "release"]
+    assert phases[front - 1] == "exchange-blocks"
 
 
 @pytest.mark.parametrize("numel,elem,k,n,slice_bytes", [

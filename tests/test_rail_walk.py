@@ -143,3 +143,43 @@ def test_tiny_plan_has_one_shard_for_every_node_count():
 def test_bad_arguments_are_refused(pattern, back_to, shards, node, n):
     with pytest.raises(Exception, match="bad rail walk"):
         walk(shards, node, n, pattern, back_to)
+
+
+@pytest.mark.parametrize("n,per_node", [(2, 1), (2, 3), (3, 2), (4, 1)])
+def test_exchanges_pair_up_piece_by_piece(n, per_node):
+    # Node a's p-th piece for node b has (a + 2b + p) % 4 elements (zeros too);
+    # node b expects exactly that from a.  Every transfer a posts to b is
+    # the one b posts from a, in the same place in the channel's order.
+    def count(a, b, p):
+        return (a + 2 * b + p) % 4
+
+    walks = []
+    for a in range(n):
+        shards = [(0, count(a, b, p)) for b in range(n) for p in range(per_node)]
+        received = [(0, count(b, a, p)) for b in range(n) for p in range(per_node)]
+        walks.append(_C._rail_walk_for_test("exchange", "all", shards, a, n, received))
+    for a in range(n):
+        w = walks[a]
+        assert not w["reduces"] and not w["sum_sends"] and not w["sum_receives"]
+        for b in range(n):
+            sent = [(shard, c) for peer, shard, c in w["sends"] if peer == b]
+            got = [(shard, c) for peer, shard, c in walks[b]["receives"] if peer == a]
+            if a == b:
+                assert not sent, "a node's own pieces do not travel"
+                continue
+            assert [c for _, c in sent] == [count(a, b, p) for p in range(per_node)]
+            assert [c for _, c in got] == [c for _, c in sent]
+            # Each end indexes its own list: the destination's pieces when
+            # sending, the source's when receiving.
+            assert [s for s, _ in sent] == [b * per_node + p for p in range(per_node)]
+            assert [s for s, _ in got] == [a * per_node + p for p in range(per_node)]
+
+
+@pytest.mark.parametrize(
+    "shards,received,n",
+    [([(0, 1)], [(0, 1)], 2), ([(0, 1)] * 3, [(0, 1)] * 3, 2), ([(0, 1)] * 2, [(0, 1)], 2)],
+    ids=["fewer-than-nodes", "not-a-multiple", "received-differs"],
+)
+def test_bad_exchanges_are_refused(shards, received, n):
+    with pytest.raises(Exception, match="bad rail walk"):
+        _C._rail_walk_for_test("exchange", "all", shards, 0, n, received)

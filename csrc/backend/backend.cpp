@@ -389,8 +389,15 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
                 "): clone() it first");
     out_numel += t.numel() * (t.is_complex() ? 2 : 1);
   }
-  const int64_t big = scatter ? in.numel : out_numel;
-  const int64_t small = scatter ? out_numel : in.numel;
+  // All-to-all: both hold a block per rank; the others: one of them does.
+  const bool exchange = collective == Collective::kAllToAll;
+  if (exchange) {
+    TORCH_CHECK(in.numel == out_numel && in.numel % world == 0, "fairring: ", kind, " on ", world,
+                " ranks needs an input and an output of equal size, a multiple of the world size, but the input has ",
+                in.numel, " and the output ", out_numel, " (real elements)");
+  }
+  const int64_t big = scatter || exchange ? in.numel : out_numel;
+  const int64_t small = exchange ? in.numel / world : scatter ? out_numel : in.numel;
   TORCH_CHECK(big == small * world, "fairring: ", kind, " on ", world, " ranks needs ",
               scatter ? "an input of world size times the output's elements"
                       : "an output of world size times the input's elements",
@@ -416,8 +423,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
   const int64_t esize = c10::elementSize(in.dtype);
   const char* out_at = static_cast<const char*>(out.data_ptr());
   const char* in_at = static_cast<const char*>(op->buffer.data_ptr());
-  const bool own_block =
-      scatter ? out_at == in_at + getRank() * small * esize : in_at == out_at + getRank() * small * esize;
+  const bool own_block = !exchange && (scatter ? out_at == in_at + getRank() * small * esize
+                                                : in_at == out_at + getRank() * small * esize);
   const bool plain = outputs.size() == 1 && out.is_contiguous() && !out.is_conj() && !out.is_neg();
   if (plain && (!out.is_alias_of(op->buffer) || own_block)) {
     op->output = out;
@@ -427,7 +434,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
   }
   if (!op->buffer.is_cpu()) return submit_device(std::move(op), type, outputs, kind);
   return submit_cpu(std::static_pointer_cast<HostOp>(op), type, outputs, kind,
-                    scatter ? "fairring:reduce_scatter" : "fairring:all_gather");
+                    exchange ? "fairring:all_to_all" : scatter ? "fairring:reduce_scatter" : "fairring:all_gather");
 }
 
 bool FairringBackend::native_tensors(const std::vector<at::Tensor>& tensors) {
@@ -690,19 +697,63 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter_tensor_coalesced(
   }
   return last;
 }
+namespace {
+// `splits` (rows of dim 0 per rank; none: as many each) must cut `t`
+// exactly: gloo reads past a tensor they do not fit.  Throws what is wrong.
+void check_splits(const std::vector<int64_t>& splits, const at::Tensor& t, int world, const char* which) {
+  TORCH_CHECK(t.dim() > 0, "fairring: all_to_all_single needs tensors of at least one dimension, but the ", which,
+              " is a scalar");
+  if (splits.empty()) {
+    TORCH_CHECK(t.size(0) % world == 0, "fairring: all_to_all_single without ", which, " splits cuts dim 0 into ",
+                world, " equal blocks, but the ", which, " has ", t.size(0), " rows; give the splits");
+    return;
+  }
+  TORCH_CHECK(static_cast<int>(splits.size()) == world, "fairring: all_to_all_single needs one ", which,
+              " split per rank (", world, "), but got ", splits.size());
+  int64_t sum = 0;
+  for (int64_t n : splits) {
+    TORCH_CHECK(n >= 0, "fairring: all_to_all_single got a negative ", which, " split (", n, ")");
+    sum += n;
+  }
+  TORCH_CHECK(sum == t.size(0), "fairring: all_to_all_single's ", which, " splits add up to ", sum,
+              " rows, but the ", which, " has ", t.size(0));
+}
+
+// Whether checked `splits` cut `t` into one equal block per rank.
+bool equal_splits(const std::vector<int64_t>& splits, const at::Tensor& t, int world) {
+  return std::all_of(splits.begin(), splits.end(), [&](int64_t n) { return n * world == t.size(0); });
+}
+}  // namespace
+
 c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                               std::vector<int64_t>& output_splits,
                                                               std::vector<int64_t>& input_splits,
                                                               const c10d::AllToAllOptions& opts) {
-  return run_delegated("alltoall_base", touched(output, input), [&](c10d::Backend& gloo) {
-    return gloo.alltoall_base(output, input, output_splits, input_splits, opts);
-  });
+  // Native for CPU tensors cut into equal blocks; unequal splits go to gloo.
+  const int world = getSize();
+  check_splits(input_splits, input, world, "input");
+  check_splits(output_splits, output, world, "output");
+  if (!native_tensors({output, input}) || !input.device().is_cpu() || !equal_splits(input_splits, input, world) ||
+      !equal_splits(output_splits, output, world)) {
+    return run_delegated("alltoall_base", touched(output, input), [&](c10d::Backend& gloo) {
+      return gloo.alltoall_base(output, input, output_splits, input_splits, opts);
+    });
+  }
+  return submit_blockwise(Collective::kAllToAll, {input}, {output}, c10d::ReduceOp::SUM, c10d::OpType::ALLTOALL_BASE);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllToAllOptions& opts) {
-  return run_delegated("alltoall", touched(outputs, inputs),
-                       [&](c10d::Backend& gloo) { return gloo.alltoall(outputs, inputs, opts); });
+  // Native for W CPU tensors of one size each way; other lists go to gloo.
+  const auto same_size = [&](const at::Tensor& t) { return t.numel() == inputs[0].numel(); };
+  if (inputs.empty() || static_cast<int>(inputs.size()) != getSize() || outputs.size() != inputs.size() ||
+      !native_tensors(both(inputs, outputs)) || !inputs[0].device().is_cpu() ||
+      !std::all_of(inputs.begin(), inputs.end(), same_size) ||
+      !std::all_of(outputs.begin(), outputs.end(), same_size)) {
+    return run_delegated("alltoall", touched(outputs, inputs),
+                         [&](c10d::Backend& gloo) { return gloo.alltoall(outputs, inputs, opts); });
+  }
+  return submit_blockwise(Collective::kAllToAll, inputs, outputs, c10d::ReduceOp::SUM, c10d::OpType::ALLTOALL);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
   return delegate("send").send(tensors, dst, tag);

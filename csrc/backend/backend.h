@@ -1,8 +1,8 @@
 // FairringBackend: the c10d::Backend that torch.distributed talks to.  It runs
-// all-reduce, reduce-scatter, all-gather, broadcast and barrier itself
-// (pipeline/, allreduce/host_engine.h; CUDA: all-reduce) and hands every other
-// collective to a gloo backend it owns, after the ops issued before it have
-// finished.
+// all-reduce, reduce-scatter, all-gather, broadcast, reduce, all-to-all
+// (equal blocks) and barrier itself (pipeline/, devices/host_engine.h; CUDA:
+// all-reduce) and hands every other collective to a gloo backend it owns,
+// after the ops issued before it that touch its memory have finished.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -62,7 +62,8 @@ class FairringBackend : public c10d::Backend {
   // whose blocks have equal sizes; broadcast: one tensor); otherwise gloo.
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
-  // reduce, gather, scatter, all-to-all, send/recv: delegated to gloo.
+  // Reduce: native for one dense CPU tensor.  Gather, scatter, send/recv:
+  // delegated to gloo.
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
@@ -87,6 +88,8 @@ class FairringBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) override;
+  // All-to-all: native for CPU tensors cut into equal blocks (no splits, or
+  // equal ones; the list form: W tensors of one size); unequal splits: gloo.
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& opts) override;

@@ -19,6 +19,8 @@ const CollectiveDef& collective_def(Collective c) {
       return broadcast_def();
     case Collective::kReduce:
       return reduce_def();
+    case Collective::kAllToAll:
+      return all_to_all_def();
   }
   throw Error(ErrorKind::kInvalidArgument,
               "fairring: no definition for collective " + std::to_string(static_cast<int>(c)));
@@ -27,8 +29,9 @@ const CollectiveDef& collective_def(Collective c) {
 namespace {
 // Every kind, for lookups by name; the switch above makes sure each has a
 // definition.
-constexpr Collective kAll[] = {Collective::kAllReduce,     Collective::kBarrier,   Collective::kBroadcast,
-                               Collective::kReduceScatter, Collective::kAllGather, Collective::kReduce};
+constexpr Collective kAll[] = {Collective::kAllReduce, Collective::kBarrier, Collective::kBroadcast,
+                               Collective::kReduceScatter, Collective::kAllGather, Collective::kReduce,
+                               Collective::kAllToAll};
 
 // Every definition is built (and so its words registered, op_key.h) when the
 // library loads: a message may name a peer's collective that this rank has

@@ -21,5 +21,6 @@ const CollectiveDef& reduce_scatter_def();  // reduce_scatter.cpp
 const CollectiveDef& all_gather_def();      // all_gather.cpp
 const CollectiveDef& broadcast_def();       // broadcast.cpp
 const CollectiveDef& reduce_def();          // reduce.cpp
+const CollectiveDef& all_to_all_def();      // all_to_all.cpp
 
 }  // namespace fairring

@@ -23,7 +23,8 @@ enum class Collective : int32_t {
   kBroadcast = 3,
   kReduceScatter = 4,
   kAllGather = 5,
-  kReduce = 6
+  kReduce = 6,
+  kAllToAll = 7
 };
 
 // How messages name and describe a collective of one kind.  Each

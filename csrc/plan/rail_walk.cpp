@@ -21,7 +21,8 @@ void add_unique(std::vector<int>& v, int x) {
 
 }  // namespace
 
-RailWalk walk_rail(RailPattern pattern, int back_to, const std::vector<Range>& shards, int node, int num_nodes) {
+RailWalk walk_rail(RailPattern pattern, int back_to, const std::vector<Range>& shards, int node, int num_nodes,
+                   const std::vector<Range>& received) {
   const int num_shards = static_cast<int>(shards.size());
   if (num_nodes < 1 || node < 0 || node >= num_nodes) refuse("no such node", shards, node, num_nodes);
   RailWalk w;
@@ -35,6 +36,21 @@ RailWalk walk_rail(RailPattern pattern, int back_to, const std::vector<Range>& s
         w.receives.push_back(Transfer{j, j, shards[j].count});
       }
       return w;
+    case RailPattern::kExchange: {
+      if (num_shards < num_nodes || num_shards % num_nodes != 0 || received.size() != shards.size()) {
+        refuse("an exchange has as many pieces for every node as from it", shards, node, num_nodes);
+      }
+      const int per_node = num_shards / num_nodes;
+      for (int j = 0; j < num_nodes; ++j) {
+        if (j == node) continue;
+        for (int p = 0; p < per_node; ++p) {
+          const int at = j * per_node + p;
+          w.sends.push_back(Transfer{j, at, shards[at].count});
+          w.receives.push_back(Transfer{j, at, received[at].count});
+        }
+      }
+      return w;
+    }
     case RailPattern::kReduce: {
       if (num_shards < 1 || num_shards > num_nodes) refuse("between 1 and one shard per node", shards, node, num_nodes);
       if (back_to != kBackToAll && back_to != kBackToNone && (back_to < 0 || back_to >= num_nodes)) {
@@ -91,7 +107,8 @@ std::vector<int> RailWalk::shards_read() const {
 
 std::vector<int> RailWalk::shards_written() const {
   std::vector<int> out;
-  const bool in_place = pattern == RailPattern::kShare;  // kReduce's pieces go to staging
+  // kReduce's pieces go to staging; kExchange's land where `received` says.
+  const bool in_place = pattern != RailPattern::kReduce;
   for (const Transfer& t : in_place ? receives : sum_receives) {
     if (t.count > 0) add_unique(out, t.shard);
   }

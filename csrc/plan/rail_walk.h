@@ -27,6 +27,12 @@ enum class RailPattern : int32_t {
   // Our shard to every node; node j's lands in shard j.  Empty shards are
   // empty messages (all-gather; broadcast, where only the root's node has one).
   kShare = 2,
+  // Personalized: every node sends each other node pieces meant for it alone
+  // (all-to-all).  The task has P pieces per node: shards[m * P + p] is our
+  // p-th piece for node m, received[m * P + p] the p-th piece node m sends
+  // us (its count: what we expect).  Nothing is reduced; our own node's
+  // pieces do not travel.
+  kExchange = 3,
 };
 
 // kReduce: where the served sums go (a node index, or one of these).
@@ -51,6 +57,8 @@ struct RailWalk {
   // Round one.  kReduce: our piece of shard j to its server j, and, if we
   // serve, every other node's piece of our shard (into a staging buffer per
   // node).  kShare: our shard to every node, and theirs into place.
+  // kExchange: our pieces for every other node, and theirs for us (a
+  // receive's shard indexes `received`, where it lands).
   std::vector<Transfer> sends;
   std::vector<Transfer> receives;
   // kReduce, when we serve shard `node` (a small chunk has fewer shards than
@@ -77,8 +85,10 @@ struct RailWalk {
 
 // The walk of a chunk with these shards (SlicePlan::shards[k], shard j
 // served by node j; at most `num_nodes` of them; kShare: exactly one per
-// node), seen from node `node` of `num_nodes`.  Throws an Error on
+// node), seen from node `node` of `num_nodes`; kExchange: P pieces per
+// node both ways, `shards` sent and `received` expected.  Throws an Error on
 // arguments no plan produces.
-RailWalk walk_rail(RailPattern pattern, int back_to, const std::vector<Range>& shards, int node, int num_nodes);
+RailWalk walk_rail(RailPattern pattern, int back_to, const std::vector<Range>& shards, int node, int num_nodes,
+                   const std::vector<Range>& received = {});
 
 }  // namespace fairring

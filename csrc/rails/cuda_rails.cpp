@@ -83,6 +83,11 @@ void CudaStagedRail::post(RailTask task) {
   cudaStream_t stream = slot_stream_(slot);
   const int64_t esize = c10::elementSize(task.dtype());
   const RailWalk walk = task.walk(topo_.node, topo_.num_nodes);
+  // Pinned memory mirrors the chunk at the shards' offsets; an exchange's
+  // pieces live elsewhere (the backend keeps CUDA all-to-all off this rail).
+  if (walk.pattern == RailPattern::kExchange) {
+    throw Error(ErrorKind::kBackend, "fairring: the staged CUDA rail does not run exchanges");
+  }
   char* host = pinned_ + static_cast<int64_t>(slot) * area_;
   auto copy_of = [&](int j) {
     const Range& r = task.shards[j];
@@ -245,7 +250,7 @@ void CudaNcclRail::walk(const RailTask& task, cudaStream_t ns) {
   }
   for (const Transfer& x : w.receives) {
     if (x.count == 0) continue;
-    char* into = !reduction ? task.shard_at(x.shard) : wire ? message_in(x.node) : staging(x.node);
+    char* into = !reduction ? task.landing_at(x.shard) : wire ? message_in(x.node) : staging(x.node);
     nccl_->recv(into, bytes(x.count), x.node, ns);
   }
   nccl_->group_end();

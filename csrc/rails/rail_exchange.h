@@ -38,11 +38,18 @@ struct RailTask {
   // offset), and where kReduce puts the served sum (null: in place).
   std::vector<char*> pieces;
   char* result = nullptr;
+  // kExchange: the pieces we expect (counts) and where each lands.
+  std::vector<Range> received;
+  std::vector<char*> landings;
   // This node's part of the exchange of the task.
-  RailWalk walk(int node, int num_nodes) const { return walk_rail(pattern, back_to, shards, node, num_nodes); }
+  RailWalk walk(int node, int num_nodes) const {
+    return walk_rail(pattern, back_to, shards, node, num_nodes, received);
+  }
   char* shard_at(int j) const {
     return pieces.empty() ? chunk + shards[j].offset * static_cast<int64_t>(c10::elementSize(dtype())) : pieces[j];
   }
+  // Where a received shard j (a walk's `receives`, kShare or kExchange) lands.
+  char* landing_at(int j) const { return landings.empty() ? shard_at(j) : landings[j]; }
 };
 
 class RailExchange {

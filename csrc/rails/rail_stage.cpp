@@ -248,10 +248,10 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
         now);
     ++s.results_missing;
   }
-  if (s.walk.pattern == RailPattern::kShare) {
+  if (s.walk.pattern != RailPattern::kReduce) {
     for (const Transfer& x : s.walk.receives) {
       expect(
-          *servers_[x.node], s, WireKind::kContribution, x.count, t.shard_at(x.shard),
+          *servers_[x.node], s, WireKind::kContribution, x.count, t.landing_at(x.shard),
           [&s] { --s.contributions_missing; }, now);
       ++s.contributions_missing;
     }

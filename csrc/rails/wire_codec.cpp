@@ -53,7 +53,7 @@ bool WireCodec::applies(const RailTask& t) const {
   const c10::ScalarType d = t.dtype();
   if (d != c10::ScalarType::Float && d != c10::ScalarType::Double) return false;
   if (t.op() != RedOp::kSum && t.op() != RedOp::kAvg) return false;
-  return t.pattern != RailPattern::kShare;  // values that are summed, not copies
+  return t.pattern == RailPattern::kReduce;  // values that are summed, not copies
 }
 
 void WireCodec::encode(c10::ScalarType dtype, const void* src, int64_t count, char* dst) const {

@@ -61,14 +61,23 @@ void register_plan_hooks(py::module& m) {
   });
 
   // The rail walk of a chunk with these shards, seen from `node`; pattern
-  // "reduce" or "share", back_to a node, "all" or "none".
-  m.def("_rail_walk_for_test", [](const std::string& pattern, const std::string& back_to,
-                                  const std::vector<std::pair<int64_t, int64_t>>& shards, int node, int num_nodes) {
-    std::vector<Range> rs;
-    for (const auto& s : shards) rs.push_back(Range{s.first, s.second});
-    const RailPattern pat = pattern == "share" ? RailPattern::kShare : RailPattern::kReduce;
-    const int to = back_to == "all" ? kBackToAll : back_to == "none" ? kBackToNone : std::stoi(back_to);
-    const RailWalk w = walk_rail(pat, to, rs, node, num_nodes);
+  // "reduce", "share" or "exchange" (with `received`), back_to a node, "all"
+  // or "none".
+  using Pairs = std::vector<std::pair<int64_t, int64_t>>;
+  m.def(
+      "_rail_walk_for_test",
+      [](const std::string& pattern, const std::string& back_to, const Pairs& shards, int node, int num_nodes,
+         const Pairs& received) {
+        auto to_ranges = [](const Pairs& ps) {
+          std::vector<Range> rs;
+          for (const auto& s : ps) rs.push_back(Range{s.first, s.second});
+          return rs;
+        };
+        const RailPattern pat = pattern == "share"      ? RailPattern::kShare
+                                : pattern == "exchange" ? RailPattern::kExchange
+                                                        : RailPattern::kReduce;
+        const int to = back_to == "all" ? kBackToAll : back_to == "none" ? kBackToNone : std::stoi(back_to);
+        const RailWalk w = walk_rail(pat, to, to_ranges(shards), node, num_nodes, to_ranges(received));
     auto transfers = [](const std::vector<Transfer>& v) {
       py::list out;
       for (const auto& t : v) out.append(py::make_tuple(t.node, t.shard, t.count));
@@ -86,7 +95,9 @@ void register_plan_hooks(py::module& m) {
     d["shards_read"] = w.shards_read();
     d["shards_written"] = w.shards_written();
     return d;
-  });
+      },
+      py::arg("pattern"), py::arg("back_to"), py::arg("shards"), py::arg("node"), py::arg("num_nodes"),
+      py::arg("received") = Pairs{});
 
   // The phase list of a collective (by name) on a node of `ranks_per_node`.
   m.def("_phases_for_test", [](const std::string& collective, int ranks_per_node) {

@@ -3,7 +3,7 @@ optionally OpenMPI, interleaved in the same processes, over a sweep of sizes.
 
     python -m fairring_py.bench                          # 2 nodes x 2 ranks simulated here
     python -m fairring_py.bench --nodes 1 --ranks-per-node 2 --sizes 4K,25M --mpi
-    python -m fairring_py.bench --collective reduce_scatter --sizes 4K,1M,25M   # also all_gather
+    python -m fairring_py.bench --collective reduce_scatter --sizes 4K,1M,25M   # also all_gather, all_to_all
     python -m fairring_py.bench --netns --link-rate 1gbit --sizes 25M     # root: namespaces
     python -m fairring_py.bench --netns --link-rate 1gbit --sizes 25M --wire-dtype bf16  # + compressed rails
     python -m fairring_py.bench --netns --link-rate 1gbit --scaling 2,3,4
@@ -33,11 +33,13 @@ def parser() -> argparse.ArgumentParser:
     w = p.add_argument_group("workload")
     w.add_argument("--sizes", help="bytes per rank: list '4K,25M', range '4K:256M' (x2 steps) or '4K:256M:4' "
                                    "(x4 steps; default 4K:256M:4; scaling mode: 25M)")
-    w.add_argument("--collective", choices=["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "barrier"],
+    w.add_argument("--collective",
+                   choices=["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "barrier"],
                    default="all_reduce",
                    help="what to time (default all_reduce; reduce_scatter: reduce_scatter_single (was "
                         "reduce_scatter_tensor), SUM, size = each rank's full input; all_gather: all_gather_single "
                         "(was all_gather_into_tensor), size = each rank's full output (both as nccl-tests; busbw = algbw x (P-1)/P); broadcast: from rank 0; reduce: SUM to rank 0 (busbw = algbw); "
+                        "all_to_all: all_to_all_single with equal blocks, size = each rank's input; "
                         "barrier: latency per barrier, no sizes)")
     w.add_argument("--inflight", type=int, default=1,
                    help="operations issued async before waiting on them (DDP-like buckets; default 1)")
@@ -50,7 +52,7 @@ def parser() -> argparse.ArgumentParser:
                         "keeps FAIRRING_WIRE_DTYPE, default none)")
     w.add_argument("--fresh-buffers", action="store_true",
                    help="a new output (torch.empty) for every op, as FSDP and ZeRO allocate theirs: first-touch page "
-                        "faults included (all_gather and reduce_scatter, the collectives with a separate output)")
+                        "faults included (all_gather, reduce_scatter, all_to_all: the collectives with a separate output)")
     w.add_argument("--mpi", action="store_true",
                    help="also time OpenMPI's MPI_Allreduce (mpi4py); launches the ranks with mpirun")
     c = p.add_argument_group("cluster simulation (root only)")
@@ -91,9 +93,9 @@ def build_config(args, p) -> dict:
         p.error("--inflight, --min-samples, --max-reps must be >= 1 and --max-samples >= --min-samples")
     if args.collective == "barrier" and (args.sizes or args.scaling or args.inflight != 1):
         p.error("--collective barrier takes no --sizes, --scaling or --inflight")
-    if args.fresh_buffers and args.collective not in ("all_gather", "reduce_scatter"):
-        p.error("--fresh-buffers applies to --collective all_gather or reduce_scatter (the others work in place "
-                "on a tensor that already holds the input)")
+    if args.fresh_buffers and args.collective not in ("all_gather", "reduce_scatter", "all_to_all"):
+        p.error("--fresh-buffers applies to --collective all_gather, reduce_scatter or all_to_all (the others work "
+                "in place on a tensor that already holds the input)")
     wire = [w.strip().lower() for w in args.wire_dtype.split(",")] if args.wire_dtype else []
     if any(w not in ("bf16", "fp16") for w in wire) or len(set(wire)) != len(wire):
         p.error(f"--wire-dtype takes bf16, fp16 or bf16,fp16, got {args.wire_dtype!r}")

@@ -98,7 +98,7 @@ def algbw(nbytes: float, seconds: float) -> float:
 
 
 # The sized collectives of the microbenchmark (barrier has no size).
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
 
 
 def busbw_factor(world_size: int, collective: str = "all_reduce") -> float:
@@ -106,12 +106,13 @@ def busbw_factor(world_size: int, collective: str = "all_reduce") -> float:
     the data each rank must send (and receive) in an optimal algorithm.
     all_reduce 2(P-1)/P; reduce_scatter and all_gather (P-1)/P, with the size
     being the full buffer (reduce_scatter's input, all_gather's output); broadcast
-    and reduce 1."""
+    and reduce 1; all_to_all (P-1)/P (size: each rank's input, all of which
+    but its own block leaves it)."""
     if world_size <= 0:
         return float("nan")
     if collective in ("broadcast", "reduce"):
         return 1.0
-    if collective in ("reduce_scatter", "all_gather"):
+    if collective in ("reduce_scatter", "all_gather", "all_to_all"):
         return (world_size - 1) / world_size
     if collective != "all_reduce":
         raise ValueError(f"no busbw factor for {collective!r}")
@@ -122,7 +123,8 @@ def busbw(nbytes: float, seconds: float, world_size: int, collective: str = "all
     return algbw(nbytes, seconds) * busbw_factor(world_size, collective)
 
 
-def link_bound_s(nbytes: float, nodes: int, rate_bytes_per_s: float, collective: str = "all_reduce") -> float:
+def link_bound_s(nbytes: float, nodes: int, rate_bytes_per_s: float, collective: str = "all_reduce",
+                 ranks_per_node: int = 1) -> float:
     """Least time to all-reduce ``nbytes`` across ``nodes`` nodes, each with one
     full-duplex link of the given rate: each node must send (and receive)
     2(N-1)/N of the data, whatever the algorithm.  For reduce_scatter and
@@ -131,9 +133,14 @@ def link_bound_s(nbytes: float, nodes: int, rate_bytes_per_s: float, collective:
     receive every other node's share.  For broadcast it is all of it: every
     other node must receive every byte (and the root's node send it at least
     once); for reduce too: the root's node must receive, for every element,
-    at least the other nodes' combined contribution.  0 for a single node."""
+    at least the other nodes' combined contribution.  For all_to_all of
+    ``nbytes`` per rank, K ranks per node: every rank's blocks for the other
+    nodes, K x (N-1)/N x nbytes, leave each node (and as much comes in).  0
+    for a single node."""
     if nodes <= 1:
         return 0.0
+    if collective == "all_to_all":
+        return ranks_per_node * (nodes - 1) / nodes * nbytes / rate_bytes_per_s
     if collective in ("broadcast", "reduce"):
         return nbytes / rate_bytes_per_s
     return busbw_factor(nodes, collective) * nbytes / rate_bytes_per_s

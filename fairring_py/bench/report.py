@@ -32,7 +32,7 @@ def summarize_run(meta: dict, memcpy: dict, backends: List[str], results: List[d
         nbytes = res["size"] * meta["inflight"]  # one timed unit: `inflight` operations
         stats = [metrics.summarize(ts) for ts in res["times"]]
         base_median = stats[backends.index(baseline)]["median"]
-        bound = metrics.link_bound_s(nbytes, nodes, rate, collective) if rate else None
+        bound = (metrics.link_bound_s(nbytes, nodes, rate, collective, world // nodes) if rate else None)
         rel = res.get("max_rel_err") or [None] * len(backends)
         faults = res.get("faults_per_op") or [None] * len(backends)
         for name, st, reps, err, flt in zip(backends, stats, res["reps"], rel, faults):
@@ -76,10 +76,12 @@ def table(summary: dict) -> str:
         "reduce": f"reduce {m['dtype']} {m['op']} to rank 0",
         "reduce_scatter": f"{m.get('api') or 'reduce_scatter'} {m['dtype']} {m['op']} (size: each rank's full input)",
         "all_gather": f"{m.get('api') or 'all_gather'} {m['dtype']} (size: each rank's full output)",
+        "all_to_all": f"all_to_all_single {m['dtype']}, equal blocks (size: each rank's input)",
     }.get(collective, f"all_reduce {m['dtype']} {m['op']}")
     plural = {"broadcast": "broadcasts", "reduce_scatter": "reduce-scatters", "all_gather": "all-gathers",
-              "reduce": "reduces"}
-    factor = {"broadcast": "", "reduce": "", "reduce_scatter": " x (P-1)/P", "all_gather": " x (P-1)/P"}
+              "reduce": "reduces", "all_to_all": "all-to-alls"}
+    factor = {"broadcast": "", "reduce": "", "reduce_scatter": " x (P-1)/P", "all_gather": " x (P-1)/P",
+              "all_to_all": " x (P-1)/P"}
     out = [
         title
         + f" on {m['device']}: {m['world_size']} ranks"
@@ -100,7 +102,7 @@ def table(summary: dict) -> str:
     ]
     if m.get("link_rate_Bps"):
         share = {"reduce_scatter": "(N-1)/N x ", "all_gather": "(N-1)/N x ", "broadcast": "",
-                 "reduce": ""}.get(collective, "2(N-1)/N x ")
+                 "reduce": "", "all_to_all": "K x (N-1)/N x "}.get(collective, "2(N-1)/N x ")
         out.append(f"link bound = {share}bytes / link rate; TCP over 1500-byte frames carries at most "
                    f"{metrics.tcp_payload_fraction() * 100:.1f}% of the rate as payload, so bound/time stays below that")
     compressed = any(r.get("max_rel_err") is not None for r in summary["rows"])

@@ -20,7 +20,9 @@ collective.
 ``all_gather`` times ``all_gather_single`` (torch's ``reduce_scatter_tensor`` and
 ``all_gather_into_tensor`` before 2.13, the same backend operations); a size is the full buffer per
 rank, as in nccl-tests: reduce_scatter's input (each rank gets size / P
-bytes) and all_gather's output (each rank sends size / P bytes).  A size that
+bytes) and all_gather's output (each rank sends size / P bytes);
+``all_to_all`` times ``all_to_all_single`` with equal blocks, a size being
+each rank's input (a block of size / P to every rank).  A size that
 is not a multiple of 4 x P bytes is rounded down to one (the report gives the
 bytes actually moved).  The outputs are filled with NaN before every timed
 group, so an operation that writes nothing fails the check.
@@ -86,6 +88,15 @@ class Workload:
             self.inp = make_input(rank, full, device)
             self.out_numel = chunk
             self.expected = make_expected(world, full, device)[rank * chunk:(rank + 1) * chunk].clone()
+            self.size = full * 4
+        elif collective == "all_to_all":
+            # Block d of every rank's input goes to rank d.
+            chunk = numel // world
+            full = chunk * world
+            self.inp = make_input(rank, full, device)
+            self.out_numel = full
+            self.expected = torch.cat([make_input(r, full, device)[rank * chunk:(rank + 1) * chunk]
+                                       for r in range(world)])
             self.size = full * 4
         elif collective == "all_gather":
             chunk = numel // world
@@ -164,6 +175,8 @@ class TorchBackend:
             self.op = lambda b, **kw: REDUCE_SCATTER(b, self.inp, **kw)
         elif collective == "all_gather":
             self.op = lambda b, **kw: ALL_GATHER(b, self.inp, **kw)
+        elif collective == "all_to_all":
+            self.op = lambda b, **kw: dist.all_to_all_single(b, self.inp, **kw)
         else:
             self.op = dist.all_reduce
 
@@ -209,6 +222,8 @@ class MpiBackend:
             return c.Ireduce_scatter_block(self.inp, a, op=MPI.SUM)
         if self.collective == "all_gather":
             return c.Iallgather(self.inp, a)
+        if self.collective == "all_to_all":
+            return c.Ialltoall(self.inp, a)
         return c.Iallreduce(MPI.IN_PLACE, a, op=MPI.SUM)
 
     def run(self, arrays, inflight):
@@ -219,6 +234,8 @@ class MpiBackend:
                     self.comm.Reduce_scatter_block(self.inp, a, op=MPI.SUM)
                 elif self.collective == "all_gather":
                     self.comm.Allgather(self.inp, a)
+                elif self.collective == "all_to_all":
+                    self.comm.Alltoall(self.inp, a)
                 elif self.collective == "broadcast":
                     self.comm.Bcast(a, root=0)
                 elif self.collective == "reduce":
@@ -428,6 +445,7 @@ def run_allreduce(ranks: Ranks, cfg: dict) -> int:
             op="SUM" if collective in ("all_reduce", "reduce_scatter", "reduce") else None,
             api={"reduce_scatter": REDUCE_SCATTER.__name__, "all_gather": ALL_GATHER.__name__}.get(collective, collective),
             size_means={"reduce_scatter": "bytes of each rank's full input (it gets size / P)",
+                        "all_to_all": "bytes of each rank's input (and output), a block of size / P per rank",
                         "all_gather": "bytes of each rank's full output (it sends size / P)"}.get(
                 collective, "bytes of each rank's tensor"),
             fairring_env={k: v for k, v in os.environ.items() if k.startswith("FAIRRING_")

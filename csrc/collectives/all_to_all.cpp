@@ -1,0 +1,127 @@
+// The all-to-all (equal blocks): block d of every rank's input goes to rank
+// d, into block s (the sender) of its output.  Blockwise (plan.h): the
+// input and the output both hold one block per rank.  Hierarchical, for
+// local rank `me` of K, N nodes:
+//
+//   front: acquire          wait until every peer released the slot; claim it
+//          publish-blocks   our pieces for the other local ranks' rails into
+//                           our input area, grouped by the local rank they
+//                           go to: the piece for (node j, local x) at
+//                           staged_at(j, x); ours we read from the tensor
+//          exchange-blocks  N > 1: wait for the node's inputs; every other
+//                           node's pieces for local rank `me`, read from each
+//                           peer's input area, go on our rail (kExchange),
+//                           and that node's pieces for us land in our output
+//   back:  local-blocks     the pieces of our node's ranks for us, from
+//                           their input areas into our output
+//          await-own        N > 1: the rail is done with our task
+//          release          we are done with the slot
+//
+// So every byte crosses the node's memory once on each side and each rail
+// carries only what its rank receives: the "2D" all-to-all.  A node of one
+// rank: exchange-blocks | await-own, straight between the tensors and the
+// rails.
+#include "collectives/collectives.h"
+#include "pipeline/slice_schedule.h"
+
+namespace fairring {
+
+namespace {
+
+using TimePoint = SliceSchedule::TimePoint;
+
+bool publish_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
+  const PipelineOp& op = *s.op;
+  const int slot = p.slot(s);
+  const int64_t bytes = s.plan.slice.count * p.esize(s);
+  char* area = p.mover().input_area(slot, p.me());
+  for (int j = 0; j < p.topo().num_nodes; ++j) {
+    for (int x = 0; x < p.k(); ++x) {
+      if (x == p.me()) continue;
+      p.mover().copy(slot, area + p.staged_at(s, j, x) * p.esize(s), p.block_at(op.buffer, s, j, x), bytes, false);
+    }
+  }
+  p.input_published(s);
+  return true;
+}
+
+bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
+  const PipelineOp& op = *s.op;
+  const int slot = p.slot(s);
+  const int64_t esize = p.esize(s);
+  const int node = p.topo().node;
+  const int64_t count = s.plan.slice.count;
+  p.set_mirror(s, nullptr, nullptr, 0);  // nothing for the node's peers to read
+  if (p.k() == 1 && count > 0) {
+    // Our own block stays with us.
+    p.mover().copy(slot, p.block_at(op.output, s, node, 0), p.block_at(op.buffer, s, node, 0), count * esize,
+                   false);
+  }
+  if (!p.multi_node()) return true;
+  // The pieces we carry are read from every peer's input area.
+  if (p.k() > 1 && !p.inputs_in(s, until)) return false;
+  RailTask t = p.rail_task(s);
+  t.pattern = RailPattern::kExchange;
+  for (int j = 0; j < p.topo().num_nodes; ++j) {
+    for (int x = 0; x < p.k(); ++x) {
+      // Piece x for node j: from local rank x (to node j's rank `me`);
+      // node j's piece x: from its local rank x, to us.
+      char* from;
+      if (x == p.me()) {
+        from = p.block_at(op.buffer, s, j, x);
+      } else {
+        if (x != p.me() && j != node) p.mover().after(slot, x, PeerStep::kInputReady);
+        from = p.mover().input_area(slot, x) + p.staged_at(s, j, p.me()) * esize;
+      }
+      t.shards.push_back(Range{0, j == node ? 0 : count});
+      t.pieces.push_back(from);
+      t.received.push_back(Range{0, j == node ? 0 : count});
+      t.landings.push_back(p.block_at(op.output, s, j, x));
+    }
+  }
+  p.post(std::move(t));
+  return true;
+}
+
+bool local_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
+  if (!p.inputs_in(s, until)) return false;
+  const PipelineOp& op = *s.op;
+  const int slot = p.slot(s);
+  const int64_t esize = p.esize(s);
+  const int node = p.topo().node;
+  const bool large = SliceSchedule::large(op.numel * p.topo().size * esize);
+  for (int x = 0; x < p.k(); ++x) {
+    const char* from;
+    if (x == p.me()) {
+      from = p.block_at(op.buffer, s, node, x);
+    } else {
+      p.mover().after(slot, x, PeerStep::kInputReady);
+      from = p.mover().input_area(slot, x) + p.staged_at(s, node, p.me()) * esize;
+    }
+    p.mover().copy(slot, p.block_at(op.output, s, node, x), from, s.plan.slice.count * esize, large);
+  }
+  return true;
+}
+
+bool await_rails(SliceSchedule& p, Slice& s, const TimePoint* until) {
+  return !p.multi_node() || step_await_own(p, s, until);
+}
+
+}  // namespace
+
+const CollectiveDef& all_to_all_def() {
+  static const ScriptedCollective def(Collective::kAllToAll,
+                                      {"all_to_all", [](const OpKey& k) { return elements_of(k) + " per block"; }},
+                                      Cut::kBlockwise,
+                                      Script{{{"acquire", step_acquire},
+                                              {"publish-blocks", publish_blocks},
+                                              {"exchange-blocks", exchange_blocks},
+                                              {"local-blocks", local_blocks},
+                                              {"await-own", await_rails},
+                                              {"release", step_release}},
+                                             3},
+                                      Script{{{"exchange-blocks", exchange_blocks}, {"await-own", await_rails}}, 1});
+  return def;
+}
+
+}  // namespace fairring

@@ -1,0 +1,197 @@
+"""Code that runs inside the ranks of tests/test_all_to_all.py: all_to_all
+on Fairring (collectives/all_to_all.cpp) against a reference built
+independently on every rank (every rank's input is generated from the seed;
+block `rank` of sender s's input must land, bit for bit, in block s of our
+output), for every dtype, odd sizes, several slices, non-contiguous and
+multi-dimensional tensors, the list form, in place, and many in flight
+mixed with all-reduces on the same tensors."""
+from __future__ import annotations
+
+import io
+
+import torch
+import torch.distributed as dist
+
+import refs
+from rank_checks import Failures
+
+
+def _bits(t):
+    t = t.detach().contiguous()
+    if t.is_complex():
+        t = torch.view_as_real(t).contiguous()
+    return t.reshape(-1).view(torch.uint8) if t.dtype != torch.bool else t.reshape(-1).to(torch.uint8)
+
+
+def _inputs(seed, world, n, dtype):
+    """Every rank's input: W blocks of n elements (block d goes to rank d)."""
+    return [refs.make_input(seed, r, world * n, dtype, "SUM") for r in range(world)]
+
+
+def _want(inputs, rank, n):
+    """Our output: block s is sender s's block `rank`."""
+    return torch.cat([x[rank * n:(rank + 1) * n] for x in inputs])
+
+
+def _check(failures, name, got, want):
+    if got.shape != want.shape:
+        failures.add(f"{name}: shape {tuple(got.shape)}, want {tuple(want.shape)}")
+    elif not torch.equal(_bits(got), _bits(want)):
+        bad = (got.reshape(-1) != want.reshape(-1)).nonzero()
+        where = bad[0].item() if bad.numel() else "?"
+        failures.add(f"{name}: wrong result (first differing element {where} of {got.numel()})")
+
+
+def _native_kinds(since):
+    import fairring_py
+
+    return [r["kind"] for r in fairring_py.dump_recent(file=io.StringIO()) if r["seq"] > since]
+
+
+def _last_seq():
+    import fairring_py
+
+    recs = fairring_py.dump_recent(file=io.StringIO())
+    return recs[-1]["seq"] if recs else -1
+
+
+def sec_all_to_all(rank, world, cfg):
+    failures = Failures()
+    first = _last_seq()
+    seed = 8000
+    dtypes = sorted({dt for dt, _ in refs.matrix()}, key=str)
+    # Every dtype, odd sizes, one flat tensor each way.
+    for dtype in dtypes:
+        for n in cfg["sizes"]:
+            seed += 1
+            ins = _inputs(seed, world, n, dtype)
+            out = torch.empty(world * n, dtype=dtype)
+            try:
+                dist.all_to_all_single(out, ins[rank].clone())
+            except Exception as e:  # noqa: BLE001
+                failures.add(f"{refs.dtype_name(dtype)} n={n}: raised {type(e).__name__}: {str(e)[:300]}")
+                continue
+            _check(failures, f"{refs.dtype_name(dtype)} n={n}", out, _want(ins, rank, n))
+    # Several slices.
+    seed += 1
+    n = cfg["big"]
+    ins = _inputs(seed, world, n, torch.float32)
+    out = torch.empty(world * n)
+    dist.all_to_all_single(out, ins[rank])
+    _check(failures, f"big n={n}", out, _want(ins, rank, n))
+    # Rows of a 2-D tensor, with equal splits given explicitly.
+    seed += 1
+    rows, cols = 3, 7
+    ins = _inputs(seed, world, rows * cols, torch.float64)
+    out = torch.empty(world * rows, cols, dtype=torch.float64)
+    dist.all_to_all_single(out, ins[rank].reshape(world * rows, cols), [rows] * world, [rows] * world)
+    _check(failures, "2-D rows with equal splits", out.reshape(-1), _want(ins, rank, rows * cols))
+    # Non-contiguous input and output: every other element of longer tensors.
+    seed += 1
+    n = 1031
+    ins = _inputs(seed, world, n, torch.int32)
+    src = torch.zeros(2 * world * n, dtype=torch.int32)
+    src[::2] = ins[rank]
+    dst = torch.full((2 * world * n,), -5, dtype=torch.int32)
+    dist.all_to_all_single(dst[::2], src[::2])
+    _check(failures, "strided output", dst[::2], _want(ins, rank, n))
+    if not torch.all(dst[1::2] == -5):
+        failures.add("strided output: the elements between the output's were written")
+    # In place: the output is the input.
+    seed += 1
+    ins = _inputs(seed, world, 4099, torch.float32)
+    t = ins[rank].clone()
+    dist.all_to_all_single(t, t)
+    _check(failures, "in place", t, _want(ins, rank, 4099))
+    # The list form.
+    seed += 1
+    n = 13
+    ins = _inputs(seed, world, n, torch.bfloat16)
+    outs = [torch.empty(n, dtype=torch.bfloat16) for _ in range(world)]
+    dist.all_to_all(outs, list(ins[rank].clone().split(n)))
+    _check(failures, "list form", torch.cat(outs), _want(ins, rank, n))
+    # Many in flight, mixed with all-reduces on the same tensors, in issue order:
+    # all_reduce(x); all_to_all(y <- x); all_reduce(y).
+    works, cases = [], []
+    for i in range(6):
+        seed += 1
+        n = 65537 if i % 2 else 5
+        ins = _inputs(seed, world, n, torch.float64)
+        x = ins[rank].clone()
+        y = torch.empty_like(x)
+        works.append(dist.all_reduce(x, async_op=True))
+        works.append(dist.all_to_all_single(y, x, async_op=True))
+        works.append(dist.all_reduce(y, async_op=True))
+        cases.append((y, ins, n))
+    for w in works:
+        w.wait()
+    for i, (y, ins, n) in enumerate(cases):
+        summed = sum(x.double() for x in ins)  # every rank's x after the first all-reduce
+        # Rank r's y holds W copies of summed's block r; the second all-reduce
+        # adds them up: every block is the sum of summed's blocks.
+        block = sum(summed[r * n:(r + 1) * n] for r in range(world))
+        want = torch.cat([block] * world)
+        # Sums of float64 in different orders: compare with a tolerance.
+        if not torch.allclose(y, want, rtol=1e-12, atol=1e-12):
+            failures.add(f"in flight {i} (n={n}): all_reduce -> all_to_all -> all_reduce out of order")
+    kinds = set(_native_kinds(first))
+    if kinds - {"all_to_all", "all_reduce"} or "all_to_all" not in kinds:
+        failures.add(f"the all-to-alls did not all run natively: recorded kinds {sorted(kinds)}")
+    return {"failures": list(failures)}
+
+
+def uneven(rank, world):
+    """Unequal splits (gloo's, for now): still the right blocks."""
+    failures = Failures()
+    first = _last_seq()
+    # Rank s sends (s + d) % 3 + 1 elements to rank d.
+    send = [(rank + d) % 3 + 1 for d in range(world)]
+    recv = [(s + rank) % 3 + 1 for s in range(world)]
+    ins = [refs.make_input(8500, s, sum((s + d) % 3 + 1 for d in range(world)), torch.float32, "SUM")
+           for s in range(world)]
+    out = torch.empty(sum(recv))
+    dist.all_to_all_single(out, ins[rank], recv, send)
+    want = []
+    for s in range(world):
+        start = sum((s + d) % 3 + 1 for d in range(rank))
+        want.append(ins[s][start:start + recv[s]])
+    _check(failures, "unequal splits", out, torch.cat(want))
+    kinds = _native_kinds(first)
+    if kinds != ["alltoall_base (gloo)"]:
+        failures.add(f"unequal splits recorded as {kinds}")
+    return {"failures": list(failures)}
+
+
+def mismatch(rank, world, which):
+    """Ranks issue different ops: an error on every rank, no hang."""
+    try:
+        if which == "size":
+            n = 1031 * (1 + rank % 2)
+            dist.all_to_all_single(torch.empty(world * n), torch.ones(world * n))
+        elif rank == 0:
+            dist.all_reduce(torch.ones(world * 1031))
+        else:
+            dist.all_to_all_single(torch.empty(world * 1031), torch.ones(world * 1031))
+    except Exception as e:  # noqa: BLE001
+        return {"error": str(e)}
+    return {"error": None}
+
+
+def bad_sizes(rank, world):
+    """Sizes that are not one equal block per rank: a clear error, nothing issued."""
+    dist.all_reduce(torch.ones(1))
+    errors = []
+    cases = [(torch.empty(world * 3 + 1), torch.ones(world * 3 + 1), None),
+             (torch.empty(world * 4), torch.ones(world * 3), None),
+             (torch.empty(world * 3), torch.ones(world * 3), [4] + [3] * (world - 1)),
+             (torch.empty(world * 3), torch.ones(world * 3), [-1] + [3] * (world - 1))]
+    for out, inp, splits in cases:
+        try:
+            dist.all_to_all_single(out, inp, input_split_sizes=splits)
+            errors.append(None)
+        except Exception as e:  # noqa: BLE001
+            errors.append(str(e))
+    x = torch.ones(world * 2)
+    y = torch.empty(world * 2)
+    dist.all_to_all_single(y, x)
+    return {"errors": errors, "group_still_works": bool(torch.all(y == 1))}
