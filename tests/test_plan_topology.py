@@ -169,6 +169,11 @@ def test_blockwise_phase_lists():
     phases, front = _C._phases_for_test("all_to_all", 2)
     assert phases == ["acquire", "publish-blocks", "exchange-blocks", "local-blocks", "await-own", "release"]
     assert phases[front - 1] == "exchange-blocks"
+    # Gather and scatter: the rail post ends the front half; the root's copies follow.
+    assert _C._phases_for_test("gather", 2) == (
+        ["acquire", "publish-piece", "exchange", "to-root", "await-own", "release"], 3)
+    assert _C._phases_for_test("scatter", 2) == (
+        ["acquire", "publish-blocks", "exchange", "from-root", "await-own", "release"], 3)
 
 
 @pytest.mark.parametrize("numel,elem,k,n,slice_bytes", [

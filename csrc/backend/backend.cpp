@@ -107,6 +107,9 @@ void advise_fresh(const PipelineOp& op) {
   }
 }
 
+// A tensor whose memory is its values, in order: a collective can write it directly.
+bool plain_tensor(const at::Tensor& t) { return t.is_contiguous() && !t.is_conj() && !t.is_neg(); }
+
 // A random id for names that must not collide between jobs (shared memory).
 std::string random_hex(int bytes) {
   std::vector<uint8_t> raw(bytes);
@@ -425,9 +428,21 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
   const char* in_at = static_cast<const char*>(op->buffer.data_ptr());
   const bool own_block = !exchange && (scatter ? out_at == in_at + getRank() * small * esize
                                                 : in_at == out_at + getRank() * small * esize);
-  const bool plain = outputs.size() == 1 && out.is_contiguous() && !out.is_conj() && !out.is_neg();
+  const bool plain = outputs.size() == 1 && plain_tensor(out);
+  // A list of one tensor per rank (all_gather's, all_to_all's): each block
+  // straight into its tensor, unless one shares memory with the input (but
+  // for exactly our own block, in place).
+  const bool list = outputs.size() > 1 && static_cast<int>(outputs.size()) == world && in.buffer.is_cpu() &&
+                    std::all_of(outputs.begin(), outputs.end(), plain_tensor);
+  bool blocks_apart = list;
+  for (int r = 0; list && r < world; ++r) {
+    const bool in_place = r == getRank() && outputs[r].data_ptr() == op->buffer.data_ptr();
+    if (outputs[r].is_alias_of(op->buffer) && !in_place) blocks_apart = false;
+  }
   if (plain && (!out.is_alias_of(op->buffer) || own_block)) {
     op->output = out;
+  } else if (blocks_apart) {
+    op->output_blocks = outputs;
   } else {
     op->output = at::empty({out_numel / (out.is_complex() ? 2 : 1)}, out.options());
     op->users = outputs;
@@ -650,14 +665,109 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allgather_into_tensor_coalesced(
 c10::intrusive_ptr<c10d::Work> FairringBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs,
                                                        const c10d::GatherOptions& opts) {
-  return run_delegated("gather", touched(outputs, inputs),
-                       [&](c10d::Backend& gloo) { return gloo.gather(outputs, inputs, opts); });
+  // Native for one dense CPU input (the same test on every rank); the root's
+  // list is checked in submit_rooted.
+  if (inputs.size() != 1 || !native_tensors(inputs) || !inputs[0].device().is_cpu() || outputs.size() > 1) {
+    return run_delegated("gather", touched(outputs, inputs),
+                         [&](c10d::Backend& gloo) { return gloo.gather(outputs, inputs, opts); });
+  }
+  return submit_rooted(Collective::kGather, static_cast<int>(opts.rootRank), inputs[0],
+                       outputs.empty() ? std::vector<at::Tensor>{} : outputs[0], c10d::OpType::GATHER);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::scatter(std::vector<at::Tensor>& outputs,
                                                         std::vector<std::vector<at::Tensor>>& inputs,
                                                         const c10d::ScatterOptions& opts) {
-  return run_delegated("scatter", touched(outputs, inputs),
-                       [&](c10d::Backend& gloo) { return gloo.scatter(outputs, inputs, opts); });
+  if (outputs.size() != 1 || !native_tensors(outputs) || !outputs[0].device().is_cpu() || inputs.size() > 1) {
+    return run_delegated("scatter", touched(outputs, inputs),
+                         [&](c10d::Backend& gloo) { return gloo.scatter(outputs, inputs, opts); });
+  }
+  return submit_rooted(Collective::kScatter, static_cast<int>(opts.rootRank), outputs[0],
+                       inputs.empty() ? std::vector<at::Tensor>{} : inputs[0], c10d::OpType::SCATTER);
+}
+
+c10::intrusive_ptr<c10d::Work> FairringBackend::submit_rooted(Collective collective, int root, const at::Tensor& one,
+                                                              const std::vector<at::Tensor>& blocks,
+                                                              c10d::OpType type) {
+  const bool gather = collective == Collective::kGather;
+  const char* kind = collective_name(collective);
+  check_same_process(kind);
+  const int world = getSize();
+  TORCH_CHECK_VALUE(root >= 0 && root < world, "fairring: ", kind, gather ? " to" : " from", " rank ", root,
+                    ", which is not a rank of this group of ", world);
+  const bool is_root = getRank() == root;
+  if (is_root) {
+    TORCH_CHECK(static_cast<int>(blocks.size()) == world, "fairring: ", kind, " needs one tensor per rank (", world,
+                ") on the root, but got ", blocks.size());
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const at::Tensor& b = blocks[i];
+      TORCH_CHECK(b.numel() == one.numel() && b.scalar_type() == one.scalar_type() && b.device() == one.device(),
+                  "fairring: ", kind, " needs the root's tensors to be like its own (", one.numel(), " elements of ",
+                  dtype_name(one.scalar_type()), " on ", one.device().str(), "), but tensor ", i, " has ", b.numel(),
+                  " of ", dtype_name(b.scalar_type()), " on ", b.device().str());
+      TORCH_CHECK(b.layout() == c10::kStrided && (!gather || at::has_internal_overlap(b) != at::MemOverlap::Yes),
+                  "fairring: ", kind, " into tensor ", i, " of the root's list, whose elements share memory or which "
+                  "is not dense: clone() it first");
+    }
+  } else {
+    TORCH_CHECK(blocks.empty(), "fairring: ", kind, " takes a list of tensors on the root (rank ", root,
+                ") only, but rank ", getRank(), " got ", blocks.size());
+  }
+  PlanParams params;
+  params.slice_bytes = config_.slice_size;
+  auto op = std::make_shared<HostOp>();
+  op->collective = collective;
+  op->root = root;
+  op->op = RedOp::kSum;  // compared between ranks, not applied
+  if (gather) {
+    ReduceInput in = prepare_input({one}, kind);
+    op->buffer = in.buffer;
+    op->stage = in.fill;
+    op->footprint.read(one);
+    if (is_root) {
+      // Straight into the caller's tensors, or a stand-in copied back.
+      if (std::all_of(blocks.begin(), blocks.end(), plain_tensor)) {
+        op->output_blocks = blocks;
+      } else {
+        op->output = at::empty({world * one.numel()}, one.options().memory_format(at::MemoryFormat::Contiguous));
+        op->users = blocks;
+      }
+      for (const at::Tensor& b : blocks) op->footprint.write(b);
+    }
+  } else {
+    TORCH_CHECK(at::has_internal_overlap(one) != at::MemOverlap::Yes, "fairring: scatter into a tensor whose ",
+                "elements share memory (sizes ", one.sizes(), ", strides ", one.strides(), "): clone() it first");
+    bool aliased = false;  // our output shares memory with the root's input
+    if (is_root) {
+      // Read where the caller has them, or from a contiguous copy.
+      if (std::all_of(blocks.begin(), blocks.end(), plain_tensor)) {
+        op->input_blocks = blocks;
+        op->buffer = blocks[0];  // (its device and dtype)
+      } else {
+        ReduceInput in = prepare_input(blocks, kind);
+        op->buffer = in.buffer;
+        op->stage = in.fill;
+      }
+      for (const at::Tensor& b : blocks) {
+        op->footprint.read(b);
+        aliased = aliased || one.is_alias_of(b);
+      }
+      aliased = aliased || one.is_alias_of(op->buffer);
+    }
+    if (plain_tensor(one) && !aliased) {
+      op->output = one;
+    } else {
+      op->output = at::empty({one.numel()}, one.options().memory_format(at::MemoryFormat::Contiguous));
+      op->users = {one};
+    }
+    if (!is_root) op->buffer = op->output;  // not read: only the root's input is
+    op->footprint.write(one);
+  }
+  op->dtype = one.is_complex() ? c10::toRealValueType(one.scalar_type()) : one.scalar_type();
+  op->numel = one.numel() * (one.is_complex() ? 2 : 1);
+  TORCH_CHECK(blockwise_fits(c10::elementSize(op->dtype), world, params), "fairring: ", kind, " on ", world,
+              " ranks does not fit a slice of FAIRRING_SLICE_SIZE=", config_.slice_size, " bytes; raise it");
+  return submit_cpu(std::move(op), type, gather ? blocks : std::vector<at::Tensor>{one}, kind,
+                    gather ? "fairring:gather" : "fairring:scatter");
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                std::vector<std::vector<at::Tensor>>& inputs,

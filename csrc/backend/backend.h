@@ -1,6 +1,6 @@
 // FairringBackend: the c10d::Backend that torch.distributed talks to.  It runs
-// all-reduce, reduce-scatter, all-gather, broadcast, reduce, all-to-all
-// (equal blocks) and barrier itself (pipeline/, devices/host_engine.h; CUDA:
+// all-reduce, reduce-scatter, all-gather, broadcast, reduce, gather,
+// scatter, all-to-all (equal blocks) and barrier itself (pipeline/, devices/host_engine.h; CUDA:
 // all-reduce) and hands every other collective to a gloo backend it owns,
 // after the ops issued before it that touch its memory have finished.
 #pragma once
@@ -62,7 +62,8 @@ class FairringBackend : public c10d::Backend {
   // whose blocks have equal sizes; broadcast: one tensor); otherwise gloo.
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
-  // Reduce: native for one dense CPU tensor.  Gather, scatter, send/recv:
+  // Reduce, gather, scatter: native for dense CPU tensors (gather and
+  // scatter: one per rank of the input's size on the root).  Send/recv:
   // delegated to gloo.
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -155,11 +156,17 @@ class FairringBackend : public c10d::Backend {
   // `scale`: PREMUL_SUM's factor applied to the input first (null: none).
   c10::intrusive_ptr<c10d::Work> allreduce_cpu(std::vector<at::Tensor>& tensors, RedOp op, c10d::OpType type,
                                                std::function<void(at::Tensor&)> scale);
-  // Reduce-scatter or all-gather (plan.h "blockwise") of native_tensors:
-  // `inputs` flattened are read, `outputs` flattened receive the result.
+  // Reduce-scatter, all-gather or all-to-all (plan.h "blockwise") of
+  // native_tensors: `inputs` flattened are read, `outputs` flattened receive
+  // the result.
   c10::intrusive_ptr<c10d::Work> submit_blockwise(Collective collective, const std::vector<at::Tensor>& inputs,
                                                   const std::vector<at::Tensor>& outputs, const c10d::ReduceOp& op,
                                                   c10d::OpType type);
+  // Gather or scatter of CPU tensors (blockwise): `one` is this rank's
+  // tensor (gather: read, scatter: written), `blocks` the root's list of one
+  // tensor per rank (gather: written, scatter: read; empty elsewhere).
+  c10::intrusive_ptr<c10d::Work> submit_rooted(Collective collective, int root, const at::Tensor& one,
+                                               const std::vector<at::Tensor>& blocks, c10d::OpType type);
   // Every native CPU collective, once: its Work (`outputs`, profiler title
   // "fairring:<kind>"), its record in recent_ops, and the op on the pipeline.
   c10::intrusive_ptr<c10d::Work> submit_cpu(std::shared_ptr<HostOp> op, c10d::OpType type,

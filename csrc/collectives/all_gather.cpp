@@ -38,7 +38,7 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   p.set_mirror(s, nullptr, nullptr, 0);  // nothing for the node's peers to read
   if (p.k() == 1) {
     // Our own block of the output (unless the input is that block already).
-    char* to = p.block_at(op.output, s, node, 0);
+    char* to = p.output_block(s, node, 0);
     const char* from = p.own_piece(op.buffer, s);
     if (to != from) p.mover().copy(slot, to, from, s.plan.slice.count * esize, false);
   }
@@ -54,7 +54,7 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
     if (p.k() > 1) {
       piece = p.mover().output_area(slot, p.me()) + p.staged_at(s, j, p.me()) * esize;
     } else {
-      piece = j == node ? p.own_piece(op.buffer, s) : p.block_at(op.output, s, j, 0);
+      piece = j == node ? p.own_piece(op.buffer, s) : p.output_block(s, j, 0);
     }
     t.pieces.push_back(piece);
   }
@@ -72,7 +72,7 @@ bool gather_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
   for (int x = 0; x < p.k(); ++x) {
     if (x != p.me()) p.mover().after(slot, x, PeerStep::kChunkDone);
     for (int j = 0; j < p.topo().num_nodes; ++j) {
-      char* to = p.block_at(op.output, s, j, x);
+      char* to = p.output_block(s, j, x);
       const char* from = p.mover().output_area(slot, x) + p.staged_at(s, j, x) * esize;
       p.mover().copy(slot, to, from, s.plan.slice.count * esize, large);
     }

@@ -38,7 +38,7 @@ bool publish_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   for (int j = 0; j < p.topo().num_nodes; ++j) {
     for (int x = 0; x < p.k(); ++x) {
       if (x == p.me()) continue;
-      p.mover().copy(slot, area + p.staged_at(s, j, x) * p.esize(s), p.block_at(op.buffer, s, j, x), bytes, false);
+      p.mover().copy(slot, area + p.staged_at(s, j, x) * p.esize(s), p.input_block(s, j, x), bytes, false);
     }
   }
   p.input_published(s);
@@ -54,7 +54,7 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
   p.set_mirror(s, nullptr, nullptr, 0);  // nothing for the node's peers to read
   if (p.k() == 1 && count > 0) {
     // Our own block stays with us.
-    p.mover().copy(slot, p.block_at(op.output, s, node, 0), p.block_at(op.buffer, s, node, 0), count * esize,
+    p.mover().copy(slot, p.output_block(s, node, 0), p.input_block(s, node, 0), count * esize,
                    false);
   }
   if (!p.multi_node()) return true;
@@ -68,7 +68,7 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
       // node j's piece x: from its local rank x, to us.
       char* from;
       if (x == p.me()) {
-        from = p.block_at(op.buffer, s, j, x);
+        from = p.input_block(s, j, x);
       } else {
         if (x != p.me() && j != node) p.mover().after(slot, x, PeerStep::kInputReady);
         from = p.mover().input_area(slot, x) + p.staged_at(s, j, p.me()) * esize;
@@ -76,7 +76,7 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
       t.shards.push_back(Range{0, j == node ? 0 : count});
       t.pieces.push_back(from);
       t.received.push_back(Range{0, j == node ? 0 : count});
-      t.landings.push_back(p.block_at(op.output, s, j, x));
+      t.landings.push_back(p.output_block(s, j, x));
     }
   }
   p.post(std::move(t));
@@ -93,18 +93,14 @@ bool local_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
   for (int x = 0; x < p.k(); ++x) {
     const char* from;
     if (x == p.me()) {
-      from = p.block_at(op.buffer, s, node, x);
+      from = p.input_block(s, node, x);
     } else {
       p.mover().after(slot, x, PeerStep::kInputReady);
       from = p.mover().input_area(slot, x) + p.staged_at(s, node, p.me()) * esize;
     }
-    p.mover().copy(slot, p.block_at(op.output, s, node, x), from, s.plan.slice.count * esize, large);
+    p.mover().copy(slot, p.output_block(s, node, x), from, s.plan.slice.count * esize, large);
   }
   return true;
-}
-
-bool await_rails(SliceSchedule& p, Slice& s, const TimePoint* until) {
-  return !p.multi_node() || step_await_own(p, s, until);
 }
 
 }  // namespace
@@ -117,10 +113,10 @@ const CollectiveDef& all_to_all_def() {
                                               {"publish-blocks", publish_blocks},
                                               {"exchange-blocks", exchange_blocks},
                                               {"local-blocks", local_blocks},
-                                              {"await-own", await_rails},
+                                              {"await-own", step_await_rails},
                                               {"release", step_release}},
                                              3},
-                                      Script{{{"exchange-blocks", exchange_blocks}, {"await-own", await_rails}}, 1});
+                                      Script{{{"exchange-blocks", exchange_blocks}, {"await-own", step_await_rails}}, 1});
   return def;
 }
 

@@ -21,6 +21,10 @@ const CollectiveDef& collective_def(Collective c) {
       return reduce_def();
     case Collective::kAllToAll:
       return all_to_all_def();
+    case Collective::kGather:
+      return gather_def();
+    case Collective::kScatter:
+      return scatter_def();
   }
   throw Error(ErrorKind::kInvalidArgument,
               "fairring: no definition for collective " + std::to_string(static_cast<int>(c)));
@@ -31,7 +35,7 @@ namespace {
 // definition.
 constexpr Collective kAll[] = {Collective::kAllReduce, Collective::kBarrier, Collective::kBroadcast,
                                Collective::kReduceScatter, Collective::kAllGather, Collective::kReduce,
-                               Collective::kAllToAll};
+                               Collective::kAllToAll, Collective::kGather,     Collective::kScatter};
 
 // Every definition is built (and so its words registered, op_key.h) when the
 // library loads: a message may name a peer's collective that this rank has

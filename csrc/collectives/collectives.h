@@ -22,5 +22,7 @@ const CollectiveDef& all_gather_def();      // all_gather.cpp
 const CollectiveDef& broadcast_def();       // broadcast.cpp
 const CollectiveDef& reduce_def();          // reduce.cpp
 const CollectiveDef& all_to_all_def();      // all_to_all.cpp
+const CollectiveDef& gather_def();          // gather.cpp
+const CollectiveDef& scatter_def();         // scatter.cpp
 
 }  // namespace fairring

@@ -30,7 +30,7 @@ bool stage_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   for (int x = 0; x < p.k(); ++x) {
     if (x == p.me()) continue;
     for (int j = 0; j < p.topo().num_nodes; ++j) {
-      p.mover().copy(slot, in + p.staged_at(s, j, x) * esize, p.block_at(s.op->buffer, s, j, x),
+      p.mover().copy(slot, in + p.staged_at(s, j, x) * esize, p.input_block(s, j, x),
                      s.plan.slice.count * esize, false);
     }
   }
@@ -56,7 +56,7 @@ bool reduce_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
     const int64_t at = p.staged_at(s, j, p.me()) * esize;
     const void* inputs[kMaxLocalRanks];
     for (int x = 0; x < p.k(); ++x) {
-      inputs[x] = x == p.me() ? p.block_at(op.buffer, s, j, p.me()) : p.mover().input_area(slot, x) + at;
+      inputs[x] = x == p.me() ? p.input_block(s, j, p.me()) : p.mover().input_area(slot, x) + at;
     }
     char* out = one_node ? p.own_piece(op.output, s) : p.mover().output_area(slot, p.me()) + at;
     p.mover().reduce(slot, op.dtype, op.op, out, inputs, p.k(), s.plan.slice.count, one_node ? p.divisor(s) : 0);
@@ -73,7 +73,7 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
     // A reduce-scatter of one rank is a copy (none if in place).
     if (p.k() == 1) {
       char* to = p.own_piece(op.output, s);
-      const char* from = p.block_at(op.buffer, s, p.topo().node, 0);
+      const char* from = p.input_block(s, p.topo().node, 0);
       if (to != from) p.mover().copy(slot, to, from, s.plan.slice.count * esize, false);
     }
     p.publish_chunk(s.seq);
@@ -86,7 +86,7 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   t.divisor = p.divisor(s);
   for (int j = 0; j < p.topo().num_nodes; ++j) {
     t.pieces.push_back(p.k() > 1 ? p.mover().output_area(slot, p.me()) + p.staged_at(s, j, p.me()) * esize
-                                 : p.block_at(op.buffer, s, j, 0));  // only read
+                                 : p.input_block(s, j, 0));  // only read
   }
   t.result = p.own_piece(op.output, s);
   p.post(std::move(t));

@@ -24,7 +24,9 @@ enum class Collective : int32_t {
   kReduceScatter = 4,
   kAllGather = 5,
   kReduce = 6,
-  kAllToAll = 7
+  kAllToAll = 7,
+  kGather = 8,
+  kScatter = 9
 };
 
 // How messages name and describe a collective of one kind.  Each

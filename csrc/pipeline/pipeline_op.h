@@ -28,6 +28,11 @@ struct PipelineOp {
   const CollectiveDef* def = nullptr;  // its script and cut (set by the backend: collectives/)
   at::Tensor buffer;                   // contiguous; reduced in place (blockwise collectives: the input, only read)
   at::Tensor output;                   // contiguous; the result of a blockwise collective (plan.h)
+  // A blockwise collective given one tensor per rank (list forms): each
+  // rank's block where the caller has it, contiguous, in place of
+  // `buffer`'s / `output`'s (empty: the blocks follow each other there).
+  std::vector<at::Tensor> input_blocks;
+  std::vector<at::Tensor> output_blocks;
   c10::ScalarType dtype = c10::ScalarType::Float;
   RedOp op = RedOp::kSum;
   int64_t numel = 0;

@@ -125,9 +125,19 @@ void SliceSchedule::publish_chunk(uint64_t slice_seq) {
   node_.publish_chunk(slice_seq);
 }
 
-char* SliceSchedule::block_at(const at::Tensor& t, const Slice& s, int j, int x) const {
+char* SliceSchedule::block_at(const at::Tensor& t, const std::vector<at::Tensor>& blocks, const Slice& s, int j,
+                              int x) const {
   const int64_t rank = topo_.node_ranks[j][x];
+  if (!blocks.empty()) return static_cast<char*>(blocks[rank].data_ptr()) + s.plan.slice.offset * esize(s);
   return static_cast<char*>(t.data_ptr()) + (rank * s.op->numel + s.plan.slice.offset) * esize(s);
+}
+
+char* SliceSchedule::input_block(const Slice& s, int j, int x) const {
+  return block_at(s.op->buffer, s.op->input_blocks, s, j, x);
+}
+
+char* SliceSchedule::output_block(const Slice& s, int j, int x) const {
+  return block_at(s.op->output, s.op->output_blocks, s, j, x);
 }
 
 char* SliceSchedule::own_piece(const at::Tensor& t, const Slice& s) const {
@@ -142,6 +152,10 @@ bool step_acquire(SliceSchedule& p, Slice& s, const SliceSchedule::TimePoint* un
 
 bool step_await_own(SliceSchedule& p, Slice& s, const SliceSchedule::TimePoint* until) {
   return p.node().wait_chunk(s.id(), p.me(), until);
+}
+
+bool step_await_rails(SliceSchedule& p, Slice& s, const SliceSchedule::TimePoint* until) {
+  return !p.multi_node() || step_await_own(p, s, until);
 }
 
 bool step_release(SliceSchedule& p, Slice& s, const SliceSchedule::TimePoint*) {

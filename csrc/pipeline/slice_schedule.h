@@ -88,9 +88,11 @@ class SliceSchedule {
   bool owns_chunk(const Slice& s) const { return me_ < s.plan.num_chunks(); }
   // Whether this rank carries its chunk of the slice to other nodes.
   bool carries_chunk(const Slice& s) const { return rail_ != nullptr && owns_chunk(s); }
-  // Blockwise: where piece (node j, local x) of the slice is, in a tensor of
-  // one block per rank, in the rank's own block, and in the slot areas.
-  char* block_at(const at::Tensor& t, const Slice& s, int j, int x) const;
+  // Blockwise: where piece (node j, local x) of the slice is in the op's
+  // input and output of one block per rank, in a tensor of a single block,
+  // and in the slot areas.
+  char* input_block(const Slice& s, int j, int x) const;
+  char* output_block(const Slice& s, int j, int x) const;
   char* own_piece(const at::Tensor& t, const Slice& s) const;
   int64_t staged_at(const Slice& s, int j, int x) const;
   // A result write this large outgrows the caches: non-temporal stores.
@@ -98,6 +100,7 @@ class SliceSchedule {
 
  private:
   bool run(Slice& s, const TimePoint* until, bool front_half);
+  char* block_at(const at::Tensor& t, const std::vector<at::Tensor>& blocks, const Slice& s, int j, int x) const;
   const Script& script_of(const Slice& s) const;
 
   Topology topo_;
@@ -123,6 +126,8 @@ class SliceSchedule {
 // with our chunk (await-own), release the slot.
 bool step_acquire(SliceSchedule& p, Slice& s, const SliceSchedule::TimePoint* until);
 bool step_await_own(SliceSchedule& p, Slice& s, const SliceSchedule::TimePoint* until);
+// await-own between nodes only (on one node the step posted no rail task).
+bool step_await_rails(SliceSchedule& p, Slice& s, const SliceSchedule::TimePoint* until);
 bool step_release(SliceSchedule& p, Slice& s, const SliceSchedule::TimePoint* until);
 
 }  // namespace fairring

@@ -34,12 +34,14 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--sizes", help="bytes per rank: list '4K,25M', range '4K:256M' (x2 steps) or '4K:256M:4' "
                                    "(x4 steps; default 4K:256M:4; scaling mode: 25M)")
     w.add_argument("--collective",
-                   choices=["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "barrier"],
+                   choices=["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "gather",
+                            "scatter", "barrier"],
                    default="all_reduce",
                    help="what to time (default all_reduce; reduce_scatter: reduce_scatter_single (was "
                         "reduce_scatter_tensor), SUM, size = each rank's full input; all_gather: all_gather_single "
                         "(was all_gather_into_tensor), size = each rank's full output (both as nccl-tests; busbw = algbw x (P-1)/P); broadcast: from rank 0; reduce: SUM to rank 0 (busbw = algbw); "
-                        "all_to_all: all_to_all_single with equal blocks, size = each rank's input; "
+                        "all_to_all: all_to_all_single with equal blocks, size = each rank's input; gather / scatter: "
+                        "to / from rank 0, size = the root's whole list; "
                         "barrier: latency per barrier, no sizes)")
     w.add_argument("--inflight", type=int, default=1,
                    help="operations issued async before waiting on them (DDP-like buckets; default 1)")

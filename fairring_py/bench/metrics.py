@@ -98,7 +98,7 @@ def algbw(nbytes: float, seconds: float) -> float:
 
 
 # The sized collectives of the microbenchmark (barrier has no size).
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "gather", "scatter")
 
 
 def busbw_factor(world_size: int, collective: str = "all_reduce") -> float:
@@ -107,12 +107,13 @@ def busbw_factor(world_size: int, collective: str = "all_reduce") -> float:
     all_reduce 2(P-1)/P; reduce_scatter and all_gather (P-1)/P, with the size
     being the full buffer (reduce_scatter's input, all_gather's output); broadcast
     and reduce 1; all_to_all (P-1)/P (size: each rank's input, all of which
-    but its own block leaves it)."""
+    but its own block leaves it); gather and scatter (P-1)/P (size: the
+    root's whole list, all of which but its own piece crosses to or from it)."""
     if world_size <= 0:
         return float("nan")
     if collective in ("broadcast", "reduce"):
         return 1.0
-    if collective in ("reduce_scatter", "all_gather", "all_to_all"):
+    if collective in ("reduce_scatter", "all_gather", "all_to_all", "gather", "scatter"):
         return (world_size - 1) / world_size
     if collective != "all_reduce":
         raise ValueError(f"no busbw factor for {collective!r}")
@@ -135,8 +136,9 @@ def link_bound_s(nbytes: float, nodes: int, rate_bytes_per_s: float, collective:
     once); for reduce too: the root's node must receive, for every element,
     at least the other nodes' combined contribution.  For all_to_all of
     ``nbytes`` per rank, K ranks per node: every rank's blocks for the other
-    nodes, K x (N-1)/N x nbytes, leave each node (and as much comes in).  0
-    for a single node."""
+    nodes, K x (N-1)/N x nbytes, leave each node (and as much comes in).
+    Gather and scatter of a root's list of ``nbytes``: (N-1)/N of it crosses
+    the root's node's link.  0 for a single node."""
     if nodes <= 1:
         return 0.0
     if collective == "all_to_all":

@@ -77,11 +77,13 @@ def table(summary: dict) -> str:
         "reduce_scatter": f"{m.get('api') or 'reduce_scatter'} {m['dtype']} {m['op']} (size: each rank's full input)",
         "all_gather": f"{m.get('api') or 'all_gather'} {m['dtype']} (size: each rank's full output)",
         "all_to_all": f"all_to_all_single {m['dtype']}, equal blocks (size: each rank's input)",
+        "gather": f"gather {m['dtype']} to rank 0 (size: the root's whole list)",
+        "scatter": f"scatter {m['dtype']} from rank 0 (size: the root's whole list)",
     }.get(collective, f"all_reduce {m['dtype']} {m['op']}")
     plural = {"broadcast": "broadcasts", "reduce_scatter": "reduce-scatters", "all_gather": "all-gathers",
-              "reduce": "reduces", "all_to_all": "all-to-alls"}
+              "reduce": "reduces", "all_to_all": "all-to-alls", "gather": "gathers", "scatter": "scatters"}
     factor = {"broadcast": "", "reduce": "", "reduce_scatter": " x (P-1)/P", "all_gather": " x (P-1)/P",
-              "all_to_all": " x (P-1)/P"}
+              "all_to_all": " x (P-1)/P", "gather": " x (P-1)/P", "scatter": " x (P-1)/P"}
     out = [
         title
         + f" on {m['device']}: {m['world_size']} ranks"
@@ -102,7 +104,8 @@ def table(summary: dict) -> str:
     ]
     if m.get("link_rate_Bps"):
         share = {"reduce_scatter": "(N-1)/N x ", "all_gather": "(N-1)/N x ", "broadcast": "",
-                 "reduce": "", "all_to_all": "K x (N-1)/N x "}.get(collective, "2(N-1)/N x ")
+                 "reduce": "", "all_to_all": "K x (N-1)/N x ", "gather": "(N-1)/N x ",
+                 "scatter": "(N-1)/N x "}.get(collective, "2(N-1)/N x ")
         out.append(f"link bound = {share}bytes / link rate; TCP over 1500-byte frames carries at most "
                    f"{metrics.tcp_payload_fraction() * 100:.1f}% of the rate as payload, so bound/time stays below that")
     compressed = any(r.get("max_rel_err") is not None for r in summary["rows"])

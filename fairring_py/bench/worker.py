@@ -22,7 +22,8 @@ collective.
 rank, as in nccl-tests: reduce_scatter's input (each rank gets size / P
 bytes) and all_gather's output (each rank sends size / P bytes);
 ``all_to_all`` times ``all_to_all_single`` with equal blocks, a size being
-each rank's input (a block of size / P to every rank).  A size that
+each rank's input (a block of size / P to every rank); ``gather`` and
+``scatter`` (root 0) take the root's whole list as their size.  A size that
 is not a multiple of 4 x P bytes is rounded down to one (the report gives the
 bytes actually moved).  The outputs are filled with NaN before every timed
 group, so an operation that writes nothing fails the check.
@@ -98,6 +99,20 @@ class Workload:
             self.expected = torch.cat([make_input(r, full, device)[rank * chunk:(rank + 1) * chunk]
                                        for r in range(world)])
             self.size = full * 4
+        elif collective == "gather":
+            # Every rank's piece to rank 0's list (size: the root's whole list).
+            chunk = numel // world
+            self.inp = make_input(rank, chunk, device)
+            self.out_numel = chunk * world
+            self.expected = torch.cat([make_input(r, chunk, device) for r in range(world)]) if rank == 0 else None
+            self.size = chunk * world * 4
+        elif collective == "scatter":
+            # Rank 0's list, a piece to every rank (size: the root's whole list).
+            chunk = numel // world
+            self.inp = make_input(0, chunk * world, device)
+            self.out_numel = chunk
+            self.expected = self.inp[rank * chunk:(rank + 1) * chunk].clone()
+            self.size = chunk * world * 4
         elif collective == "all_gather":
             chunk = numel // world
             self.inp = make_input(rank, chunk, device)
@@ -177,6 +192,12 @@ class TorchBackend:
             self.op = lambda b, **kw: ALL_GATHER(b, self.inp, **kw)
         elif collective == "all_to_all":
             self.op = lambda b, **kw: dist.all_to_all_single(b, self.inp, **kw)
+        elif collective == "gather":  # to rank 0, into a list of views of the buffer
+            self.op = lambda b, **kw: dist.gather(self.inp, list(b.chunk(dist.get_world_size(group)))
+                                                  if dist.get_rank(group) == 0 else None, dst=0, **kw)
+        elif collective == "scatter":  # from rank 0's list
+            self.op = lambda b, **kw: dist.scatter(b, list(self.inp.chunk(dist.get_world_size(group)))
+                                                   if dist.get_rank(group) == 0 else None, src=0, **kw)
         else:
             self.op = dist.all_reduce
 
@@ -224,6 +245,10 @@ class MpiBackend:
             return c.Iallgather(self.inp, a)
         if self.collective == "all_to_all":
             return c.Ialltoall(self.inp, a)
+        if self.collective == "gather":
+            return c.Igather(self.inp, a if c.Get_rank() == 0 else None, root=0)
+        if self.collective == "scatter":
+            return c.Iscatter(self.inp if c.Get_rank() == 0 else None, a, root=0)
         return c.Iallreduce(MPI.IN_PLACE, a, op=MPI.SUM)
 
     def run(self, arrays, inflight):
@@ -236,6 +261,10 @@ class MpiBackend:
                     self.comm.Allgather(self.inp, a)
                 elif self.collective == "all_to_all":
                     self.comm.Alltoall(self.inp, a)
+                elif self.collective == "gather":
+                    self.comm.Gather(self.inp, a if self.comm.Get_rank() == 0 else None, root=0)
+                elif self.collective == "scatter":
+                    self.comm.Scatter(self.inp if self.comm.Get_rank() == 0 else None, a, root=0)
                 elif self.collective == "broadcast":
                     self.comm.Bcast(a, root=0)
                 elif self.collective == "reduce":
@@ -446,6 +475,8 @@ def run_allreduce(ranks: Ranks, cfg: dict) -> int:
             api={"reduce_scatter": REDUCE_SCATTER.__name__, "all_gather": ALL_GATHER.__name__}.get(collective, collective),
             size_means={"reduce_scatter": "bytes of each rank's full input (it gets size / P)",
                         "all_to_all": "bytes of each rank's input (and output), a block of size / P per rank",
+                        "gather": "bytes of the root's whole list (each rank sends size / P)",
+                        "scatter": "bytes of the root's whole list (each rank gets size / P)",
                         "all_gather": "bytes of each rank's full output (it sends size / P)"}.get(
                 collective, "bytes of each rank's tensor"),
             fairring_env={k: v for k, v in os.environ.items() if k.startswith("FAIRRING_")

@@ -1,0 +1,117 @@
+// The gather: every rank's tensor into block r (the sender) of the root's
+// output, blockwise (plan.h): the root's output holds one block per rank,
+// every input one.  For local rank `me` of K, N nodes, the root local rank
+// R of node RN:
+//
+//   front: acquire        wait until every peer released the slot; claim it
+//          publish-piece  on the root's node, our piece into our input area
+//          exchange       N > 1: our piece on our rail to the root's node
+//                         (kExchange, one piece per node, empty but for the
+//                         root's node); there, rail x's pieces land in the
+//                         node's output area (R's: in its output)
+//   back:  to-root        R copies every piece of its node's peers, and every
+//                         piece their rails brought, into its output
+//          await-own      N > 1: the rail is done with our task
+//          release        we are done with the slot
+//
+// Each piece crosses the network once and the root's node's memory once.
+// A node of one rank: exchange | to-root | await-own.
+#include "collectives/collectives.h"
+#include "pipeline/slice_schedule.h"
+
+namespace fairring {
+
+namespace {
+
+using TimePoint = SliceSchedule::TimePoint;
+
+std::pair<int, int> root_place(SliceSchedule& p, const Slice& s) { return p.topo().place_of(s.op->root); }
+
+bool publish_piece(SliceSchedule& p, Slice& s, const TimePoint*) {
+  const auto [root_node, root_local] = root_place(p, s);
+  if (p.topo().node == root_node && p.me() != root_local) {
+    const int slot = p.slot(s);
+    p.mover().copy(slot, p.mover().input_area(slot, p.me()), p.own_piece(s.op->buffer, s),
+                   s.plan.slice.count * p.esize(s), false);
+  }
+  p.input_published(s);
+  return true;
+}
+
+bool exchange(SliceSchedule& p, Slice& s, const TimePoint*) {
+  p.set_mirror(s, nullptr, nullptr, 0);  // the root reads what our rail brought itself
+  if (!p.multi_node()) return true;
+  const auto [root_node, root_local] = root_place(p, s);
+  const int node = p.topo().node;
+  const int slot = p.slot(s);
+  const int64_t count = s.plan.slice.count;
+  char* ours = p.own_piece(s.op->buffer, s);
+  RailTask t = p.rail_task(s);
+  t.pattern = RailPattern::kExchange;
+  for (int j = 0; j < p.topo().num_nodes; ++j) {
+    const bool brought = node == root_node && j != node;
+    t.shards.push_back(Range{0, j == root_node && node != root_node ? count : 0});
+    t.pieces.push_back(ours);
+    t.received.push_back(Range{0, brought ? count : 0});
+    char* landing = ours;  // (nothing lands)
+    if (brought) {
+      landing = p.me() == root_local
+                    ? p.output_block(s, j, p.me())
+                    : p.mover().output_area(slot, p.me()) + p.staged_at(s, j, p.me()) * p.esize(s);
+    }
+    t.landings.push_back(landing);
+  }
+  p.post(std::move(t));
+  return true;
+}
+
+bool to_root(SliceSchedule& p, Slice& s, const TimePoint* until) {
+  if (!p.inputs_in(s, until)) return false;
+  if (p.topo().rank != s.op->root) return true;
+  // Every peer's rail brought its pieces (ours landed in place).
+  for (int x = 0; p.multi_node() && x < p.k(); ++x) {
+    if (x != p.me() && !p.node().wait_chunk(s.id(), x, until)) return false;
+  }
+  const PipelineOp& op = *s.op;
+  const int slot = p.slot(s);
+  const int64_t esize = p.esize(s);
+  const int64_t bytes = s.plan.slice.count * esize;
+  const int node = p.topo().node;
+  const bool large = SliceSchedule::large(op.numel * p.topo().size * esize);
+  for (int x = 0; x < p.k(); ++x) {
+    if (x == p.me()) {
+      p.mover().copy(slot, p.output_block(s, node, x), p.own_piece(op.buffer, s), bytes, large);
+      continue;
+    }
+    p.mover().after(slot, x, PeerStep::kInputReady);
+    p.mover().copy(slot, p.output_block(s, node, x), p.mover().input_area(slot, x), bytes, large);
+    if (!p.multi_node()) continue;
+    p.mover().after(slot, x, PeerStep::kChunkDone);
+    for (int j = 0; j < p.topo().num_nodes; ++j) {
+      if (j == node) continue;
+      p.mover().copy(slot, p.output_block(s, j, x),
+                     p.mover().output_area(slot, x) + p.staged_at(s, j, x) * esize, bytes, large);
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+const CollectiveDef& gather_def() {
+  static const ScriptedCollective def(
+      Collective::kGather,
+      {"gather", [](const OpKey& k) { return elements_of(k) + " per rank to rank " + std::to_string(k.root); }},
+      Cut::kBlockwise,
+      Script{{{"acquire", step_acquire},
+              {"publish-piece", publish_piece},
+              {"exchange", exchange},
+              {"to-root", to_root},
+              {"await-own", step_await_rails},
+              {"release", step_release}},
+             3},
+      Script{{{"exchange", exchange}, {"to-root", to_root}, {"await-own", step_await_rails}}, 1});
+  return def;
+}
+
+}  // namespace fairring

@@ -1,0 +1,110 @@
+// The scatter: block r of the root's input to rank r, blockwise (plan.h):
+// the root's input holds one block per rank, every output one.  For local
+// rank `me` of K, N nodes, the root local rank R of node RN:
+//
+//   front: acquire         wait until every peer released the slot; claim it
+//          publish-blocks  R: the pieces for every other local rank into its
+//                          input area, the piece for (node j, local x) at
+//                          staged_at(j, x)
+//          exchange        N > 1: on the root's node, rank x carries the
+//                          pieces of every other node's rank x on its rail
+//                          (kExchange, one piece per node); elsewhere the
+//                          rail brings ours into our output
+//   back:  from-root       on the root's node, our piece from R's input area
+//                          (R: from its input) into our output
+//          await-own       N > 1: the rail is done with our task
+//          release         we are done with the slot
+//
+// Each piece crosses the network once.  A node of one rank: exchange |
+// from-root | await-own.
+#include "collectives/collectives.h"
+#include "pipeline/slice_schedule.h"
+
+namespace fairring {
+
+namespace {
+
+using TimePoint = SliceSchedule::TimePoint;
+
+std::pair<int, int> root_place(SliceSchedule& p, const Slice& s) { return p.topo().place_of(s.op->root); }
+
+// Root R's piece for (node j, local x), where this rank reads it.
+char* root_piece(SliceSchedule& p, const Slice& s, int j, int x) {
+  if (p.topo().rank == s.op->root) return p.input_block(s, j, x);
+  const int root_local = root_place(p, s).second;
+  return p.mover().input_area(p.slot(s), root_local) + p.staged_at(s, j, x) * p.esize(s);
+}
+
+bool publish_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
+  if (p.topo().rank == s.op->root) {
+    const int slot = p.slot(s);
+    char* area = p.mover().input_area(slot, p.me());
+    for (int j = 0; j < p.topo().num_nodes; ++j) {
+      for (int x = 0; x < p.k(); ++x) {
+        if (x == p.me()) continue;
+        p.mover().copy(slot, area + p.staged_at(s, j, x) * p.esize(s), p.input_block(s, j, x),
+                       s.plan.slice.count * p.esize(s), false);
+      }
+    }
+  }
+  p.input_published(s);
+  return true;
+}
+
+bool exchange(SliceSchedule& p, Slice& s, const TimePoint* until) {
+  p.set_mirror(s, nullptr, nullptr, 0);
+  if (!p.multi_node()) return true;
+  const auto [root_node, root_local] = root_place(p, s);
+  const int node = p.topo().node;
+  const bool root_node_here = node == root_node;
+  // On the root's node the pieces we carry are in R's input area.
+  if (root_node_here && p.me() != root_local) {
+    if (!p.inputs_in(s, until)) return false;
+    p.mover().after(p.slot(s), root_local, PeerStep::kInputReady);
+  }
+  const int64_t count = s.plan.slice.count;
+  char* ours = p.own_piece(s.op->output, s);
+  RailTask t = p.rail_task(s);
+  t.pattern = RailPattern::kExchange;
+  for (int j = 0; j < p.topo().num_nodes; ++j) {
+    const bool carried = root_node_here && j != node;
+    t.shards.push_back(Range{0, carried ? count : 0});
+    t.pieces.push_back(carried ? root_piece(p, s, j, p.me()) : ours);
+    t.received.push_back(Range{0, !root_node_here && j == root_node ? count : 0});
+    t.landings.push_back(ours);
+  }
+  p.post(std::move(t));
+  return true;
+}
+
+bool from_root(SliceSchedule& p, Slice& s, const TimePoint* until) {
+  if (!p.inputs_in(s, until)) return false;
+  const auto [root_node, root_local] = root_place(p, s);
+  if (p.topo().node != root_node) return true;  // the rail brings ours
+  const int slot = p.slot(s);
+  if (p.me() != root_local) p.mover().after(slot, root_local, PeerStep::kInputReady);
+  const int64_t bytes = s.plan.slice.count * p.esize(s);
+  p.mover().copy(slot, p.own_piece(s.op->output, s), root_piece(p, s, root_node, p.me()), bytes,
+                 SliceSchedule::large(s.op->numel * p.esize(s)));
+  return true;
+}
+
+}  // namespace
+
+const CollectiveDef& scatter_def() {
+  static const ScriptedCollective def(
+      Collective::kScatter,
+      {"scatter", [](const OpKey& k) { return elements_of(k) + " per rank from rank " + std::to_string(k.root); }},
+      Cut::kBlockwise,
+      Script{{{"acquire", step_acquire},
+              {"publish-blocks", publish_blocks},
+              {"exchange", exchange},
+              {"from-root", from_root},
+              {"await-own", step_await_rails},
+              {"release", step_release}},
+             3},
+      Script{{{"exchange", exchange}, {"from-root", from_root}, {"await-own", step_await_rails}}, 1});
+  return def;
+}
+
+}  // namespace fairring
