@@ -238,15 +238,18 @@ def recent_ops(rank, world):
     dist.all_reduce(torch.ones(1000))
     dist.broadcast(torch.ones(3), src=0)
     dist.all_gather([torch.empty(2) for _ in range(world)], torch.ones(2))
-    # A delegated one (reduce is native since collectives/reduce.cpp; gather is not yet).
-    dist.gather(torch.ones(2), [torch.empty(2) for _ in range(world)] if rank == 0 else None, dst=0)
+    # A delegated one (point-to-point is not native yet): every rank sends to its right.
+    send = dist.isend(torch.ones(2), (rank + 1) % world)
+    dist.recv(torch.empty(2), (rank - 1) % world)
+    send.wait()
     w = dist.all_reduce(torch.ones(5, dtype=torch.float64), op=dist.ReduceOp.MAX, async_op=True)
     w.wait()
     buf = io.StringIO()
     recs = fairring_py.dump_recent(file=buf)[start:]
     failures = []
     kinds = [r["kind"] for r in recs]
-    if kinds != ["all_reduce", "broadcast", "all_gather", "gather (gloo)", "all_reduce"]:
+    if kinds[:3] != ["all_reduce", "broadcast", "all_gather"] or kinds[-1] != "all_reduce" or \
+            sorted(kinds[3:-1]) != ["recv (gloo)", "send (gloo)"]:
         failures.append(f"recorded kinds {kinds}")
     else:
         if recs[0]["bytes"] != 4000 or recs[0]["state"] != "done" or recs[0]["duration_ms"] is None:
@@ -255,12 +258,12 @@ def recent_ops(rank, world):
             failures.append(f"second record {recs[1]}")
         if "2 elements of float32 per rank" not in recs[2]["what"]:
             failures.append(f"third record {recs[2]}")
-        if "float64 with MAX" not in recs[4]["what"]:
-            failures.append(f"fifth record {recs[4]}")
+        if "float64 with MAX" not in recs[-1]["what"]:
+            failures.append(f"last record {recs[-1]}")
         seqs = [r["seq"] for r in recs]
-        if seqs != sorted(seqs) or len(set(seqs)) != 5:
+        if seqs != sorted(seqs) or len(set(seqs)) != 6:
             failures.append(f"sequence numbers {seqs}")
-    if "gather (gloo)" not in buf.getvalue():
+    if "send (gloo)" not in buf.getvalue():
         failures.append(f"printed dump: {buf.getvalue()[:300]!r}")
     return failures
 

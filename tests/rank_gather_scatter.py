@@ -6,7 +6,6 @@ scatter_object_list, many in flight mixed with all-reduces on the same
 tensors; the tensors a rank only reads come back unchanged."""
 from __future__ import annotations
 
-import io
 
 import torch
 import torch.distributed as dist

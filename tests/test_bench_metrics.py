@@ -161,8 +161,9 @@ def test_mpi_without_mpi4py_is_a_clear_error(monkeypatch):
 
 
 def test_busbw_factor_per_collective():
-    # nccl-tests: reduce_scatter and all_gather (P-1)/P of the full buffer, broadcast 1
-    for c in ("reduce_scatter", "all_gather"):
+    # nccl-tests: reduce_scatter and all_gather (P-1)/P of the full buffer, broadcast 1;
+    # all_to_all, gather and scatter (P-1)/P (all but one block crosses)
+    for c in ("reduce_scatter", "all_gather", "all_to_all", "gather", "scatter"):
         assert metrics.busbw_factor(2, c) == 0.5
         assert metrics.busbw_factor(4, c) == 0.75
         assert metrics.busbw_factor(1, c) == 0.0
@@ -170,7 +171,17 @@ def test_busbw_factor_per_collective():
     assert metrics.busbw_factor(4, "broadcast") == 1.0
     assert metrics.busbw_factor(4, "all_reduce") == metrics.busbw_factor(4) == 1.5
     with pytest.raises(ValueError):
-        metrics.busbw_factor(4, "gather")
+        metrics.busbw_factor(4, "all_to_allv")
+
+
+def test_link_bound_all_to_all_gather_scatter():
+    # all_to_all: each node's K ranks send (N-1)/N of their input off the node
+    assert metrics.link_bound_s(25 * MiB, 2, 125e6, "all_to_all", 2) == pytest.approx(2 * 0.5 * 25 * MiB / 125e6)
+    assert metrics.link_bound_s(25 * MiB, 4, 125e6, "all_to_all", 1) == pytest.approx(0.75 * 25 * MiB / 125e6)
+    # gather / scatter of a root list of S: (N-1)/N of it crosses the root's node's link
+    for c in ("gather", "scatter"):
+        assert metrics.link_bound_s(25 * MiB, 4, 125e6, c) == pytest.approx(0.75 * 25 * MiB / 125e6)
+    assert metrics.link_bound_s(25 * MiB, 1, 125e6, "all_to_all", 2) == 0.0
 
 
 def test_link_bound_reduce_scatter_all_gather():

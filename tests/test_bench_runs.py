@@ -156,7 +156,7 @@ def test_bench_fresh_buffers(tmp_path, collective, size):
 
 def test_bench_fresh_buffers_needs_a_separate_output():
     p = _run(["--collective", "all_reduce", "--fresh-buffers", "--nodes", "1"])
-    assert p.returncode != 0 and "--fresh-buffers applies to --collective all_gather or reduce_scatter" in p.stderr
+    assert p.returncode != 0 and "--fresh-buffers applies to --collective all_gather, reduce_scatter or all_to_all" in p.stderr
 
 
 def test_bench_under_torchrun(tmp_path):
@@ -292,6 +292,43 @@ def test_fsdp_bench(tmp_path):
         assert res["check"][v]["loss_max_rel_diff"] <= 1e-5 and res["fairring_kinds"][v]
         assert f"{v} communication per step (step minus compute only): fairring " in p.stdout
     assert "fsdp2 check: OK" in p.stdout and "fsdp1 check: OK" in p.stdout
+
+
+def test_moe_bench(tmp_path):
+    """`python -m fairring_py.bench.moe`: an expert-parallel model whose layers
+    send tokens with all_to_all_single, over fairring, gloo and the fake group;
+    losses equal, the all-to-alls native."""
+    out = str(tmp_path / "out")
+    p = _run(["--nodes", "2", "--ranks-per-node", "2", "--width", "32", "--hidden", "32", "--depth", "2", "--seq",
+              "8", "--batch", "4", "--steps", "2", "--warmup", "1", "--out", out], module="fairring_py.bench.moe")
+    assert p.returncode == 0, p.stdout + p.stderr
+    with open(os.path.join(out, "moe.json")) as f:
+        res = json.load(f)
+    assert res["check"]["ok"] and res["check"]["loss_max_rel_diff"] <= 1e-5
+    assert [r["backend"] for r in res["rows"]] == ["fairring", "gloo", "compute only"]
+    assert all(r["tokens_per_s"] > 0 for r in res["rows"])
+    # Two all-to-alls per layer forward and two backward, every step; the
+    # gate's gradients all-reduced once per step.
+    kinds = res["fairring_kinds"]
+    assert kinds.get("all_to_all", 0) >= 4 * 2 and kinds.get("all_reduce", 0) >= 1, kinds
+    assert not any("gloo" in k for k in kinds), kinds
+    assert "communication per step (step minus compute only): fairring " in p.stdout and "check: OK" in p.stdout
+
+
+@pytest.mark.parametrize("collective", ["all_to_all", "gather", "scatter"])
+def test_bench_all_to_all_gather_scatter(tmp_path, collective):
+    """`--collective all_to_all|gather|scatter`: results checked exactly (the
+    gather only on its root), busbw = algbw x (P-1)/P."""
+    out = str(tmp_path / "out")
+    p = _run(["--collective", collective, "--nodes", "2", "--ranks-per-node", "2", "--out", out] + QUICK)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = json.load(open(os.path.join(out, "results.json")))
+    assert res["meta"]["collective"] == collective and res["check"]["failed_ranks"] == 0
+    for r in res["rows"]:
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 3 / 4)
+    assert p.stdout.startswith({"all_to_all": "all_to_all_single float32, equal blocks",
+                                "gather": "gather float32 to rank 0",
+                                "scatter": "scatter float32 from rank 0"}[collective]) and "check: OK" in p.stdout
 
 
 def test_fsdp_bench_without_compute_only(tmp_path):

@@ -1,0 +1,234 @@
+"""Mixture-of-experts benchmark: tokens/s of a small expert-parallel model
+trained over fairring vs gloo (nccl with --device cuda), in the same
+processes, on a simulated cluster.
+
+    python -m fairring_py.bench.moe                          # 2 nodes x 2 ranks, CPU
+    python -m fairring_py.bench.moe --nodes 1 --ranks-per-node 2
+    python -m fairring_py.bench.moe --netns --link-rate 1gbit    # root: namespaces
+
+Expert parallelism as GShard, Switch and DeepSpeed-MoE do it: every rank
+holds one expert (an MLP) per layer and a replica of the gate; each layer
+routes every token to its top-1 expert, packs the tokens into a
+[world, capacity, width] dispatch tensor (capacity = capacity factor x
+tokens / experts slots per expert; tokens past it skip the layer), sends
+each expert its slots with ``all_to_all_single``, runs the expert, and
+sends the results back with a second one; backward does the same two the
+other way.  Token
+counts per expert are uneven (the gate decides); the all-to-alls are of
+equal blocks (the capacity slots).  The gate's gradients are all-reduced
+(averaged) like data-parallel ones.
+
+Each rank builds the same model (the gate from one seed, its expert from
+its rank's) once per backend, and trains both on the same synthetic batches
+with SGD, alternating which goes first at every step; a step is timed
+between barriers as the slowest rank sees it; tokens/s = global tokens per
+step / median step time.  Checks: the losses of the two runs agree to
+--rtol relative on every rank and step.  A third run over torch's "fake"
+group (collectives that move nothing) times the compute alone, so "step
+minus compute only" is each backend's communication per step.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import torch
+import torch.distributed as dist
+
+from . import ddp, fsdp, launch, metrics
+
+SEED = 9876
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single of equal blocks with its gradient (the same exchange
+    back: equal blocks are their own inverse)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        out = torch.zeros_like(x)  # (the compute-only group leaves it as it is)
+        dist.all_to_all_single(out, x.contiguous(), group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = torch.zeros_like(grad)
+        dist.all_to_all_single(out, grad.contiguous(), group=ctx.group)
+        return out, None
+
+
+class MoELayer(torch.nn.Module):
+    """A top-1 mixture-of-experts layer over ``group``, one expert per rank."""
+
+    def __init__(self, width: int, hidden: int, world: int, capacity_factor: float, seed: int, rank: int):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.norm = torch.nn.LayerNorm(width)
+        self.gate = torch.nn.Linear(width, world)
+        torch.manual_seed(seed + 7919 * (rank + 1))
+        self.w1 = torch.nn.Linear(width, hidden)
+        self.w2 = torch.nn.Linear(hidden, width)
+        self.world, self.capacity_factor = world, capacity_factor
+        self.group = None
+
+    def shared(self):
+        """The parameters every rank holds alike (data-parallel)."""
+        return list(self.norm.parameters()) + list(self.gate.parameters())
+
+    def forward(self, x):
+        tokens, width = x.shape
+        world = self.world
+        capacity = max(1, math.ceil(self.capacity_factor * tokens / world))
+        h = self.norm(x)
+        prob = torch.softmax(self.gate(h), dim=-1)
+        top_p, expert = prob.max(dim=-1)
+        onehot = torch.nn.functional.one_hot(expert, world)
+        slot = ((onehot.cumsum(0) - 1) * onehot).sum(-1)  # place in its expert's queue
+        kept = torch.nonzero(slot < capacity).squeeze(1)
+        e, s = expert[kept], slot[kept]
+        dispatch = h.new_zeros(world, capacity, width).index_put((e, s), h[kept])
+        received = _AllToAll.apply(dispatch.reshape(world * capacity, width), self.group)
+        done = self.w2(torch.nn.functional.gelu(self.w1(received)))
+        back = _AllToAll.apply(done, self.group).reshape(world, capacity, width)
+        out = x.new_zeros(tokens, width).index_put((kept,), back[e, s] * top_p[kept].unsqueeze(1))
+        return x + out
+
+
+class MoEModel(torch.nn.Module):
+    def __init__(self, cfg: dict, world: int, rank: int, group):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(
+            MoELayer(cfg["width"], cfg["hidden"], world, cfg["capacity_factor"], SEED + 101 * i, rank)
+            for i in range(cfg["depth"]))
+        for m in self.layers:
+            m.group = group
+        self.group, self.world = group, world
+
+    def forward(self, x):
+        batch, seq, width = x.shape
+        h = x.reshape(batch * seq, width)
+        for m in self.layers:
+            h = m(h)
+        return h.reshape(batch, seq, width)
+
+    def average_shared_grads(self):
+        """The gate's and norms' gradients, averaged over the group (one
+        all-reduce of them flattened, as DDP's bucket would)."""
+        grads = [p.grad for m in self.layers for p in m.shared() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.group)
+        flat /= self.world
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+class _Stepper(torch.optim.SGD):
+    """SGD that first averages the model's shared gradients (so that
+    ddp.timed_steps times the whole data-parallel step)."""
+
+    def __init__(self, model: MoEModel, lr: float):
+        super().__init__(model.parameters(), lr=lr)
+        self.model = model
+
+    def step(self, closure=None):
+        self.model.average_shared_grads()
+        return super().step(closure)
+
+
+def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
+    dev = ranks.device
+    names = ["fairring", ranks.baseline_name]
+    groups = [ranks.fairring, ranks.baseline]
+    fake = fsdp.compute_only_group() if cfg["compute_only"] else None
+    if fake is not None:
+        names.append("compute only")
+        groups.append(fake)
+    cfg = dict(cfg, model="transformer")  # batches of [batch, seq, width]
+    replicas = [MoEModel(cfg, ranks.world, ranks.rank, g).to(dev) for g in groups]
+    opts = [_Stepper(m, cfg["lr"]) for m in replicas]
+    seq0 = fsdp.last_seq()
+    times, losses = ddp.timed_steps(ranks, cfg, replicas, opts, dev)
+    kinds = fsdp.fairring_kinds(seq0)
+    loss_rel = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses[0], losses[1]))
+    (loss_rel,) = ranks.max_over_ranks([loss_rel])
+    ok = loss_rel <= cfg["rtol"] and all(torch.isfinite(torch.tensor(ls)).all() for ls in losses[:2])
+    tokens = cfg["batch"] * cfg["seq"] * ranks.world
+    rows = []
+    for name, ts in zip(names, times):
+        st = metrics.summarize(ts)
+        rows.append({"backend": name, "median_step_s": st["median"], "p10_step_s": st["p10"], "p90_step_s": st["p90"],
+                     "tokens_per_s": tokens / st["median"]})
+    for r in rows:
+        r["speedup_vs_baseline"] = r["tokens_per_s"] / rows[1]["tokens_per_s"]
+    if ranks.rank == 0:
+        params = sum(p.numel() for p in replicas[0].parameters())
+        summary = {
+            "meta": launch.run_meta(
+                ranks, cfg, model="moe", width=cfg["width"], hidden=cfg["hidden"], depth=cfg["depth"],
+                seq=cfg["seq"], params_per_rank=params, batch_per_rank=cfg["batch"],
+                capacity_factor=cfg["capacity_factor"], steps=cfg["steps"], warmup=cfg["warmup"],
+                baseline=names[1]),
+            "rows": rows,
+            "check": {"ok": ok, "loss_max_rel_diff": loss_rel, "rtol": cfg["rtol"],
+                      "final_loss": {nm: ls[-1] for nm, ls in zip(names[:2], losses)}},
+            "fairring_kinds": kinds,
+        }
+        launch.publish(summary, moe_table(summary), cfg.get("out"), "moe.json")
+    return 0 if ok else 1
+
+
+def moe_table(s: dict) -> str:
+    m = s["meta"]
+    base = m["baseline"]
+    out = [f"MoE, top-1 expert parallel ({m['depth']} layers, width {m['width']}, expert hidden {m['hidden']}, "
+           f"capacity factor {m['capacity_factor']:g}; {m['params_per_rank'] / 1e6:.2f} M params per rank), "
+           f"{m['batch_per_rank']} x {m['seq']} tokens/rank, {m['world_size']} ranks, "
+           f"fairring topology {m['fairring_topology']}" + launch.steps_heading(m),
+           f"{'backend':<14}{'step ms':>10}{'p10-p90 ms':>19}{'tokens/s':>12}{'vs ' + base:>10}"]
+    for r in s["rows"]:
+        spread = f"{r['p10_step_s'] * 1e3:.1f}-{r['p90_step_s'] * 1e3:.1f}"
+        out.append(f"{r['backend']:<14}{r['median_step_s'] * 1e3:>10.1f}{spread:>19}{r['tokens_per_s']:>12.0f}"
+                   f"{r['speedup_vs_baseline']:>9.2f}x")
+    step = {r["backend"]: r["median_step_s"] * 1e3 for r in s["rows"]}
+    if "compute only" in step:
+        comm = {b: step[b] - step["compute only"] for b in ("fairring", base)}
+        ratio = f"{comm[base] / comm['fairring']:.2f}x" if comm["fairring"] > 0 else "n/a"
+        out.append(f"communication per step (step minus compute only): fairring {comm['fairring']:.1f} ms, "
+                   f"{base} {comm[base]:.1f} ms ({ratio}); compute only {step['compute only']:.1f} ms "
+                   f"({100 * comm[base] / step[base]:.0f}% of {base}'s step is communication)")
+    c = s["check"]
+    kinds = ", ".join(f"{k} x{n}" for k, n in sorted(s["fairring_kinds"].items()))
+    out.append(f"check: {'OK' if c['ok'] else 'FAILED'} (fairring vs {base}: losses differ by at most "
+               f"{c['loss_max_rel_diff']:.1e} relative; limit {c['rtol']:.0e})")
+    out.append(f"fairring group's collectives while training (of its last 64): {kinds}")
+    return "\n".join(out)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = ddp.training_parser("python -m fairring_py.bench.moe", __doc__, "moe.json", 256, "d_model", 16, 10, 2)
+    p.add_argument("--hidden", type=int, default=512, help="each expert's hidden size (default 512)")
+    p.add_argument("--capacity-factor", type=float, default=1.25,
+                   help="slots per expert = factor x tokens / experts (default 1.25)")
+    p.add_argument("--rtol", type=float, default=1e-5,
+                   help="largest relative difference of the losses between the runs (default 1e-5)")
+    p.add_argument("--no-compute-only", dest="compute_only", action="store_false",
+                   help="skip the run over torch's fake group that times the step without communication")
+    return p
+
+
+def main(argv=None) -> int:
+    p = parser()
+    a = p.parse_args(argv)
+    cfg = ddp.training_cfg(p, a, "moe")
+    if a.hidden < 1 or a.capacity_factor <= 0:
+        p.error("--hidden must be >= 1 and --capacity-factor > 0")
+    cfg.update(hidden=a.hidden, capacity_factor=a.capacity_factor, rtol=a.rtol, compute_only=a.compute_only)
+    return ddp.run_training(cfg, rank_main, a, "bench.moe")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
