@@ -427,7 +427,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
   const char* out_at = static_cast<const char*>(out.data_ptr());
   const char* in_at = static_cast<const char*>(op->buffer.data_ptr());
   const bool own_block = !exchange && (scatter ? out_at == in_at + getRank() * small * esize
-                                                : in_at == out_at + getRank() * small * esize);
+                                               : in_at == out_at + getRank() * small * esize);
   const bool plain = outputs.size() == 1 && plain_tensor(out);
   // A list of one tensor per rank (all_gather's, all_to_all's): each block
   // straight into its tensor, unless one shares memory with the input (but
@@ -449,7 +449,9 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
   }
   if (!op->buffer.is_cpu()) return submit_device(std::move(op), type, outputs, kind);
   return submit_cpu(std::static_pointer_cast<HostOp>(op), type, outputs, kind,
-                    exchange ? "fairring:all_to_all" : scatter ? "fairring:reduce_scatter" : "fairring:all_gather");
+                    exchange  ? "fairring:all_to_all"
+                    : scatter ? "fairring:reduce_scatter"
+                              : "fairring:all_gather");
 }
 
 bool FairringBackend::native_tensors(const std::vector<at::Tensor>& tensors) {
@@ -705,7 +707,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_rooted(Collective collect
                   dtype_name(one.scalar_type()), " on ", one.device().str(), "), but tensor ", i, " has ", b.numel(),
                   " of ", dtype_name(b.scalar_type()), " on ", b.device().str());
       TORCH_CHECK(b.layout() == c10::kStrided && (!gather || at::has_internal_overlap(b) != at::MemOverlap::Yes),
-                  "fairring: ", kind, " into tensor ", i, " of the root's list, whose elements share memory or which "
+                  "fairring: ", kind, " into tensor ", i,
+                  " of the root's list, whose elements share memory or which "
                   "is not dense: clone() it first");
     }
   } else {
@@ -825,8 +828,8 @@ void check_splits(const std::vector<int64_t>& splits, const at::Tensor& t, int w
     TORCH_CHECK(n >= 0, "fairring: all_to_all_single got a negative ", which, " split (", n, ")");
     sum += n;
   }
-  TORCH_CHECK(sum == t.size(0), "fairring: all_to_all_single's ", which, " splits add up to ", sum,
-              " rows, but the ", which, " has ", t.size(0));
+  TORCH_CHECK(sum == t.size(0), "fairring: all_to_all_single's ", which, " splits add up to ", sum, " rows, but the ",
+              which, " has ", t.size(0));
 }
 
 // Whether checked `splits` cut `t` into one equal block per rank.

@@ -54,8 +54,7 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
   p.set_mirror(s, nullptr, nullptr, 0);  // nothing for the node's peers to read
   if (p.k() == 1 && count > 0) {
     // Our own block stays with us.
-    p.mover().copy(slot, p.output_block(s, node, 0), p.input_block(s, node, 0), count * esize,
-                   false);
+    p.mover().copy(slot, p.output_block(s, node, 0), p.input_block(s, node, 0), count * esize, false);
   }
   if (!p.multi_node()) return true;
   // The pieces we carry are read from every peer's input area.
@@ -106,17 +105,17 @@ bool local_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
 }  // namespace
 
 const CollectiveDef& all_to_all_def() {
-  static const ScriptedCollective def(Collective::kAllToAll,
-                                      {"all_to_all", [](const OpKey& k) { return elements_of(k) + " per block"; }},
-                                      Cut::kBlockwise,
-                                      Script{{{"acquire", step_acquire},
-                                              {"publish-blocks", publish_blocks},
-                                              {"exchange-blocks", exchange_blocks},
-                                              {"local-blocks", local_blocks},
-                                              {"await-own", step_await_rails},
-                                              {"release", step_release}},
-                                             3},
-                                      Script{{{"exchange-blocks", exchange_blocks}, {"await-own", step_await_rails}}, 1});
+  static const ScriptedCollective def(
+      Collective::kAllToAll, {"all_to_all", [](const OpKey& k) { return elements_of(k) + " per block"; }},
+      Cut::kBlockwise,
+      Script{{{"acquire", step_acquire},
+              {"publish-blocks", publish_blocks},
+              {"exchange-blocks", exchange_blocks},
+              {"local-blocks", local_blocks},
+              {"await-own", step_await_rails},
+              {"release", step_release}},
+             3},
+      Script{{{"exchange-blocks", exchange_blocks}, {"await-own", step_await_rails}}, 1});
   return def;
 }
 

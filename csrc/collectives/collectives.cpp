@@ -33,9 +33,9 @@ const CollectiveDef& collective_def(Collective c) {
 namespace {
 // Every kind, for lookups by name; the switch above makes sure each has a
 // definition.
-constexpr Collective kAll[] = {Collective::kAllReduce, Collective::kBarrier, Collective::kBroadcast,
+constexpr Collective kAll[] = {Collective::kAllReduce,     Collective::kBarrier,   Collective::kBroadcast,
                                Collective::kReduceScatter, Collective::kAllGather, Collective::kReduce,
-                               Collective::kAllToAll, Collective::kGather,     Collective::kScatter};
+                               Collective::kAllToAll,      Collective::kGather,    Collective::kScatter};
 
 // Every definition is built (and so its words registered, op_key.h) when the
 // library loads: a message may name a peer's collective that this rank has

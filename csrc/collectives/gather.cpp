@@ -55,9 +55,8 @@ bool exchange(SliceSchedule& p, Slice& s, const TimePoint*) {
     t.received.push_back(Range{0, brought ? count : 0});
     char* landing = ours;  // (nothing lands)
     if (brought) {
-      landing = p.me() == root_local
-                    ? p.output_block(s, j, p.me())
-                    : p.mover().output_area(slot, p.me()) + p.staged_at(s, j, p.me()) * p.esize(s);
+      landing = p.me() == root_local ? p.output_block(s, j, p.me())
+                                     : p.mover().output_area(slot, p.me()) + p.staged_at(s, j, p.me()) * p.esize(s);
     }
     t.landings.push_back(landing);
   }
@@ -89,8 +88,8 @@ bool to_root(SliceSchedule& p, Slice& s, const TimePoint* until) {
     p.mover().after(slot, x, PeerStep::kChunkDone);
     for (int j = 0; j < p.topo().num_nodes; ++j) {
       if (j == node) continue;
-      p.mover().copy(slot, p.output_block(s, j, x),
-                     p.mover().output_area(slot, x) + p.staged_at(s, j, x) * esize, bytes, large);
+      p.mover().copy(slot, p.output_block(s, j, x), p.mover().output_area(slot, x) + p.staged_at(s, j, x) * esize,
+                     bytes, large);
     }
   }
   return true;

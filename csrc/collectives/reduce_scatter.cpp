@@ -30,8 +30,8 @@ bool stage_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   for (int x = 0; x < p.k(); ++x) {
     if (x == p.me()) continue;
     for (int j = 0; j < p.topo().num_nodes; ++j) {
-      p.mover().copy(slot, in + p.staged_at(s, j, x) * esize, p.input_block(s, j, x),
-                     s.plan.slice.count * esize, false);
+      p.mover().copy(slot, in + p.staged_at(s, j, x) * esize, p.input_block(s, j, x), s.plan.slice.count * esize,
+                     false);
     }
   }
   p.input_published(s);

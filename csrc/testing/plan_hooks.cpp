@@ -78,23 +78,23 @@ void register_plan_hooks(py::module& m) {
                                                         : RailPattern::kReduce;
         const int to = back_to == "all" ? kBackToAll : back_to == "none" ? kBackToNone : std::stoi(back_to);
         const RailWalk w = walk_rail(pat, to, to_ranges(shards), node, num_nodes, to_ranges(received));
-    auto transfers = [](const std::vector<Transfer>& v) {
-      py::list out;
-      for (const auto& t : v) out.append(py::make_tuple(t.node, t.shard, t.count));
-      return out;
-    };
-    py::dict d;
-    d["sends"] = transfers(w.sends);
-    d["receives"] = transfers(w.receives);
-    d["reduces"] = w.reduces;
-    d["served"] = w.served;
-    d["served_count"] = w.served_count;
-    d["sum_sends"] = transfers(w.sum_sends);
-    d["sum_receives"] = transfers(w.sum_receives);
-    d["sends_sum_data"] = w.sends_sum_data();
-    d["shards_read"] = w.shards_read();
-    d["shards_written"] = w.shards_written();
-    return d;
+        auto transfers = [](const std::vector<Transfer>& v) {
+          py::list out;
+          for (const auto& t : v) out.append(py::make_tuple(t.node, t.shard, t.count));
+          return out;
+        };
+        py::dict d;
+        d["sends"] = transfers(w.sends);
+        d["receives"] = transfers(w.receives);
+        d["reduces"] = w.reduces;
+        d["served"] = w.served;
+        d["served_count"] = w.served_count;
+        d["sum_sends"] = transfers(w.sum_sends);
+        d["sum_receives"] = transfers(w.sum_receives);
+        d["sends_sum_data"] = w.sends_sum_data();
+        d["shards_read"] = w.shards_read();
+        d["shards_written"] = w.shards_written();
+        return d;
       },
       py::arg("pattern"), py::arg("back_to"), py::arg("shards"), py::arg("node"), py::arg("num_nodes"),
       py::arg("received") = Pairs{});
