@@ -107,9 +107,6 @@ void advise_fresh(const PipelineOp& op) {
   }
 }
 
-// A tensor whose memory is its values, in order: a collective can write it directly.
-bool plain_tensor(const at::Tensor& t) { return t.is_contiguous() && !t.is_conj() && !t.is_neg(); }
-
 // A random id for names that must not collide between jobs (shared memory).
 std::string random_hex(int bytes) {
   std::vector<uint8_t> raw(bytes);

@@ -8,6 +8,8 @@
 
 namespace fairring {
 
+bool plain_tensor(const at::Tensor& t) { return t.is_contiguous() && !t.is_conj() && !t.is_neg(); }
+
 ReduceInput prepare_input(const std::vector<at::Tensor>& tensors, const char* kind, bool copy) {
   TORCH_CHECK(!tensors.empty(), "fairring: ", kind, " got an empty list of tensors");
   const at::Tensor& first = tensors[0];
@@ -29,8 +31,7 @@ ReduceInput prepare_input(const std::vector<at::Tensor>& tensors, const char* ki
   // A tensor with the conjugate or negative bit set holds its values
   // transformed in memory: reduce a resolved copy (copy_ resolves the bit),
   // and copy back through the view (copy_ applies the bit again).
-  const auto plain = [](const at::Tensor& t) { return !t.is_conj() && !t.is_neg() && t.is_contiguous(); };
-  if (tensors.size() == 1 && plain(first) && !copy) {
+  if (tensors.size() == 1 && plain_tensor(first) && !copy) {
     in.buffer = first;
   } else {
     // Only allocated here: the caller's tensors are read when the stage runs.
@@ -44,7 +45,7 @@ ReduceInput prepare_input(const std::vector<at::Tensor>& tensors, const char* ki
       }
     };
     // A private copy of a plain tensor leaves the caller's as it is.
-    if (!(tensors.size() == 1 && plain(first))) in.users = tensors;
+    if (!(tensors.size() == 1 && plain_tensor(first))) in.users = tensors;
   }
   in.dtype = in.buffer.scalar_type();
   in.numel = in.buffer.numel();

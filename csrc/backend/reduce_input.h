@@ -24,6 +24,10 @@ struct ReduceInput {
   std::function<void()> fill;
 };
 
+// A tensor whose memory is its values, in order (contiguous, no conjugate or
+// negative bit): a collective can read or write it directly.
+bool plain_tensor(const at::Tensor& t);
+
 // `tensors`: one tensor, or several of one dtype and device flattened into
 // one buffer.  Throws a c10::Error that names the problem for what cannot be
 // reduced: elements that share memory (expanded or overlapping views),
