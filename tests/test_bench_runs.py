@@ -331,6 +331,22 @@ def test_bench_all_to_all_gather_scatter(tmp_path, collective):
                                 "scatter": "scatter float32 from rank 0"}[collective]) and "check: OK" in p.stdout
 
 
+def test_bench_send_recv(tmp_path):
+    """`--collective send_recv`: a ping-pong between ranks 0 and 1 (rank 1's
+    buffer checked exactly against rank 0's message), busbw = algbw x 2;
+    --inflight is refused."""
+    out = str(tmp_path / "out")
+    p = _run(["--collective", "send_recv", "--nodes", "1", "--ranks-per-node", "3", "--out", out] + QUICK)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = json.load(open(os.path.join(out, "results.json")))
+    assert res["meta"]["collective"] == "send_recv" and res["check"]["failed_ranks"] == 0
+    for r in res["rows"]:
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 2)
+    assert p.stdout.startswith("send/recv float32 ping-pong between ranks 0 and 1") and "check: OK" in p.stdout
+    bad = _run(["--collective", "send_recv", "--inflight", "2", "--out", out] + QUICK)
+    assert bad.returncode != 0 and "takes no --inflight" in bad.stderr
+
+
 def test_fsdp_bench_without_compute_only(tmp_path):
     """`--no-compute-only` drops the run over torch's fake group and the line it feeds."""
     out = str(tmp_path / "out")

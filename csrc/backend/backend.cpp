@@ -21,6 +21,7 @@
 #include "common/same_settings.h"
 #include "kernels/first_touch.h"
 #include "kernels/reduce_cpu.h"
+#include "p2p/p2p_engine.h"
 
 namespace fairring {
 
@@ -87,6 +88,16 @@ void touch(Footprint& fp, const std::vector<at::Tensor>& ts) {
 }
 void touch(Footprint& fp, const std::vector<std::vector<at::Tensor>>& tss) {
   for (const auto& ts : tss) touch(fp, ts);
+}
+c10::intrusive_ptr<c10d::Work> once_waited(c10::intrusive_ptr<c10d::Work> inner, int rank, c10d::OpType type) {
+  return c10::make_intrusive<OnceWaitedWork>(std::move(inner), rank, type);
+}
+
+// What a send reads.
+Footprint read_only(const std::vector<at::Tensor>& ts) {
+  Footprint fp;
+  for (const at::Tensor& t : ts) fp.read(t);
+  return fp;
 }
 template <typename... Groups>
 Footprint touched(const Groups&... groups) {
@@ -169,6 +180,9 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
     job_uid_.assign(blob.begin() + secret_.size(), blob.end());
   }
   engine_ = std::make_unique<HostEngine>(store, topo_, config_, job_uid_, secret_);
+  if (topo_.num_nodes == 1 && topo_.ranks_per_node > 1) {
+    p2p_ = std::make_unique<P2pEngine>(store, topo_, job_uid_, config_.timeout);
+  }
   log_setup();
 }
 
@@ -201,6 +215,7 @@ FairringBackend::~FairringBackend() {
     // parent only, and their memory maps and sockets are the parent's.
     // Leave them alone (their memory is the child's copy, freed at exit).
     (void)engine_.release();
+    (void)p2p_.release();
     (void)cuda_engine_.release();
     (void)fallback_.release();
     return;
@@ -209,6 +224,7 @@ FairringBackend::~FairringBackend() {
   GilReleaseIfHeld no_gil;
   if (abort_hook_) abort_hook_->clear();
   cuda_engine_.reset();
+  p2p_.reset();
   engine_.reset();
 }
 
@@ -223,6 +239,7 @@ void FairringBackend::abort() {
 void FairringBackend::abort_engines(const std::string& text) {
   const Error why(ErrorKind::kBackend, text);
   if (engine_) engine_->abort(why);
+  if (p2p_) p2p_->abort(why);
   with_device_pipeline([&](Pipeline& p) {
     p.abort(why);
     return true;
@@ -236,7 +253,8 @@ void FairringBackend::shutdown() {
   const auto left = [&] {
     return std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
   };
-  if (engine_ && (!engine_->drain(left()) || !with_device_pipeline([&](Pipeline& p) { return p.drain(left()); }))) {
+  if (engine_ && (!engine_->drain(left()) || (p2p_ && !p2p_->drain(left())) ||
+                  !with_device_pipeline([&](Pipeline& p) { return p.drain(left()); }))) {
     const std::string why =
         "rank " + std::to_string(getRank()) +
         ": this process group was shut down while collectives were still in flight after its timeout (" +
@@ -246,6 +264,7 @@ void FairringBackend::shutdown() {
   } else if (engine_) {
     const std::string closed = "this process group was shut down (shutdown() or destroy_process_group())";
     engine_->close(closed);
+    if (p2p_) p2p_->close(closed);
     with_device_pipeline([&](Pipeline& p) {
       p.close(closed);
       return true;
@@ -467,24 +486,28 @@ c10d::Backend& FairringBackend::delegate(const char* kind) {
   return *fallback_;
 }
 
-void FairringBackend::remember_delegated(const c10::intrusive_ptr<c10d::Work>& work, Footprint fp) {
+void FairringBackend::remember_delegated(const c10::intrusive_ptr<c10d::Work>& work, Footprint fp, bool p2p) {
   std::lock_guard<std::mutex> lock(delegated_mu_);
-  delegated_.emplace_back(work, std::move(fp));
+  delegated_.push_back(Delegated{work, std::move(fp), p2p});
   has_delegated_.store(true, std::memory_order_release);
 }
 
-void FairringBackend::order_after_delegated(const Footprint& fp) {
+void FairringBackend::order_after_delegated(const Footprint& fp, bool with_p2p) {
+  if (with_p2p && p2p_ && p2p_->busy()) {
+    GilReleaseIfHeld no_gil;
+    if (p2p_->wait_conflicts(fp)) delegated_waits_.fetch_add(1, std::memory_order_relaxed);
+  }
   if (!has_delegated_.load(std::memory_order_acquire)) return;  // the usual case: no lock
   std::vector<c10::intrusive_ptr<c10d::Work>> wait_for;
   {
     std::lock_guard<std::mutex> lock(delegated_mu_);
-    std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, Footprint>> still;
-    for (auto& [work, theirs] : delegated_) {
-      if (work->isCompleted()) continue;
-      if (fp.conflicts_with(theirs)) {
-        wait_for.push_back(work);
+    std::vector<Delegated> still;
+    for (auto& d : delegated_) {
+      if (d.work->isCompleted()) continue;
+      if ((with_p2p || !d.p2p) && fp.conflicts_with(d.fp)) {
+        wait_for.push_back(d.work);
       } else {
-        still.emplace_back(std::move(work), std::move(theirs));
+        still.push_back(std::move(d));
       }
     }
     delegated_.swap(still);
@@ -865,23 +888,110 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall(std::vector<at::Tensor>
   }
   return submit_blockwise(Collective::kAllToAll, inputs, outputs, c10d::ReduceOp::SUM, c10d::OpType::ALLTOALL);
 }
+bool FairringBackend::p2p_native(const char* kind, const std::vector<at::Tensor>& tensors, int peer) const {
+  if (peer != kAnySource) {
+    TORCH_CHECK_VALUE(peer >= 0 && peer < getSize(), "fairring: ", kind, " with rank ", peer, ", but the group has ",
+                      getSize(), " ranks (0 to ", getSize() - 1, ")");
+    TORCH_CHECK_VALUE(peer != getRank(), "fairring: ", kind, " with rank ", peer,
+                      ", which is this rank: a rank cannot send to or receive from itself");
+  }
+  if (!p2p_ || tensors.size() != 1) return false;
+  const at::Tensor& t = tensors[0];
+  return t.device().is_cpu() && t.layout() == c10::kStrided && (peer == kAnySource || p2p_->reaches(peer));
+}
+
+c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const at::Tensor& t, int peer, int tag) {
+  const char* kind = is_send ? "send" : peer == kAnySource ? "recv_any_source" : "recv";
+  check_same_process(kind);
+  // The order rule: after the ops issued before it whose memory it shares
+  // (a later op waits for it in turn, in submit_cpu and here).
+  Footprint fp;
+  if (is_send) {
+    fp.read(t);
+  } else {
+    fp.write(t);
+  }
+  order_after_delegated(fp);
+  {
+    GilReleaseIfHeld no_gil;
+    engine_->wait_conflicts(fp);
+  }
+  // The engine moves contiguous bytes: a strided tensor goes through a copy.
+  const bool contiguous = t.is_contiguous();
+  at::Tensor buffer = contiguous ? t : is_send ? t.contiguous() : at::empty(t.sizes(), t.options());
+  const auto type = is_send              ? c10d::OpType::SEND
+                    : peer == kAnySource ? c10d::OpType::RECVANYSOURCE
+                                         : c10d::OpType::RECV;
+  auto work = c10::make_intrusive<FairringWork>(getRank(), type, std::vector<at::Tensor>{t},
+                                                is_send ? "fairring:send" : "fairring:recv");
+  work->set_interrupt_hook(abort_hook_, kind);
+  const std::string what =
+      "tag " + std::to_string(tag) + ", " + std::to_string(t.numel()) + " element(s) of " +
+      dtype_name(t.scalar_type()) +
+      (peer == kAnySource ? ", from any rank" : (is_send ? ", to rank " : ", from rank ") + std::to_string(peer));
+  auto recent = recent_;
+  auto handle = recent->start(seq_++, kind, what, t.numel() * t.element_size());
+  CompletionPool* pool = &p2p_->completions();
+  auto done = [work, recent, handle, pool, is_send, contiguous, target = t, buffer](std::exception_ptr error, int from,
+                                                                                    bool on_caller) mutable {
+    if (!error && !is_send && !contiguous) {
+      try {
+        target.copy_(buffer);
+      } catch (const std::exception& e) {
+        error = std::make_exception_ptr(error_of(e));
+      }
+    }
+    recent->finish(handle, error ? error_of(error).what() : "");
+    if (!is_send) work->set_source_rank(from);
+    work->mark_done(error);
+    if (on_caller) {
+      work->complete_future(error);  // nothing can be chained on it yet
+    } else if (!work->complete_future_if_untaken(error)) {
+      pool->post([work, error] { work->complete_future(error); });  // callbacks may block
+    }
+  };
+  if (is_send) {
+    p2p_->send(buffer, peer, tag, std::move(done));
+  } else {
+    p2p_->recv(buffer, peer, tag, std::move(done));
+  }
+  return work;
+}
+
+// Delegated sends and receives are remembered like delegated collectives:
+// what is issued after them on their memory waits for them.
 c10::intrusive_ptr<c10d::Work> FairringBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
-  return delegate("send").send(tensors, dst, tag);
+  if (p2p_native("send", tensors, dst)) return submit_p2p(true, tensors[0], dst, tag);
+  return run_delegated(
+      "send", read_only(tensors),
+      [&](c10d::Backend& b) { return once_waited(b.send(tensors, dst, tag), getRank(), c10d::OpType::SEND); }, true);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
-  return delegate("recv").recv(tensors, src, tag);
+  if (p2p_native("recv", tensors, src)) return submit_p2p(false, tensors[0], src, tag);
+  return run_delegated(
+      "recv", touched(tensors),
+      [&](c10d::Backend& b) { return once_waited(b.recv(tensors, src, tag), getRank(), c10d::OpType::RECV); }, true);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  return delegate("recvAnysource").recvAnysource(tensors, tag);
+  if (p2p_native("recv", tensors, kAnySource)) return submit_p2p(false, tensors[0], kAnySource, tag);
+  return run_delegated(
+      "recvAnysource", touched(tensors),
+      [&](c10d::Backend& b) {
+        return once_waited(b.recvAnysource(tensors, tag), getRank(), c10d::OpType::RECVANYSOURCE);
+      },
+      true);
 }
+
 c10::intrusive_ptr<c10d::Work> FairringBackend::barrier(const c10d::BarrierOptions& opts) {
   check_same_process("barrier");
   // CUDA collectives run on their own engine, which the CPU pipeline does not
   // order against: the caller waits for them (their device work included),
   // as before a delegated call; a group without any returns at once.
   wait_idle_device();
-  // And for every delegated collective still running (its memory is not the barrier's).
-  order_after_delegated(Footprint::all_memory());
+  // And for every delegated collective still running (its memory is not the
+  // barrier's).  Not for sends and receives: a receive posted before the
+  // barrier may be matched by a send issued after it.
+  order_after_delegated(Footprint::all_memory(), /*with_p2p=*/false);
   // Native: one byte all-reduced (MAX) through the pipeline, after every
   // collective issued before it; a small op, so it runs inline when idle.
   std::vector<at::Tensor> token{at::zeros({1}, at::kByte)};

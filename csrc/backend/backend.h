@@ -32,6 +32,7 @@ struct PipelineOp;
 struct HostOp;
 class CudaEngine;
 class InitStore;
+class P2pEngine;
 
 class FairringBackend : public c10d::Backend {
  public:
@@ -63,8 +64,7 @@ class FairringBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
   // Reduce, gather, scatter: native for dense CPU tensors (gather and
-  // scatter: one per rank of the input's size on the root).  Send/recv:
-  // delegated to gloo.
+  // scatter: one per rank of the input's size on the root).
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
@@ -96,6 +96,8 @@ class FairringBackend : public c10d::Backend {
                                                const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
+  // Send, recv, recv from any source: native (p2p/p2p_engine.h) for one
+  // dense CPU tensor in a group of one node; otherwise gloo.
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
@@ -124,25 +126,25 @@ class FairringBackend : public c10d::Backend {
 
  private:
   // Lets the ops issued so far finish before a delegated op runs, so that
-  // the group's ops take effect in issue order.  Point-to-point ops call
-  // only this: they are not ordered against delegated collectives, as on
-  // NCCL, where they run on streams of their own.
+  // the group's ops take effect in issue order.
   c10d::Backend& delegate(const char* kind);
   // A delegated collective: runs `call` on gloo after the ops issued before
   // it (delegate) and after the delegated ones it conflicts with, and
   // remembers it, so that a later op that conflicts with it waits for it
   // (gloo runs its queued ops on several threads, in no order).  `fp`: every
   // tensor of the call, as written.
+  // `p2p`: a send or receive (a barrier does not wait for it).
   template <typename Call>
-  c10::intrusive_ptr<c10d::Work> run_delegated(const char* kind, Footprint fp, Call call) {
+  c10::intrusive_ptr<c10d::Work> run_delegated(const char* kind, Footprint fp, Call call, bool p2p = false) {
     order_after_delegated(fp);
     auto work = call(delegate(kind));
-    remember_delegated(work, std::move(fp));
+    remember_delegated(work, std::move(fp), p2p);
     return work;
   }
-  void remember_delegated(const c10::intrusive_ptr<c10d::Work>& work, Footprint fp);
-  // Waits for the pending delegated collectives whose memory `fp` overlaps.
-  void order_after_delegated(const Footprint& fp);
+  void remember_delegated(const c10::intrusive_ptr<c10d::Work>& work, Footprint fp, bool p2p = false);
+  // Waits for the pending delegated collectives whose memory `fp` overlaps,
+  // and (`with_p2p`) for the pending sends and receives it conflicts with.
+  void order_after_delegated(const Footprint& fp, bool with_p2p = true);
   // Numbers a native op in the group (PipelineOp::number), records it in
   // recent_ and wraps its completion (`done`) to record how it ended.
   std::function<void(std::exception_ptr)> track(const char* kind, PipelineOp& op, int64_t bytes,
@@ -167,6 +169,12 @@ class FairringBackend : public c10d::Backend {
   // tensor per rank (gather: written, scatter: read; empty elsewhere).
   c10::intrusive_ptr<c10d::Work> submit_rooted(Collective collective, int root, const at::Tensor& one,
                                                const std::vector<at::Tensor>& blocks, c10d::OpType type);
+  // A send (`is_send`) or receive of `t` with `peer` (kAnySource: from
+  // any), on the point-to-point engine.
+  c10::intrusive_ptr<c10d::Work> submit_p2p(bool is_send, const at::Tensor& t, int peer, int tag);
+  // Whether a send or receive of `tensors` with `peer` runs natively; throws
+  // on a peer that is not one (itself, out of the group).
+  bool p2p_native(const char* kind, const std::vector<at::Tensor>& tensors, int peer) const;
   // Every native CPU collective, once: its Work (`outputs`, profiler title
   // "fairring:<kind>"), its record in recent_ops, and the op on the pipeline.
   c10::intrusive_ptr<c10d::Work> submit_cpu(std::shared_ptr<HostOp> op, c10d::OpType type,
@@ -177,6 +185,9 @@ class FairringBackend : public c10d::Backend {
   const int creator_pid_ = getpid();
   c10::intrusive_ptr<c10d::Backend> fallback_;
   std::unique_ptr<HostEngine> engine_;
+  // Send and receive between ranks of the node (groups of one node of
+  // several ranks; null otherwise).
+  std::unique_ptr<P2pEngine> p2p_;
   std::atomic<uint64_t> seq_{0};
   // The last collectives, for post-mortems (dumped on the first failure).
   std::shared_ptr<RecentOps> recent_ = std::make_shared<RecentOps>(kRecentOps);
@@ -206,7 +217,12 @@ class FairringBackend : public c10d::Backend {
   std::shared_ptr<GroupAbortHook> abort_hook_;
   std::mutex delegated_mu_;
   // Delegated collectives not yet seen done, with their footprints.
-  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, Footprint>> delegated_;
+  struct Delegated {
+    c10::intrusive_ptr<c10d::Work> work;
+    Footprint fp;
+    bool p2p = false;
+  };
+  std::vector<Delegated> delegated_;
   std::atomic<bool> has_delegated_{false};    // !delegated_.empty()
   std::atomic<uint64_t> delegated_waits_{0};  // calls that waited for a delegated collective (order_waits)
   mutable std::mutex cuda_mu_;

@@ -82,4 +82,34 @@ void FairringWork::complete_future(std::exception_ptr error) {
   }
 }
 
+bool FairringWork::complete_future_if_untaken(std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(future_mu_);
+  if (future_taken_) return false;
+  complete_future(error);
+  return true;
+}
+
+OnceWaitedWork::OnceWaitedWork(c10::intrusive_ptr<c10d::Work> inner, int rank, c10d::OpType type)
+    : c10d::Work(rank, type), inner_(std::move(inner)) {}
+
+bool OnceWaitedWork::wait(std::chrono::milliseconds timeout) {
+  {
+    std::lock_guard<std::mutex> lock(wait_mu_);
+    if (!waited_.load()) {
+      try {
+        inner_->wait(timeout);
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+      waited_.store(true);
+    }
+  }
+  if (error_) std::rethrow_exception(error_);
+  return true;
+}
+
+bool OnceWaitedWork::isCompleted() { return waited_.load() || inner_->isCompleted(); }
+
+bool OnceWaitedWork::isSuccess() const { return waited_.load() ? !error_ : inner_->isSuccess(); }
+
 }  // namespace fairring

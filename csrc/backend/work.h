@@ -52,7 +52,18 @@ class FairringWork : public c10d::Work {
     interrupt_hook_ = std::move(hook);
     what_ = what;
   }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    std::lock_guard<std::mutex> lock(future_mu_);
+    future_taken_ = true;
+    return future_;
+  }
+  // Completes the future here and now if nobody has asked for it yet (so no
+  // callback is chained on it and none can run here); true if it did.  Saves
+  // a completion thread's wake-up on the latency path of a wait().
+  bool complete_future_if_untaken(std::exception_ptr error);
+  // A receive's sender (recv from any source); set before mark_done.
+  void set_source_rank(int rank) { source_rank_ = rank; }
+  int sourceRank() const override { return source_rank_ >= 0 ? source_rank_ : c10d::Work::sourceRank(); }
   std::vector<at::Tensor> result() override { return outputs_; }
 
  private:
@@ -64,6 +75,30 @@ class FairringWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::shared_ptr<GroupAbortHook> interrupt_hook_;
   const char* what_ = "";  // the op, for the interrupt's message
+  int source_rank_ = -1;
+  std::mutex future_mu_;  // future_taken_, and a completion that relies on it
+  bool future_taken_ = false;
+};
+
+// A send or receive delegated to gloo, behind a wait() that may be called
+// more than once (and from two threads: the caller's, and one whose op
+// follows it under the order rule).  gloo's own wait() of a send or receive
+// waits for its next completion each time it is called, so a second call
+// waits for a message that never comes.
+class OnceWaitedWork : public c10d::Work {
+ public:
+  OnceWaitedWork(c10::intrusive_ptr<c10d::Work> inner, int rank, c10d::OpType type);
+  bool wait(std::chrono::milliseconds timeout) override;
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  int sourceRank() const override { return inner_->sourceRank(); }
+  std::vector<at::Tensor> result() override { return inner_->result(); }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> inner_;
+  std::mutex wait_mu_;  // one inner wait() at a time
+  std::atomic<bool> waited_{false};
+  std::exception_ptr error_;
 };
 
 }  // namespace fairring

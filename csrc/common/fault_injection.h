@@ -29,4 +29,11 @@ inline std::chrono::milliseconds test_delay(const char* var) {
   return std::chrono::milliseconds(v ? std::atoll(v) : 0);
 }
 
+// Test hook: a byte count from the environment variable `var` (-1 when
+// unset), read once per call site by the caller.
+inline int64_t test_bytes(const char* var) {
+  const char* v = std::getenv(var);
+  return v ? std::atoll(v) : -1;
+}
+
 }  // namespace fairring

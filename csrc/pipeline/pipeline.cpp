@@ -208,6 +208,15 @@ void Pipeline::wait_idle() {
   wait_device_idle();
 }
 
+bool Pipeline::wait_conflicts(const Footprint& fp) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t follow = order_.must_follow(fp);
+  if (follow == 0) return false;
+  order_waits_.fetch_add(1, std::memory_order_relaxed);
+  idle_cv_.wait(lock, [&] { return order_.clear_before(follow); });
+  return true;
+}
+
 bool Pipeline::quiesce(std::chrono::milliseconds limit) {
   const auto until = std::chrono::steady_clock::now() + limit;
   {

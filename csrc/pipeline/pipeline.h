@@ -56,6 +56,10 @@ class Pipeline {
   // Blocks until every submitted op has completed (and, on a device, until
   // its device work is over unless the group failed).
   void wait_idle();
+  // Blocks until no pending op's memory conflicts with `fp` (the order rule,
+  // for work that runs outside the pipeline: point-to-point ops).  True if
+  // it waited.  A failed group's ops complete too, so this ends.
+  bool wait_conflicts(const Footprint& fp);
   // Blocks (up to `limit`) until every op has completed and no engine thread
   // holds a tensor or Work any more: after this, nothing of the caller's is
   // released from the engine's threads.  True if it got there.

@@ -47,6 +47,31 @@ void counter_publish(SharedCounter& c, uint32_t value) {
 
 void counter_wake_all(SharedCounter& c) { futex_wake(&c.value); }
 
+void counter_bump(SharedCounter& c) {
+  c.value.fetch_add(1, std::memory_order_seq_cst);
+  if (c.sleepers.load(std::memory_order_seq_cst) != 0) futex_wake(&c.value);
+}
+
+bool counter_wait_change(SharedCounter& c, uint32_t seen, std::chrono::nanoseconds spin,
+                         std::chrono::nanoseconds limit) {
+  const auto start = std::chrono::steady_clock::now();
+  for (unsigned i = 1;; ++i) {
+    if (c.value.load(std::memory_order_acquire) != seen) return true;
+    if (i % 64 == 0) {
+      if (std::chrono::steady_clock::now() - start >= spin) break;
+      std::this_thread::yield();  // ranks may outnumber cores
+    } else {
+      cpu_relax();
+    }
+  }
+  const auto left = limit - (std::chrono::steady_clock::now() - start);
+  if (left <= std::chrono::nanoseconds::zero()) return false;
+  c.sleepers.fetch_add(1, std::memory_order_seq_cst);
+  if (c.value.load(std::memory_order_seq_cst) == seen) futex_wait(&c.value, seen, static_cast<long>(left.count()));
+  c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  return c.value.load(std::memory_order_acquire) != seen;
+}
+
 bool counter_spin(SharedCounter& c, uint32_t target, std::chrono::steady_clock::time_point until) {
   for (unsigned i = 1;; ++i) {
     if (counter_reached(c.value.load(std::memory_order_acquire), target)) return true;

@@ -23,6 +23,10 @@ inline bool counter_reached(uint32_t value, uint32_t target) { return static_cas
 // Stores `value` and wakes sleepers, if any.
 void counter_publish(SharedCounter& c, uint32_t value);
 
+// Adds one to `value` and wakes sleepers, if any: a doorbell that several
+// writers ring (counter_wait_change waits for it).
+void counter_bump(SharedCounter& c);
+
 // Wakes every sleeper without changing the value (used on abort).
 void counter_wake_all(SharedCounter& c);
 
@@ -30,6 +34,11 @@ void counter_wake_all(SharedCounter& c);
 // milliseconds and calls `check`, which throws to give up (deadline, abort,
 // dead peer).
 void counter_wait(SharedCounter& c, uint32_t target, const std::function<void()>& check);
+
+// Waits, spinning for `spin` then sleeping, until c.value differs from
+// `seen` or `limit` (from the call) passes.  True if it changed.
+bool counter_wait_change(SharedCounter& c, uint32_t seen, std::chrono::nanoseconds spin,
+                         std::chrono::nanoseconds limit);
 
 // Spins (giving the core away now and then, never sleeping) until c.value
 // reaches `target` or `until` passes.  True if it was reached.  For a caller

@@ -35,13 +35,14 @@ def parser() -> argparse.ArgumentParser:
                                    "(x4 steps; default 4K:256M:4; scaling mode: 25M)")
     w.add_argument("--collective",
                    choices=["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "gather",
-                            "scatter", "barrier"],
+                            "scatter", "send_recv", "barrier"],
                    default="all_reduce",
                    help="what to time (default all_reduce; reduce_scatter: reduce_scatter_single (was "
                         "reduce_scatter_tensor), SUM, size = each rank's full input; all_gather: all_gather_single "
                         "(was all_gather_into_tensor), size = each rank's full output (both as nccl-tests; busbw = algbw x (P-1)/P); broadcast: from rank 0; reduce: SUM to rank 0 (busbw = algbw); "
                         "all_to_all: all_to_all_single with equal blocks, size = each rank's input; gather / scatter: "
-                        "to / from rank 0, size = the root's whole list; "
+                        "to / from rank 0, size = the root's whole list; send_recv: ranks 0 and 1 ping-pong a "
+                        "message of the size (time per op = a round trip: one way is half; busbw = algbw x 2); "
                         "barrier: latency per barrier, no sizes)")
     w.add_argument("--inflight", type=int, default=1,
                    help="operations issued async before waiting on them (DDP-like buckets; default 1)")
@@ -95,6 +96,8 @@ def build_config(args, p) -> dict:
         p.error("--inflight, --min-samples, --max-reps must be >= 1 and --max-samples >= --min-samples")
     if args.collective == "barrier" and (args.sizes or args.scaling or args.inflight != 1):
         p.error("--collective barrier takes no --sizes, --scaling or --inflight")
+    if args.collective == "send_recv" and args.inflight != 1:
+        p.error("--collective send_recv takes no --inflight (a ping-pong is one message at a time)")
     if args.fresh_buffers and args.collective not in ("all_gather", "reduce_scatter", "all_to_all"):
         p.error("--fresh-buffers applies to --collective all_gather, reduce_scatter or all_to_all (the others work "
                 "in place on a tensor that already holds the input)")

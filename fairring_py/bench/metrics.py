@@ -98,7 +98,8 @@ def algbw(nbytes: float, seconds: float) -> float:
 
 
 # The sized collectives of the microbenchmark (barrier has no size).
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "gather", "scatter")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "gather", "scatter",
+               "send_recv")
 
 
 def busbw_factor(world_size: int, collective: str = "all_reduce") -> float:
@@ -108,9 +109,12 @@ def busbw_factor(world_size: int, collective: str = "all_reduce") -> float:
     being the full buffer (reduce_scatter's input, all_gather's output); broadcast
     and reduce 1; all_to_all (P-1)/P (size: each rank's input, all of which
     but its own block leaves it); gather and scatter (P-1)/P (size: the
-    root's whole list, all of which but its own piece crosses to or from it)."""
+    root's whole list, all of which but its own piece crosses to or from it);
+    send_recv 2 (a ping-pong: the message crosses once each way per op)."""
     if world_size <= 0:
         return float("nan")
+    if collective == "send_recv":
+        return 2.0
     if collective in ("broadcast", "reduce"):
         return 1.0
     if collective in ("reduce_scatter", "all_gather", "all_to_all", "gather", "scatter"):
@@ -145,6 +149,8 @@ def link_bound_s(nbytes: float, nodes: int, rate_bytes_per_s: float, collective:
         return ranks_per_node * (nodes - 1) / nodes * nbytes / rate_bytes_per_s
     if collective in ("broadcast", "reduce"):
         return nbytes / rate_bytes_per_s
+    if collective == "send_recv":  # one way, then back
+        return 2 * nbytes / rate_bytes_per_s
     return busbw_factor(nodes, collective) * nbytes / rate_bytes_per_s
 
 

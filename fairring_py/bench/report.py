@@ -79,11 +79,15 @@ def table(summary: dict) -> str:
         "all_to_all": f"all_to_all_single {m['dtype']}, equal blocks (size: each rank's input)",
         "gather": f"gather {m['dtype']} to rank 0 (size: the root's whole list)",
         "scatter": f"scatter {m['dtype']} from rank 0 (size: the root's whole list)",
+        "send_recv": f"send/recv {m['dtype']} ping-pong between ranks 0 and 1 (time per op: a round trip; "
+                     "one way is half)",
     }.get(collective, f"all_reduce {m['dtype']} {m['op']}")
     plural = {"broadcast": "broadcasts", "reduce_scatter": "reduce-scatters", "all_gather": "all-gathers",
-              "reduce": "reduces", "all_to_all": "all-to-alls", "gather": "gathers", "scatter": "scatters"}
+              "reduce": "reduces", "all_to_all": "all-to-alls", "gather": "gathers", "scatter": "scatters",
+              "send_recv": "round trips"}
     factor = {"broadcast": "", "reduce": "", "reduce_scatter": " x (P-1)/P", "all_gather": " x (P-1)/P",
-              "all_to_all": " x (P-1)/P", "gather": " x (P-1)/P", "scatter": " x (P-1)/P"}
+              "all_to_all": " x (P-1)/P", "gather": " x (P-1)/P", "scatter": " x (P-1)/P",
+              "send_recv": " x 2 (the message crosses each way)"}
     out = [
         title
         + f" on {m['device']}: {m['world_size']} ranks"
@@ -105,7 +109,7 @@ def table(summary: dict) -> str:
     if m.get("link_rate_Bps"):
         share = {"reduce_scatter": "(N-1)/N x ", "all_gather": "(N-1)/N x ", "broadcast": "",
                  "reduce": "", "all_to_all": "K x (N-1)/N x ", "gather": "(N-1)/N x ",
-                 "scatter": "(N-1)/N x "}.get(collective, "2(N-1)/N x ")
+                 "scatter": "(N-1)/N x ", "send_recv": "2 x "}.get(collective, "2(N-1)/N x ")
         out.append(f"link bound = {share}bytes / link rate; TCP over 1500-byte frames carries at most "
                    f"{metrics.tcp_payload_fraction() * 100:.1f}% of the rate as payload, so bound/time stays below that")
     compressed = any(r.get("max_rel_err") is not None for r in summary["rows"])

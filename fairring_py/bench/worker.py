@@ -113,6 +113,13 @@ class Workload:
             self.out_numel = chunk
             self.expected = self.inp[rank * chunk:(rank + 1) * chunk].clone()
             self.size = chunk * world * 4
+        elif collective == "send_recv":
+            # Rank 0's message goes to rank 1 and back: rank 1 must end with
+            # it (its own input differs); rank 0 gets its own data back.
+            self.inp = make_input(rank, numel, device)
+            self.out_numel = numel
+            self.expected = make_input(0, numel, device) if rank < 2 else None
+            self.size = numel * 4
         elif collective == "all_gather":
             chunk = numel // world
             self.inp = make_input(rank, chunk, device)
@@ -134,7 +141,7 @@ class Workload:
         if self.out_numel == 0:
             raise SystemExit(f"fairring bench: size {size} bytes is too small for {collective} on {world} ranks "
                              f"(at least {4 * world} bytes)")
-        self.in_place = collective in ("all_reduce", "broadcast", "reduce")
+        self.in_place = collective in ("all_reduce", "broadcast", "reduce", "send_recv")
         self.inp_ref = None if self.in_place else self.inp.clone()
 
     def magnitudes(self) -> torch.Tensor:
@@ -198,8 +205,20 @@ class TorchBackend:
         elif collective == "scatter":  # from rank 0's list
             self.op = lambda b, **kw: dist.scatter(b, list(self.inp.chunk(dist.get_world_size(group)))
                                                    if dist.get_rank(group) == 0 else None, src=0, **kw)
+        elif collective == "send_recv":
+            self.op = self._ping_pong
         else:
             self.op = dist.all_reduce
+
+    def _ping_pong(self, b, group=None):
+        """Rank 0 sends to rank 1, which sends it back; other ranks idle."""
+        me = dist.get_rank(group)
+        if me == 0:
+            dist.send(b, 1, group=group)
+            dist.recv(b, 1, group=group)
+        elif me == 1:
+            dist.recv(b, 0, group=group)
+            dist.send(b, 0, group=group)
 
     def prepare(self, bufs, work=None):
         if work is not None:
@@ -249,6 +268,8 @@ class MpiBackend:
             return c.Igather(self.inp, a if c.Get_rank() == 0 else None, root=0)
         if self.collective == "scatter":
             return c.Iscatter(self.inp if c.Get_rank() == 0 else None, a, root=0)
+        if self.collective == "send_recv":
+            raise ValueError("send_recv runs one message at a time (no --inflight)")
         return c.Iallreduce(MPI.IN_PLACE, a, op=MPI.SUM)
 
     def run(self, arrays, inflight):
@@ -265,6 +286,14 @@ class MpiBackend:
                     self.comm.Gather(self.inp, a if self.comm.Get_rank() == 0 else None, root=0)
                 elif self.collective == "scatter":
                     self.comm.Scatter(self.inp if self.comm.Get_rank() == 0 else None, a, root=0)
+                elif self.collective == "send_recv":
+                    me = self.comm.Get_rank()
+                    if me == 0:
+                        self.comm.Send(a, dest=1)
+                        self.comm.Recv(a, source=1)
+                    elif me == 1:
+                        self.comm.Recv(a, source=0)
+                        self.comm.Send(a, dest=0)
                 elif self.collective == "broadcast":
                     self.comm.Bcast(a, root=0)
                 elif self.collective == "reduce":
