@@ -238,10 +238,13 @@ def recent_ops(rank, world):
     dist.all_reduce(torch.ones(1000))
     dist.broadcast(torch.ones(3), src=0)
     dist.all_gather([torch.empty(2) for _ in range(world)], torch.ones(2))
-    # A delegated one (point-to-point is not native yet): every rank sends to its right.
+    # Point-to-point: every rank sends to its right.
     send = dist.isend(torch.ones(2), (rank + 1) % world)
     dist.recv(torch.empty(2), (rank - 1) % world)
     send.wait()
+    # A delegated one: all-to-all of unequal splits (rank r sends r + 1 elements to each).
+    dist.all_to_all_single(torch.empty(sum(j + 1 for j in range(world))), torch.ones((rank + 1) * world),
+                           [j + 1 for j in range(world)], [rank + 1] * world)
     w = dist.all_reduce(torch.ones(5, dtype=torch.float64), op=dist.ReduceOp.MAX, async_op=True)
     w.wait()
     buf = io.StringIO()
@@ -249,7 +252,7 @@ def recent_ops(rank, world):
     failures = []
     kinds = [r["kind"] for r in recs]
     if kinds[:3] != ["all_reduce", "broadcast", "all_gather"] or kinds[-1] != "all_reduce" or \
-            sorted(kinds[3:-1]) != ["recv (gloo)", "send (gloo)"]:
+            sorted(kinds[3:5]) != ["recv", "send"] or kinds[5] != "alltoall_base (gloo)":
         failures.append(f"recorded kinds {kinds}")
     else:
         if recs[0]["bytes"] != 4000 or recs[0]["state"] != "done" or recs[0]["duration_ms"] is None:
@@ -261,9 +264,9 @@ def recent_ops(rank, world):
         if "float64 with MAX" not in recs[-1]["what"]:
             failures.append(f"last record {recs[-1]}")
         seqs = [r["seq"] for r in recs]
-        if seqs != sorted(seqs) or len(set(seqs)) != 6:
+        if seqs != sorted(seqs) or len(set(seqs)) != 7:
             failures.append(f"sequence numbers {seqs}")
-    if "send (gloo)" not in buf.getvalue():
+    if "alltoall_base (gloo)" not in buf.getvalue() or "send of tag 0" not in buf.getvalue():
         failures.append(f"printed dump: {buf.getvalue()[:300]!r}")
     return failures
 

@@ -1,6 +1,6 @@
 """Code that runs inside the ranks of tests/test_p2p.py: send, recv,
 isend/irecv, batch_isend_irecv and recv from any source on Fairring
-(p2p/p2p_engine.cpp within a node; gloo between nodes), against payloads
+(p2p/: shared memory within a node, TCP between nodes), against payloads
 that both ends generate independently from (seed, sender, receiver, index),
 compared bit for bit."""
 from __future__ import annotations
@@ -66,7 +66,6 @@ def ring_exchange(rank, world, cfg):
                     msg = index * 10 + k
                     out_data = payload(seed, rank, peer, msg, n, dtype)
                     want = payload(seed, peer, rank, msg, n, dtype)
-                    # gloo (between nodes) takes contiguous tensors only
                     strided = cfg["strided"] and (n + k) % 2 == 1 and n > 1
                     if strided:
                         # a strided view: every other element of a larger tensor

@@ -315,6 +315,26 @@ def test_moe_bench(tmp_path):
     assert "communication per step (step minus compute only): fairring " in p.stdout and "check: OK" in p.stdout
 
 
+def test_pipeline_bench(tmp_path):
+    """`python -m fairring_py.bench.pipeline`: one stage per rank, 1F1B with
+    isend/recv between neighbours, over fairring, gloo and the fake group;
+    the last stage's losses equal, the sends and receives native."""
+    out = str(tmp_path / "out")
+    p = _run(["--nodes", "2", "--ranks-per-node", "2", "--width", "32", "--depth", "1", "--batch", "4",
+              "--microbatches", "4", "--steps", "2", "--warmup", "1", "--out", out], module="fairring_py.bench.pipeline")
+    assert p.returncode == 0, p.stdout + p.stderr
+    with open(os.path.join(out, "pipeline.json")) as f:
+        res = json.load(f)
+    assert res["check"]["ok"] and res["check"]["loss_max_rel_diff"] <= 1e-5
+    assert res["check"]["final_loss"]["fairring"] > 0
+    assert [r["backend"] for r in res["rows"]] == ["fairring", "gloo", "compute only"]
+    assert all(r["samples_per_s"] > 0 for r in res["rows"])
+    kinds = res["fairring_kinds"]  # rank 0 (stage 0): sends activations, receives gradients
+    assert kinds.get("send", 0) >= 4 and kinds.get("recv", 0) >= 4, kinds
+    assert not any("gloo" in k for k in kinds), kinds
+    assert "communication per step (step minus compute only): fairring " in p.stdout and "check: OK" in p.stdout
+
+
 @pytest.mark.parametrize("collective", ["all_to_all", "gather", "scatter"])
 def test_bench_all_to_all_gather_scatter(tmp_path, collective):
     """`--collective all_to_all|gather|scatter`: results checked exactly (the

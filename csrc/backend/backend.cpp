@@ -180,9 +180,8 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
     job_uid_.assign(blob.begin() + secret_.size(), blob.end());
   }
   engine_ = std::make_unique<HostEngine>(store, topo_, config_, job_uid_, secret_);
-  if (topo_.num_nodes == 1 && topo_.ranks_per_node > 1) {
-    p2p_ = std::make_unique<P2pEngine>(store, topo_, job_uid_, config_.timeout);
-  }
+  if (size > 1)
+    p2p_ = std::make_unique<P2pEngine>(store, topo_, job_uid_, secret_, config_.socket_ifname, config_.timeout);
   log_setup();
 }
 
@@ -897,7 +896,7 @@ bool FairringBackend::p2p_native(const char* kind, const std::vector<at::Tensor>
   }
   if (!p2p_ || tensors.size() != 1) return false;
   const at::Tensor& t = tensors[0];
-  return t.device().is_cpu() && t.layout() == c10::kStrided && (peer == kAnySource || p2p_->reaches(peer));
+  return t.device().is_cpu() && t.layout() == c10::kStrided;
 }
 
 c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const at::Tensor& t, int peer, int tag) {

@@ -1,8 +1,9 @@
 // FairringBackend: the c10d::Backend that torch.distributed talks to.  It runs
 // all-reduce, reduce-scatter, all-gather, broadcast, reduce, gather,
 // scatter, all-to-all (equal blocks) and barrier itself (pipeline/, devices/host_engine.h; CUDA:
-// all-reduce) and hands every other collective to a gloo backend it owns,
-// after the ops issued before it that touch its memory have finished.
+// all-reduce), send and receive (p2p/), and hands every other
+// collective to a gloo backend it owns, after the ops issued before it that
+// touch its memory have finished.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -97,7 +98,7 @@ class FairringBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
   // Send, recv, recv from any source: native (p2p/p2p_engine.h) for one
-  // dense CPU tensor in a group of one node; otherwise gloo.
+  // dense CPU tensor; otherwise gloo.
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
@@ -185,8 +186,7 @@ class FairringBackend : public c10d::Backend {
   const int creator_pid_ = getpid();
   c10::intrusive_ptr<c10d::Backend> fallback_;
   std::unique_ptr<HostEngine> engine_;
-  // Send and receive between ranks of the node (groups of one node of
-  // several ranks; null otherwise).
+  // Send and receive (null in a group of one rank).
   std::unique_ptr<P2pEngine> p2p_;
   std::atomic<uint64_t> seq_{0};
   // The last collectives, for post-mortems (dumped on the first failure).

@@ -21,6 +21,7 @@ void register_cuda_kernel_bindings(py::module& m);  // testing/cuda_kernel_hooks
 void register_held_ops_bindings(py::module& m);     // testing/held_ops_hooks.cpp
 void register_plan_hooks(py::module& m);            // testing/plan_hooks.cpp
 void register_error_hooks(py::module& m);           // testing/error_hooks.cpp
+void register_p2p_hooks(py::module& m);             // testing/p2p_hooks.cpp
 }  // namespace fairring
 
 namespace {
@@ -173,4 +174,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_held_ops_bindings(m);
   register_error_hooks(m);
   register_plan_hooks(m);
+  register_p2p_hooks(m);
 }

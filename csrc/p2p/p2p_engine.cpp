@@ -1,7 +1,9 @@
+// The engine's ops, matching and failures, shared by its two transports
+// (p2p_shm.cpp within the node, p2p_tcp.cpp between nodes).
 #include "p2p/p2p_engine.h"
 
+#include <sys/eventfd.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,8 +11,8 @@
 
 #include "common/dtype_name.h"
 #include "common/errors.h"
-#include "common/fault_injection.h"
 #include "node/wait_check.h"
+#include "p2p/p2p_op.h"
 
 namespace fairring {
 
@@ -21,126 +23,76 @@ namespace {
 // cell while the receiver empties another.
 constexpr int64_t kCellBytes = 128 * 1024;
 constexpr int64_t kRingBytes = 8 * kCellBytes;
-// How long the engine thread spins for more work before it sleeps: about a
-// round trip of a small message, so that a ping-pong keeps it awake.
-constexpr auto kSpin = std::chrono::microseconds(50);
-// How often it checks for dead peers and timeouts.
-constexpr auto kCheckEvery = std::chrono::milliseconds(100);
 
-std::string what_tensor(int32_t dtype, int64_t numel) {
-  return std::to_string(numel) + " element(s) of " + dtype_name(static_cast<c10::ScalarType>(dtype));
+// Why a message does not fit a receive ("" if it does).
+std::string mismatch(int32_t dtype, int64_t numel, const CellHeader& h, int src) {
+  if (h.dtype == dtype && h.numel == numel) return "";
+  return "rank " + std::to_string(src) + " sent " + what_tensor(h.dtype, h.numel) + " with tag " +
+         std::to_string(h.tag) + ", but the receiving tensor holds " + what_tensor(dtype, numel) +
+         "; the message was dropped";
 }
+
+std::string addr_key(int rank) { return "addr/" + std::to_string(rank); }
 
 }  // namespace
 
-struct P2pEngine::Op {
-  bool is_send = false;
-  int peer = kAnySource;  // group rank
-  int tag = 0;
-  at::Tensor t;
-  char* data = nullptr;
-  uint64_t bytes = 0;
-  int32_t dtype = 0;
-  int64_t numel = 0;
-  Footprint fp;
-  Done done;
-  uint64_t id = 0;
-  uint64_t moved = 0;
-  Clock::time_point last_progress;
-
-  std::string describe() const {
-    const std::string who = peer == kAnySource ? "any rank" : "rank " + std::to_string(peer);
-    return std::string(is_send ? "send to " : "recv from ") + who + " (tag " + std::to_string(tag) + ", " +
-           what_tensor(dtype, numel) + ")";
-  }
-};
-
-struct P2pEngine::Unexpected {
-  int src = -1;
-  CellHeader meta;
-  std::unique_ptr<char[]> data;
-  uint64_t got = 0;
-  std::shared_ptr<Op> taker;  // the receive that matched it before it was whole
-  bool dropped = false;       // matched by a receive that did not fit: dropped once whole
-};
-
 P2pEngine::P2pEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const std::string& job_uid,
-                     std::chrono::milliseconds timeout)
-    : topo_(topo), timeout_(timeout), completions_(topo.rank) {
+                     const Secret& secret, const std::string& ifname, std::chrono::milliseconds timeout)
+    : topo_(topo),
+      timeout_(timeout),
+      store_(c10::make_intrusive<c10d::PrefixStore>("fairring-p2p/", store)),
+      secret_(secret),
+      completions_(topo.rank) {
   const int k = topo.ranks_per_node;
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("fairring-p2p/", store);
   // Slot d, area s: the ring from local rank s to d; counters (d, s, 0|1):
   // its head and tail; counter (x, x, 0): local rank x's doorbell.
-  arena_ = std::make_unique<NodeArena>(prefixed, topo, job_uid + "-p2p", k, kRingBytes, timeout, 2);
+  arena_ = std::make_unique<NodeArena>(store_, topo, job_uid + "-p2p", k, k > 1 ? kRingBytes : 0, timeout, 2);
   const int me = topo.local_rank;
-  peers_.resize(k);
-  for (int p = 0; p < k; ++p) {
-    peers_[p].rank = topo.local_ranks()[p];
-    if (p == me) continue;
-    peers_[p].out = ShmRing(arena_->input_area(p, me), kRingBytes, kCellBytes, &arena_->counter(p, me, 0),
-                            &arena_->counter(p, me, 1));
-    peers_[p].in = ShmRing(arena_->input_area(me, p), kRingBytes, kCellBytes, &arena_->counter(me, p, 0),
-                           &arena_->counter(me, p, 1));
+  peers_.resize(topo.size);
+  for (int r = 0; r < topo.size; ++r) {
+    Peer& peer = peers_[r];
+    peer.rank = r;
+    const auto [node, local] = topo.place_of(r);
+    if (node != topo.node) {
+      remote_ = true;
+      continue;
+    }
+    peer.local = local;
+    if (r == topo.rank) continue;
+    peer.out = ShmRing(arena_->input_area(local, me), kRingBytes, kCellBytes, &arena_->counter(local, me, 0),
+                       &arena_->counter(local, me, 1));
+    peer.in = ShmRing(arena_->input_area(me, local), kRingBytes, kCellBytes, &arena_->counter(me, local, 0),
+                      &arena_->counter(me, local, 1));
   }
   bell_ = &arena_->counter(me, me, 0);
-  thread_ = std::thread([this] { loop(); });
+  if (remote_) {
+    const std::string address = ifname.empty() ? default_address() : interface_address(ifname);
+    int port = 0;
+    listener_ = listen_on(address, &port);
+    listener_.set_nonblocking();
+    const std::string value = address + ":" + std::to_string(port);
+    store_->set(addr_key(topo.rank), std::vector<uint8_t>(value.begin(), value.end()));
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd_ < 0) throw Error(ErrorKind::kBackend, "fairring: eventfd failed for the point-to-point engine");
+    net_thread_ = std::thread([this] { net_loop(); });
+  }
+  node_thread_ = std::thread([this] { node_loop(); });
 }
 
 P2pEngine::~P2pEngine() {
   stop_.store(true);
   counter_bump(*bell_);
-  if (thread_.joinable()) thread_.join();
-}
-
-bool P2pEngine::reaches(int peer) const {
-  return peer >= 0 && peer < topo_.size && peer != topo_.rank && topo_.place_of(peer).first == topo_.node;
-}
-
-int P2pEngine::local_of(int rank) const { return topo_.place_of(rank).second; }
-
-void P2pEngine::ring(int local) { counter_bump(arena_->counter(local, local, 0)); }
-
-void P2pEngine::send(const at::Tensor& t, int peer_rank, int tag, Done done) {
-  auto op = std::make_shared<Op>();
-  op->is_send = true;
-  op->peer = peer_rank;
-  op->tag = tag;
-  op->t = t;
-  op->data = static_cast<char*>(t.data_ptr());
-  op->bytes = t.numel() * t.element_size();
-  op->dtype = static_cast<int32_t>(t.scalar_type());
-  op->numel = t.numel();
-  op->fp.read(t);
-  op->done = std::move(done);
-  const int local = local_of(peer_rank);
-  Peer& peer = peers_[local];
-  std::unique_lock<std::mutex> lock(*peer.out_mu);
-  const uint64_t cells = std::max<uint64_t>(1, (op->bytes + peer.out.payload_bytes() - 1) / peer.out.payload_bytes());
-  if (peer.sends.empty() && peer.gone.empty() && !down_.load() && peer.out.free_cells() >= cells) {
-    // Nothing before it and room for all of it: written here and now, with
-    // no engine thread to wake on this side.
-    peer.sends.push_back(op);
-    write_sends(peer);
-    lock.unlock();
-    ring(local);
-    op->done(nullptr, peer_rank, /*on_caller=*/true);
-    return;
+  if (node_thread_.joinable()) node_thread_.join();
+  if (net_thread_.joinable()) {
+    wake_net();
+    net_thread_.join();
   }
-  if (!peer.gone.empty()) {
-    const std::string gone = peer.gone;
-    lock.unlock();
-    op->done(std::make_exception_ptr(Error(ErrorKind::kNetwork, "fairring: " + op->describe() + ": " + gone)),
-             peer_rank, true);
-    return;
-  }
-  if (!admit(op)) return;
-  peer.sends.push_back(std::move(op));
-  lock.unlock();
-  counter_bump(*bell_);
+  if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
-void P2pEngine::recv(const at::Tensor& t, int peer, int tag, Done done) {
-  auto op = std::make_shared<Op>();
+P2pEngine::Op* P2pEngine::make_op(bool is_send, const at::Tensor& t, int peer, int tag, Done done) {
+  auto* op = new Op();
+  op->is_send = is_send;
   op->peer = peer;
   op->tag = tag;
   op->t = t;
@@ -148,9 +100,67 @@ void P2pEngine::recv(const at::Tensor& t, int peer, int tag, Done done) {
   op->bytes = t.numel() * t.element_size();
   op->dtype = static_cast<int32_t>(t.scalar_type());
   op->numel = t.numel();
-  op->fp.write(t);
+  if (is_send) {
+    op->fp.read(t);
+  } else {
+    op->fp.write(t);
+  }
   op->done = std::move(done);
-  post(std::move(op));
+  return op;
+}
+
+CellHeader P2pEngine::header_of(const Op& op, uint64_t bytes) {
+  CellHeader h;
+  h.tag = op.tag;
+  h.dtype = op.dtype;
+  h.numel = op.numel;
+  h.total = op.bytes;
+  h.offset = op.moved;
+  h.bytes = bytes;
+  return h;
+}
+
+void P2pEngine::send(const at::Tensor& t, int peer_rank, int tag, Done done) {
+  std::shared_ptr<Op> op(make_op(true, t, peer_rank, tag, std::move(done)));
+  Peer& peer = peers_[peer_rank];
+  std::unique_lock<std::mutex> lock(*peer.out_mu);
+  if (!peer.gone.empty()) {
+    const std::string gone = peer.gone;
+    lock.unlock();
+    op->done(op->error(ErrorKind::kNetwork, gone), peer_rank, true);
+    return;
+  }
+  if (peer.local >= 0) {
+    const uint64_t cells = std::max<uint64_t>(1, (op->bytes + peer.out.payload_bytes() - 1) / peer.out.payload_bytes());
+    if (peer.sends.empty() && !down_.load() && peer.out.free_cells() >= cells) {
+      // Nothing before it and room for all of it: written here and now, with
+      // no engine thread to wake on this side.
+      peer.sends.push_back(op);
+      write_cells(peer);
+      lock.unlock();
+      ring(peer);
+      op->done(nullptr, peer_rank, /*on_caller=*/true);
+      return;
+    }
+  }
+  if (!admit(op)) return;
+  peer.sends.push_back(std::move(op));
+  lock.unlock();
+  if (peer.local >= 0) {
+    counter_bump(*bell_);
+  } else {
+    wake_net();
+  }
+}
+
+void P2pEngine::recv(const at::Tensor& t, int peer, int tag, Done done) {
+  std::shared_ptr<Op> op(make_op(false, t, peer, tag, std::move(done)));
+  if (!admit(op)) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    posts_.push_back(std::move(op));
+  }
+  counter_bump(*bell_);
 }
 
 bool P2pEngine::admit(const std::shared_ptr<Op>& op) {
@@ -168,15 +178,6 @@ bool P2pEngine::admit(const std::shared_ptr<Op>& op) {
   op->done(std::make_exception_ptr(Error(kind, "fairring: " + op->describe() + " not started: " + why)), op->peer,
            true);
   return false;
-}
-
-void P2pEngine::post(std::shared_ptr<Op> op) {
-  if (!admit(op)) return;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    posts_.push_back(std::move(op));
-  }
-  counter_bump(*bell_);
 }
 
 void P2pEngine::finish(const std::shared_ptr<Op>& op, std::exception_ptr error, int peer) {
@@ -212,6 +213,7 @@ void P2pEngine::abort(const Error& why) {
     }
   }
   counter_bump(*bell_);
+  if (remote_) wake_net();
 }
 
 void P2pEngine::close(const std::string& why) {
@@ -225,29 +227,6 @@ bool P2pEngine::drain(std::chrono::milliseconds limit) {
   return idle_cv_.wait_for(lock, limit, [&] { return pending_.load() == 0; });
 }
 
-void P2pEngine::loop() {
-  const int me = topo_.local_rank;
-  for (;;) {
-    const uint32_t seen = bell_->value.load(std::memory_order_acquire);
-    if (stop_.load()) {
-      fail_everything(Error(ErrorKind::kBackend, "this process group was destroyed"));
-      return;
-    }
-    bool moved = take_posts();
-    for (int p = 0; p < static_cast<int>(peers_.size()); ++p) {
-      if (p == me) continue;
-      moved |= pump_in(p);
-      moved |= pump_out(p);
-    }
-    const auto now = Clock::now();
-    if (now >= next_check_) {
-      next_check_ = now + kCheckEvery;
-      if (pending_.load() > 0) check(now);
-    }
-    if (!moved) counter_wait_change(*bell_, seen, kSpin, kCheckEvery);
-  }
-}
-
 bool P2pEngine::take_posts() {
   std::deque<std::shared_ptr<Op>> posts;
   std::string failed;
@@ -259,18 +238,21 @@ bool P2pEngine::take_posts() {
     kind = failed_kind_;
   }
   if (!failed.empty()) {
-    for (auto& op : posts)
-      finish(op, std::make_exception_ptr(Error(kind, "fairring: " + op->describe() + ": " + failed)), op->peer);
+    for (auto& op : posts) finish(op, op->error(kind, failed), op->peer);
     fail_everything(Error(kind, failed));
     return !posts.empty();
   }
-  for (auto& op : posts) {  // receives (sends go straight to their peer)
+  std::lock_guard<std::mutex> lock(match_mu_);
+  for (auto& op : posts) {
     if (op->peer != kAnySource) {
-      Peer& peer = peers_[local_of(op->peer)];
-      if (!peer.gone.empty()) {
-        finish(op,
-               std::make_exception_ptr(Error(ErrorKind::kNetwork, "fairring: " + op->describe() + ": " + peer.gone)),
-               op->peer);
+      Peer& peer = peers_[op->peer];
+      std::string gone;
+      {
+        std::lock_guard<std::mutex> out(*peer.out_mu);
+        gone = peer.gone;
+      }
+      if (!gone.empty()) {
+        finish(op, op->error(ErrorKind::kNetwork, gone), op->peer);
         continue;
       }
     }
@@ -278,16 +260,6 @@ bool P2pEngine::take_posts() {
   }
   return !posts.empty();
 }
-
-namespace {
-// Why a message does not fit a receive ("" if it does).
-std::string mismatch(int32_t dtype, int64_t numel, const CellHeader& h, int src) {
-  if (h.dtype == dtype && h.numel == numel) return "";
-  return "rank " + std::to_string(src) + " sent " + what_tensor(h.dtype, h.numel) + " with tag " +
-         std::to_string(h.tag) + ", but the receiving tensor holds " + what_tensor(dtype, numel) +
-         "; the message was dropped";
-}
-}  // namespace
 
 void P2pEngine::start_recv(std::shared_ptr<Op> op) {
   const auto msg = matcher_.post_recv(op->id, op->peer, op->tag);
@@ -299,16 +271,15 @@ void P2pEngine::start_recv(std::shared_ptr<Op> op) {
   Unexpected& u = it->second;
   const std::string bad = mismatch(op->dtype, op->numel, u.meta, u.src);
   if (!bad.empty()) {
-    finish(op, std::make_exception_ptr(Error(ErrorKind::kInvalidArgument, "fairring: " + op->describe() + ": " + bad)),
-           u.src);
-    if (u.got == u.meta.total) {
+    finish(op, op->error(ErrorKind::kInvalidArgument, bad), u.src);
+    if (u.whole) {
       unexpected_.erase(it);
     } else {
       u.dropped = true;
     }
     return;
   }
-  if (u.got < u.meta.total) {
+  if (!u.whole) {
     u.taker = std::move(op);  // the rest is on its way
     return;
   }
@@ -318,8 +289,8 @@ void P2pEngine::start_recv(std::shared_ptr<Op> op) {
   finish(op, nullptr, src);
 }
 
-void P2pEngine::begin_message(int local, const CellHeader& h) {
-  Peer& peer = peers_[local];
+char* P2pEngine::begin_message(Peer& peer, const CellHeader& h) {
+  std::lock_guard<std::mutex> lock(match_mu_);
   Inbound& in = peer.inbound;
   in = Inbound{};
   in.active = true;
@@ -332,182 +303,131 @@ void P2pEngine::begin_message(int local, const CellHeader& h) {
     posted_.erase(it);
     const std::string bad = mismatch(op->dtype, op->numel, h, peer.rank);
     if (!bad.empty()) {
-      finish(op,
-             std::make_exception_ptr(Error(ErrorKind::kInvalidArgument, "fairring: " + op->describe() + ": " + bad)),
-             peer.rank);
-      return;  // dropped as it comes
+      finish(op, op->error(ErrorKind::kInvalidArgument, bad), peer.rank);
+      return nullptr;  // dropped as it comes
     }
     op->last_progress = Clock::now();
     in.op = std::move(op);
-    return;
+    return in.op->data;
   }
   Unexpected u;
   u.src = peer.rank;
   u.meta = h;
   u.data.reset(new char[std::max<uint64_t>(h.total, 1)]);
+  char* data = u.data.get();
   unexpected_.emplace(msg, std::move(u));
   in.unexpected = msg;
+  return data;
 }
 
-bool P2pEngine::pump_in(int local) {
-  Peer& peer = peers_[local];
-  bool moved = false;
-  while (const CellHeader* h = peer.in.peek()) {
-    Inbound& in = peer.inbound;
-    if (!in.active) begin_message(local, *h);
-    char* dst = nullptr;
-    if (in.op) {
-      dst = in.op->data;
-      in.op->last_progress = Clock::now();
-    } else if (in.unexpected) {
-      dst = unexpected_.at(in.unexpected).data.get();
-    }
-    if (dst && h->bytes > 0) std::memcpy(dst + h->offset, peer.in.payload(h), h->bytes);
-    in.got += h->bytes;
-    peer.in.consume();
-    moved = true;
-    if (in.got < in.total) continue;
-    in.active = false;
-    if (in.op) {
-      auto op = std::move(in.op);
+void P2pEngine::end_message(Peer& peer) {
+  std::lock_guard<std::mutex> lock(match_mu_);
+  Inbound& in = peer.inbound;
+  in.active = false;
+  if (in.op) {
+    auto op = std::move(in.op);
+    finish(op, nullptr, peer.rank);
+  } else if (in.unexpected) {
+    auto it = unexpected_.find(in.unexpected);
+    Unexpected& u = it->second;
+    u.whole = true;
+    if (u.taker) {
+      auto op = std::move(u.taker);
+      if (op->bytes > 0) std::memcpy(op->data, u.data.get(), op->bytes);
+      unexpected_.erase(it);
       finish(op, nullptr, peer.rank);
-    } else if (in.unexpected) {
-      auto it = unexpected_.find(in.unexpected);
-      Unexpected& u = it->second;
-      u.got = u.meta.total;
-      if (u.taker) {
-        auto op = std::move(u.taker);
-        if (op->bytes > 0) std::memcpy(op->data, u.data.get(), op->bytes);
-        unexpected_.erase(it);
-        finish(op, nullptr, peer.rank);
-      } else if (u.dropped) {
-        unexpected_.erase(it);
-      }
-    }
-    in.unexpected = 0;
-  }
-  if (moved) ring(local);  // its sender may be waiting for a free cell
-  return moved;
-}
-
-std::vector<std::shared_ptr<P2pEngine::Op>> P2pEngine::write_sends(Peer& peer) {
-  // FAIRRING_TEST_P2P_EXIT_AFTER=<bytes>: the process exits (code 57) in the
-  // middle of a send, once it has written that many bytes of it (tests of a
-  // peer that dies mid-transfer).
-  static const int64_t exit_after = test_bytes("FAIRRING_TEST_P2P_EXIT_AFTER");
-  std::vector<std::shared_ptr<Op>> whole;
-  while (!peer.sends.empty() && peer.out.can_write()) {
-    const std::shared_ptr<Op>& op = peer.sends.front();
-    CellHeader h;
-    h.tag = op->tag;
-    h.dtype = op->dtype;
-    h.numel = op->numel;
-    h.total = op->bytes;
-    h.offset = op->moved;
-    h.bytes = std::min<uint64_t>(peer.out.payload_bytes(), op->bytes - op->moved);
-    peer.out.write(h, op->data + op->moved);
-    op->moved += h.bytes;
-    op->last_progress = Clock::now();
-    if (exit_after >= 0 && op->moved >= static_cast<uint64_t>(exit_after) && op->moved < op->bytes) _exit(57);
-    if (op->moved == op->bytes) {
-      whole.push_back(std::move(peer.sends.front()));
-      peer.sends.pop_front();
+    } else if (u.dropped) {
+      unexpected_.erase(it);
     }
   }
-  return whole;
-}
-
-bool P2pEngine::pump_out(int local) {
-  Peer& peer = peers_[local];
-  std::vector<std::shared_ptr<Op>> whole;
-  bool moved;
-  {
-    std::unique_lock<std::mutex> lock(*peer.out_mu);
-    if (peer.sends.empty() || !peer.out.can_write()) return false;
-    whole = write_sends(peer);
-    moved = true;
-  }
-  ring(local);
-  for (auto& op : whole) finish(op, nullptr, peer.rank);
-  return moved;
+  in.unexpected = 0;
 }
 
 void P2pEngine::check(Clock::time_point now) {
-  const int me = topo_.local_rank;
   const auto seconds_since = [&](Clock::time_point t) {
     return seconds(std::chrono::duration<double>(now - t).count());
   };
-  // Receives that no message reached within the timeout.
-  std::vector<std::shared_ptr<Op>> late;
-  for (auto& [id, op] : posted_) {
-    if (now - op->last_progress > timeout_) late.push_back(op);
+  std::vector<Peer*> dead;
+  {
+    std::lock_guard<std::mutex> lock(match_mu_);
+    // Receives that no message reached within the timeout.
+    std::vector<std::shared_ptr<Op>> late;
+    for (auto& [id, op] : posted_) {
+      if (now - op->last_progress > timeout_) late.push_back(op);
+    }
+    for (auto& op : late) {
+      matcher_.cancel_recv(op->id);
+      posted_.erase(op->id);
+      finish(op, op->error(ErrorKind::kBackend, "Timed out: no message arrived in " + seconds_since(op->last_progress)),
+             op->peer);
+    }
+    const bool any_source =
+        std::any_of(posted_.begin(), posted_.end(), [](const auto& e) { return e.second->peer == kAnySource; });
+    // Node-mates that exited while we wait on them (net peers show as a
+    // closed connection instead).
+    for (int r : topo_.local_ranks()) {
+      if (r == topo_.rank) continue;
+      Peer& peer = peers_[r];
+      std::lock_guard<std::mutex> out(*peer.out_mu);
+      if (!peer.gone.empty()) continue;
+      const bool waits_on_it =
+          !peer.sends.empty() || peer.inbound.active || any_source ||
+          std::any_of(posted_.begin(), posted_.end(), [&](const auto& e) { return e.second->peer == peer.rank; });
+      if (waits_on_it && !process_alive(arena_->control().pids[peer.local])) dead.push_back(&peer);
+    }
   }
-  for (auto& op : late) {
-    matcher_.cancel_recv(op->id);
-    posted_.erase(op->id);
-    finish(op,
-           std::make_exception_ptr(Error(ErrorKind::kBackend, "fairring: Timed out: " + op->describe() +
-                                                                  ": no message arrived in " +
-                                                                  seconds_since(op->last_progress))),
-           op->peer);
+  for (Peer* peer : dead) {
+    pump_in(*peer);  // what it sent before it exited is whole in the ring
+    fail_peer(*peer, "rank " + std::to_string(peer->rank) + " (pid " +
+                         std::to_string(arena_->control().pids[peer->local]) + ") exited");
   }
-  for (int p = 0; p < static_cast<int>(peers_.size()); ++p) {
-    if (p == me) continue;
-    Peer& peer = peers_[p];
-    if (!peer.gone.empty()) continue;
-    Clock::time_point oldest_send{};  // of the send at the head of the queue (none: the epoch)
+  // Sends to node-mates that stopped moving (a peer that is stalled; the
+  // net thread watches its own).
+  for (int r : topo_.local_ranks()) {
+    if (r == topo_.rank) continue;
+    Peer& peer = peers_[r];
+    Clock::time_point oldest{};
     {
-      std::lock_guard<std::mutex> lock(*peer.out_mu);
-      if (!peer.sends.empty()) oldest_send = peer.sends.front()->last_progress;
+      std::lock_guard<std::mutex> out(*peer.out_mu);
+      if (!peer.gone.empty()) continue;
+      if (!peer.sends.empty()) oldest = peer.sends.front()->last_progress;
     }
-    const bool sending = oldest_send != Clock::time_point{};
-    const bool waits_on_it =
-        sending || peer.inbound.active || std::any_of(posted_.begin(), posted_.end(), [&](const auto& e) {
-          return e.second->peer == peer.rank || e.second->peer == kAnySource;
-        });
-    if (!waits_on_it) continue;
-    const int pid = arena_->control().pids[p];
-    if (!process_alive(pid)) {
-      pump_in(p);  // what it sent before it exited is whole in the ring
-      fail_peer(p, "rank " + std::to_string(peer.rank) + " (pid " + std::to_string(pid) + ") exited");
-      continue;
-    }
-    if (sending && now - oldest_send > timeout_) {
-      fail_peer(p, "Timed out: rank " + std::to_string(peer.rank) + " took none of its bytes for " +
-                       seconds_since(oldest_send) + " (is it stalled?)");
-    } else if (peer.inbound.op && now - peer.inbound.op->last_progress > timeout_) {
-      fail_peer(p, "Timed out: rank " + std::to_string(peer.rank) + " sent no more of the message for " +
-                       seconds_since(peer.inbound.op->last_progress) + " (is it stalled?)");
+    if (oldest != Clock::time_point{} && now - oldest > timeout_) {
+      fail_peer(peer, "Timed out: rank " + std::to_string(peer.rank) + " took none of its bytes for " +
+                          seconds_since(oldest) + " (is it stalled?)");
     }
   }
 }
 
-void P2pEngine::fail_peer(int local, const std::string& why) {
-  Peer& peer = peers_[local];
-  const auto error = [&](const Op& op) {
-    return std::make_exception_ptr(Error(ErrorKind::kNetwork, "fairring: " + op.describe() + ": " + why));
-  };
+void P2pEngine::fail_peer(Peer& peer, const std::string& why) {
+  std::lock_guard<std::mutex> lock(match_mu_);
   std::deque<std::shared_ptr<Op>> sends;
   {
-    std::lock_guard<std::mutex> lock(*peer.out_mu);
-    peer.gone = why;
+    std::lock_guard<std::mutex> out(*peer.out_mu);
+    if (peer.gone.empty()) peer.gone = why;
     sends.swap(peer.sends);
   }
-  for (auto& op : sends) finish(op, error(*op), peer.rank);
+  for (auto& op : sends) finish(op, op->error(ErrorKind::kNetwork, why), peer.rank);
+  // A message that will never be whole; a receive that took it fails.
   if (peer.inbound.op) {
     auto op = std::move(peer.inbound.op);
-    finish(op, error(*op), peer.rank);
+    finish(op, op->error(ErrorKind::kNetwork, why), peer.rank);
   }
   if (peer.inbound.active && peer.inbound.unexpected) {
-    // A part of a message that will never be whole; a receive that took it fails.
     auto it = unexpected_.find(peer.inbound.unexpected);
-    if (it->second.taker) finish(it->second.taker, error(*it->second.taker), peer.rank);
+    if (it->second.taker) finish(it->second.taker, it->second.taker->error(ErrorKind::kNetwork, why), peer.rank);
     unexpected_.erase(it);
   }
   peer.inbound = Inbound{};
-  // Receives from it; from any source only once no local peer is left.
-  const bool none_left =
-      std::all_of(peers_.begin(), peers_.end(), [&](const Peer& q) { return q.rank == topo_.rank || !q.gone.empty(); });
+  peer.in_dst = nullptr;
+  peer.dropping = true;
+  // Receives from it; from any source only once no peer is left.
+  bool none_left = true;
+  for (Peer& q : peers_) {
+    if (q.rank == topo_.rank || &q == &peer) continue;
+    std::lock_guard<std::mutex> out(*q.out_mu);
+    if (q.gone.empty()) none_left = false;
+  }
   std::vector<std::shared_ptr<Op>> fail;
   for (auto& [id, op] : posted_) {
     if (op->peer == peer.rank || (op->peer == kAnySource && none_left)) fail.push_back(op);
@@ -515,41 +435,46 @@ void P2pEngine::fail_peer(int local, const std::string& why) {
   for (auto& op : fail) {
     matcher_.cancel_recv(op->id);
     posted_.erase(op->id);
-    finish(op, error(*op), op->peer);
+    finish(op, op->error(ErrorKind::kNetwork, why), op->peer);
+  }
+}
+
+void P2pEngine::fail_peers(const Error& why, bool local) {
+  for (Peer& peer : peers_) {
+    if (peer.rank == topo_.rank || (peer.local >= 0) != local) continue;
+    std::deque<std::shared_ptr<Op>> sends;
+    {
+      std::lock_guard<std::mutex> out(*peer.out_mu);
+      if (peer.gone.empty()) peer.gone = why.what();
+      sends.swap(peer.sends);
+    }
+    for (auto& op : sends) finish(op, op->error(why.kind(), why.what()), peer.rank);
+    std::lock_guard<std::mutex> lock(match_mu_);
+    if (peer.inbound.op) {
+      auto op = std::move(peer.inbound.op);
+      finish(op, op->error(why.kind(), why.what()), peer.rank);
+    }
+    peer.in_dst = nullptr;
+    peer.dropping = true;  // what still comes is dropped
   }
 }
 
 void P2pEngine::fail_everything(const Error& why) {
-  const auto error = [&](const Op& op) {
-    return std::make_exception_ptr(Error(why.kind(), "fairring: " + op.describe() + ": " + why.what()));
-  };
   std::deque<std::shared_ptr<Op>> posts;
   {
     std::lock_guard<std::mutex> lock(mu_);
     posts.swap(posts_);
   }
-  for (auto& op : posts) finish(op, error(*op), op->peer);
-  for (Peer& peer : peers_) {
-    std::deque<std::shared_ptr<Op>> sends;
-    {
-      std::lock_guard<std::mutex> lock(*peer.out_mu);
-      if (peer.gone.empty()) peer.gone = why.what();
-      sends.swap(peer.sends);
-    }
-    for (auto& op : sends) finish(op, error(*op), peer.rank);
-    if (peer.inbound.op) {
-      auto op = std::move(peer.inbound.op);
-      finish(op, error(*op), peer.rank);
-    }
-    peer.inbound = Inbound{};
-  }
+  for (auto& op : posts) finish(op, op->error(why.kind(), why.what()), op->peer);
+  fail_peers(why, /*local=*/true);
+  std::lock_guard<std::mutex> lock(match_mu_);
   for (auto& [id, u] : unexpected_) {
-    if (u.taker) finish(u.taker, error(*u.taker), u.src);
+    if (u.taker) finish(u.taker, u.taker->error(why.kind(), why.what()), u.src);
+    u.taker = nullptr;
   }
-  unexpected_.clear();
   for (auto& [id, op] : posted_) {
     matcher_.cancel_recv(id);
-    finish(op, error(*op), op->peer);
+    finish(op, op->error(why.kind(), why.what()), op->peer);
   }
   posted_.clear();
 }

@@ -1,23 +1,30 @@
-// Point-to-point transfers (send, recv, recv from any source) between the
-// ranks of one node, through shared memory: one ShmRing per ordered pair of
-// local ranks, driven by one engine thread per rank.
+// Point-to-point transfers (send, recv, recv from any source) of CPU
+// tensors, every rank of the group reachable:
 //
-//   - A send streams its tensor into the ring to its peer, cell by cell, and
-//     is done once the last cell is in: it never waits for the receive to be
-//     posted (the receiver's engine keeps messages nobody asked for yet), so
-//     no order of sends and receives that gloo or NCCL accept can deadlock.
-//   - The receiver's engine reads every ring it has, matches each message to
-//     a posted receive by (source, tag) in arrival order (matcher.h) and
-//     copies it straight into that receive's tensor, or into a buffer of its
-//     own until a matching receive is posted.
-//   - The thread sleeps on a doorbell counter in shared memory that local
-//     callers and the peers ring (after writing a cell for it, after freeing
-//     a cell of its own ring, after posting an op).
-//   - Failures stay with the ops they touch: a peer that exits fails the ops
-//     with it (and later ones), naming it; an op pending longer than the
-//     group's timeout fails; a message whose size or dtype is not what the
-//     receive expects fails that receive, clearly, and is dropped.
-//   - abort(): every pending and later op fails at once.
+//   - within a node, through shared memory: one ShmRing per ordered pair of
+//     local ranks, driven by the rank's node thread (p2p_shm.cpp), which
+//     sleeps on a doorbell counter in shared memory that local callers and
+//     the peers ring (after writing a cell for it, after freeing a cell of
+//     its own ring, after posting an op);
+//   - between nodes, over TCP (p2p_tcp.cpp): a connection per direction, made
+//     by the sender at its first send to that rank (the receiver's listening
+//     address is in the store; the group's secret admits it), driven by the
+//     rank's net thread (poll).
+//
+// The rules are the same on both (p2p_engine.cpp):
+//   - A send is done once its last byte is written (into the ring, or taken
+//     by the socket): it never waits for the receive to be posted, because
+//     the receiver reads every message as it comes and keeps the ones nobody
+//     asked for yet, so no order of sends and receives that gloo or NCCL
+//     accept can deadlock.  A small send to a node-mate is written on the
+//     caller's thread.
+//   - Messages go to posted receives by (source, tag) in arrival order
+//     (matcher.h), straight into the receive's tensor when it is posted.
+//   - Failures stay with the ops they touch: a peer that exits (or closes
+//     its connection) fails the ops with it, and later ones, naming it; an
+//     op pending longer than the group's timeout fails; a message whose size
+//     or dtype is not what the receive expects fails that receive, clearly,
+//     and is dropped.  abort(): every pending and later op fails at once.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -42,6 +49,8 @@
 #include "pipeline/completion_pool.h"
 #include "pipeline/op_order.h"
 #include "topology/topology.h"
+#include "transport/socket.h"
+#include "transport/tcp_mesh.h"
 
 namespace c10d {
 class Store;
@@ -49,29 +58,27 @@ class Store;
 
 namespace fairring {
 
-using Clock = std::chrono::steady_clock;
-
 class P2pEngine {
  public:
   // Called once the op is over: its error (null on success) and the rank it
-  // exchanged with (a receive from any source: the sender).  On the engine
+  // exchanged with (a receive from any source: the sender).  On an engine
   // thread, or on the caller's (`on_caller`: a send that fit in the ring at
   // once, or an op refused at the start).  Quick; what may block belongs on
   // completions().
   using Done = std::function<void(std::exception_ptr error, int peer, bool on_caller)>;
 
-  // Collective over the node's ranks (the shared rings, through `store`).
+  // Collective over the group (the node's shared rings; every rank's
+  // listening address in `store`).  `ifname`: the interface to listen on
+  // ("": the hostname's address), as the rails.
   P2pEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const std::string& job_uid,
-            std::chrono::milliseconds timeout);
+            const Secret& secret, const std::string& ifname, std::chrono::milliseconds timeout);
   ~P2pEngine();
   P2pEngine(const P2pEngine&) = delete;
   P2pEngine& operator=(const P2pEngine&) = delete;
 
-  // Whether transfers with group rank `peer` run here (it shares the node).
-  bool reaches(int peer) const;
   // `t`: a contiguous CPU tensor the engine reads (send) or writes (recv)
-  // until `done` has run; its memory is `fp`'s.  `peer`: a group rank
-  // (reaches(peer)), or kAnySource for a receive.
+  // until `done` has run.  `peer`: a group rank other than ours, or
+  // kAnySource for a receive.
   void send(const at::Tensor& t, int peer, int tag, Done done);
   void recv(const at::Tensor& t, int peer, int tag, Done done);
 
@@ -95,53 +102,99 @@ class P2pEngine {
  private:
   struct Op;
   struct Unexpected;
-  // What arrives on the ring from one local peer.
+  // What arrives from one peer: the message being read.
   struct Inbound {
     bool active = false;      // a message is partly read
     std::shared_ptr<Op> op;   // its receive, or
-    uint64_t unexpected = 0;  // its buffer (0: dropped)
+    uint64_t unexpected = 0;  // its buffer (0 with no op: dropped)
     uint64_t got = 0;
     uint64_t total = 0;
   };
   struct Peer {
     int rank = -1;
-    ShmRing out, in;
-    // The out ring, the sends waiting for it and `gone`: callers write a
-    // send that fits straight into the ring, in its turn.
+    int local = -1;  // its local rank on our node, -1 on another node
+    // The sends waiting for this peer and `gone`, under out_mu: callers
+    // write a send to a node-mate that fits straight into the ring, in turn.
     std::unique_ptr<std::mutex> out_mu = std::make_unique<std::mutex>();
-    std::deque<std::shared_ptr<Op>> sends;  // to this peer, in issue order
+    std::deque<std::shared_ptr<Op>> sends;  // in issue order
     std::string gone;                       // why ops with this peer fail now ("" while it is fine)
+    // Owned by the thread that reads from this peer.
     Inbound inbound;
+    // Node-mates: the rings.
+    ShmRing out, in;
+    // Other nodes (net thread): our connection to it, and its to us.
+    Socket out_socket;
+    size_t header_sent = 0;  // of the send at the head of `sends`
+    CellHeader out_header;
+    Socket in_socket;
+    CellHeader in_header;
+    size_t header_got = 0;
+    char* in_dst = nullptr;  // where the message being read goes (null: dropped)
+    // Set by fail_peer/fail_peers on the reading thread: what still comes
+    // from it is dropped (a stream cut in the middle of a message).
+    bool dropping = false;
   };
 
-  void post(std::shared_ptr<Op> op);
+  // ---- p2p_engine.cpp: ops, matching, failures ----
+  Op* make_op(bool is_send, const at::Tensor& t, int peer, int tag, Done done);
   // Registers a pending op (for drain and wait_conflicts); false, having
   // failed it, if the engine takes no more.
   bool admit(const std::shared_ptr<Op>& op);
-  // Writes cells of the peer's queued sends while the ring has room (the
-  // peer's out_mu held); returns the sends that are whole.
-  std::vector<std::shared_ptr<Op>> write_sends(Peer& peer);
-  void loop();
-  // Caller-posted ops into the engine's state; true if any.
+  void post_recv(std::shared_ptr<Op> op);
+  // Receives posted by callers, matched; true if any (node thread).
   bool take_posts();
-  void start_recv(std::shared_ptr<Op> op);
-  bool pump_out(int local);
-  bool pump_in(int local);
-  void begin_message(int local, const CellHeader& h);
-  // Periodic: dead peers and timeouts.
-  void check(Clock::time_point now);
-  void fail_peer(int local, const std::string& why);
+  void start_recv(std::shared_ptr<Op> op);  // match_mu_ held
+  // A message from `peer` begins (its header): where its payload goes, or
+  // null (dropped).  Sets peer.inbound.  Any thread that reads from `peer`.
+  char* begin_message(Peer& peer, const CellHeader& h);
+  // Its last byte is in.
+  void end_message(Peer& peer);
   void finish(const std::shared_ptr<Op>& op, std::exception_ptr error, int peer);
+  // Fails every op with `peer` (and later ones) with `why`.  Only on the
+  // thread that reads from it (a message in flight is its to drop).
+  void fail_peer(Peer& peer, const std::string& why);
+  // The node thread: receives waiting, node-mates' sends and messages.
   void fail_everything(const Error& why);
-  void ring(int local);  // the doorbell of local rank `local`
-  int local_of(int rank) const;
+  // The sends to and messages from node-mates (`local`) or other nodes, on
+  // the thread that moves them.
+  void fail_peers(const Error& why, bool local);
+  // Periodic, node thread: receives past the timeout, dead node-mates.
+  void check(Clock::time_point now);
+  // The head send of `peer` (out_mu held): fills `h` for its next `bytes`.
+  static CellHeader header_of(const Op& op, uint64_t bytes);
+
+  // ---- p2p_shm.cpp: the node thread ----
+  void node_loop();
+  bool pump_in(Peer& peer);
+  bool pump_out(Peer& peer);
+  // Writes cells of the peer's queued sends while the ring has room
+  // (out_mu held); returns the sends that are whole.
+  std::vector<std::shared_ptr<Op>> write_cells(Peer& peer);
+  void ring(const Peer& peer);  // its doorbell
+
+  // ---- p2p_tcp.cpp: the net thread ----
+  void net_loop();
+  void wake_net();
+  void accept_peer();
+  // Connects to `peer` for our first send to it; false (its ops failed) if
+  // that fails.
+  bool connect_peer(Peer& peer);
+  bool read_from(Peer& peer);
+  bool write_to(Peer& peer);
 
   Topology topo_;
   std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  Secret secret_;
   std::unique_ptr<NodeArena> arena_;
-  std::vector<Peer> peers_;  // by local rank (ours unused)
+  std::vector<Peer> peers_;  // by group rank (ours unused)
   SharedCounter* bell_ = nullptr;
+  bool remote_ = false;  // the group spans several nodes: the net thread runs
+  Socket listener_;
+  int wake_fd_ = -1;  // eventfd: wakes the net thread
 
+  // Matching, under match_mu_ (both threads read messages).
+  std::mutex match_mu_;
   Matcher matcher_;
   std::unordered_map<uint64_t, std::shared_ptr<Op>> posted_;  // receives waiting, by id
   std::unordered_map<uint64_t, Unexpected> unexpected_;
@@ -150,7 +203,7 @@ class P2pEngine {
 
   std::mutex mu_;
   std::condition_variable idle_cv_;
-  std::deque<std::shared_ptr<Op>> posts_;
+  std::deque<std::shared_ptr<Op>> posts_;  // receives not yet matched
   std::vector<std::shared_ptr<Op>> live_;  // pending ops, for wait_conflicts
   std::atomic<size_t> pending_{0};
   uint64_t next_op_ = 1;
@@ -160,7 +213,8 @@ class P2pEngine {
   std::atomic<bool> stop_{false};
   std::atomic<bool> down_{false};  // aborted or closed: no send is written on the caller
   CompletionPool completions_;
-  std::thread thread_;
+  std::thread node_thread_;
+  std::thread net_thread_;
 };
 
 }  // namespace fairring

@@ -14,9 +14,14 @@
 
 namespace fairring {
 
-// At the start of every cell.  The message's description travels in each
-// cell, so that the receiver needs no state across cells but the offset.
+constexpr uint32_t kMessageMagic = 0x46525032;  // "FRP2"
+
+// At the start of every cell (and, with offset 0 and bytes = total, of every
+// message on a TCP connection between nodes).  The message's description
+// travels in each cell, so that the receiver needs no state across cells
+// but the offset.
 struct alignas(64) CellHeader {
+  uint32_t magic = kMessageMagic;
   int32_t tag = 0;
   int32_t dtype = 0;    // c10::ScalarType of the sent tensor
   int64_t numel = 0;    // its elements

@@ -3,7 +3,7 @@
 Reads the rank from the environment (torchrun's variables, or OpenMPI's under
 mpirun), joins a "fairring" process group plus gloo groups on the same ranks
 (launch.Ranks), and runs the job the config names: the all-reduce sweep
-below, or the DDP, FSDP or MoE benchmark (ddp.py, fsdp.py, moe.py).  Rank 0 writes the report.
+below, or the DDP, FSDP, MoE or pipeline benchmark (ddp.py, fsdp.py, moe.py, pipeline.py).  Rank 0 writes the report.
 
 How a sample is timed: all ranks leave a barrier (on a separate gloo "control"
 group), each times ``reps`` operations back to back (``reps`` per backend and
@@ -40,7 +40,7 @@ from typing import Dict
 import torch
 import torch.distributed as dist
 
-from . import ddp, fsdp, metrics, moe, report
+from . import ddp, fsdp, metrics, moe, pipeline, report
 from .launch import Ranks, run_meta, run_rank
 
 SEED = 1234
@@ -579,7 +579,8 @@ def run_barrier(ranks: Ranks, cfg: dict) -> int:
 
 def job_of(cfg: dict):
     """The function a rank runs for the config's job."""
-    return {"ddp": ddp.rank_main, "fsdp": fsdp.rank_main, "moe": moe.rank_main, "barrier": run_barrier}.get(
+    return {"ddp": ddp.rank_main, "fsdp": fsdp.rank_main, "moe": moe.rank_main, "pipeline": pipeline.rank_main,
+            "barrier": run_barrier}.get(
         cfg.get("job", "allreduce"), run_allreduce)
 
 
@@ -595,7 +596,7 @@ def main(argv=None) -> int:
 
 
 def run_config(cfg: dict) -> int:
-    """Run the job the config names: "ddp" (ddp.py), "fsdp" (fsdp.py), "moe" (moe.py), "barrier" or the sweep."""
+    """Run the job the config names: "ddp" (ddp.py), "fsdp" (fsdp.py), "moe" (moe.py), "pipeline" (pipeline.py), "barrier" or the sweep."""
     return run_rank(cfg, job_of(cfg))
 
 

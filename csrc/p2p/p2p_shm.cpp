@@ -1,0 +1,109 @@
+// The node thread of the point-to-point engine: sends to node-mates into
+// the rings, their messages out of them; the receives callers post; the
+// periodic checks.  Sleeps on the rank's doorbell.
+#include <pthread.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/fault_injection.h"
+#include "p2p/p2p_engine.h"
+#include "p2p/p2p_op.h"
+
+namespace fairring {
+
+namespace {
+// How long the thread spins for more work before it sleeps: about a round
+// trip of a small message, so that a ping-pong keeps it awake.
+constexpr auto kSpin = std::chrono::microseconds(50);
+// How often it checks for dead peers and timeouts.
+constexpr auto kCheckEvery = std::chrono::milliseconds(100);
+}  // namespace
+
+void P2pEngine::ring(const Peer& peer) { counter_bump(arena_->counter(peer.local, peer.local, 0)); }
+
+void P2pEngine::node_loop() {
+  pthread_setname_np(pthread_self(), "fairring-p2p");
+  for (;;) {
+    const uint32_t seen = bell_->value.load(std::memory_order_acquire);
+    if (stop_.load()) {
+      fail_everything(Error(ErrorKind::kBackend, "this process group was destroyed"));
+      return;
+    }
+    bool moved = take_posts();
+    for (int r : topo_.local_ranks()) {
+      if (r == topo_.rank) continue;
+      moved |= pump_in(peers_[r]);
+      moved |= pump_out(peers_[r]);
+    }
+    const auto now = Clock::now();
+    if (now >= next_check_) {
+      next_check_ = now + kCheckEvery;
+      if (busy()) check(now);
+    }
+    if (!moved) counter_wait_change(*bell_, seen, kSpin, kCheckEvery);
+  }
+}
+
+bool P2pEngine::pump_in(Peer& peer) {
+  bool moved = false;
+  char* dst = nullptr;
+  while (const CellHeader* h = peer.in.peek()) {
+    Inbound& in = peer.inbound;
+    if (peer.dropping) {  // failed: what still comes is not read
+      peer.in.consume();
+      moved = true;
+      continue;
+    }
+    if (!in.active) {
+      dst = begin_message(peer, *h);
+    } else if (moved == false) {
+      std::lock_guard<std::mutex> lock(match_mu_);  // the destination, as begin_message left it
+      dst = in.op ? in.op->data : in.unexpected ? unexpected_.at(in.unexpected).data.get() : nullptr;
+    }
+    if (in.op) in.op->last_progress = Clock::now();
+    if (dst && h->bytes > 0) std::memcpy(dst + h->offset, peer.in.payload(h), h->bytes);
+    in.got += h->bytes;
+    peer.in.consume();
+    moved = true;
+    if (in.got == in.total) end_message(peer);
+  }
+  if (moved) ring(peer);  // its sender may be waiting for a free cell
+  return moved;
+}
+
+std::vector<std::shared_ptr<P2pEngine::Op>> P2pEngine::write_cells(Peer& peer) {
+  // FAIRRING_TEST_P2P_EXIT_AFTER=<bytes>: the process exits (code 57) in the
+  // middle of a send, once it has written that many bytes of it (tests of a
+  // peer that dies mid-transfer).
+  static const int64_t exit_after = test_bytes("FAIRRING_TEST_P2P_EXIT_AFTER");
+  std::vector<std::shared_ptr<Op>> whole;
+  while (!peer.sends.empty() && peer.out.can_write()) {
+    Op& op = *peer.sends.front();
+    const CellHeader h = header_of(op, std::min<uint64_t>(peer.out.payload_bytes(), op.bytes - op.moved));
+    peer.out.write(h, op.data + op.moved);
+    op.moved += h.bytes;
+    op.last_progress = Clock::now();
+    if (exit_after >= 0 && op.moved >= static_cast<uint64_t>(exit_after) && op.moved < op.bytes) _exit(57);
+    if (op.moved == op.bytes) {
+      whole.push_back(std::move(peer.sends.front()));
+      peer.sends.pop_front();
+    }
+  }
+  return whole;
+}
+
+bool P2pEngine::pump_out(Peer& peer) {
+  std::vector<std::shared_ptr<Op>> whole;
+  {
+    std::unique_lock<std::mutex> lock(*peer.out_mu);
+    if (peer.sends.empty() || !peer.out.can_write()) return false;
+    whole = write_cells(peer);
+  }
+  ring(peer);
+  for (auto& op : whole) finish(op, nullptr, peer.rank);
+  return true;
+}
+
+}  // namespace fairring
