@@ -210,7 +210,9 @@ def moe_table(s: dict) -> str:
 
 def parser() -> argparse.ArgumentParser:
     p = ddp.training_parser("python -m fairring_py.bench.moe", __doc__, "moe.json", 256, "d_model", 16, 10, 2)
-    p.add_argument("--hidden", type=int, default=512, help="each expert's hidden size (default 512)")
+    # Default sizes: on the 2-core test machine, 2 x 2, communication is about
+    # 45-50% of gloo's step (BENCHMARKS.md).
+    p.add_argument("--hidden", type=int, default=128, help="each expert's hidden size (default 128)")
     p.add_argument("--capacity-factor", type=float, default=1.25,
                    help="slots per expert = factor x tokens / experts (default 1.25)")
     p.add_argument("--rtol", type=float, default=1e-5,
