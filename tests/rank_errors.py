@@ -86,6 +86,8 @@ def stall_or_die(rank, world, culprit, how, timeout_s, sync_dir=None):
             "die-mid-all_gather": lambda: dist.all_gather_into_tensor(
                 torch.empty(n * world), torch.ones(n), async_op=True),
             "die-mid-broadcast": lambda: dist.broadcast(torch.ones(16_000_057), src=world - 1, async_op=True),
+            "die-mid-all_to_all": lambda: dist.all_to_all_single(
+                torch.empty(n * world), torch.ones(n * world), async_op=True),
         }[how]()
         if rank == culprit:
             sys.stdout.flush()
