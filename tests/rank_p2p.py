@@ -15,28 +15,13 @@ import torch.distributed as dist
 
 import launch
 import refs
+from rank_all_to_all import _check
 from rank_checks import Failures
-
-
-def _bits(t):
-    t = t.detach().contiguous()
-    if t.is_complex():
-        t = torch.view_as_real(t).contiguous()
-    return t.reshape(-1).view(torch.uint8) if t.dtype != torch.bool else t.reshape(-1).to(torch.uint8)
 
 
 def payload(seed, src, dst, index, numel, dtype):
     """What `src` sends `dst` as its message number `index`: both ends make it."""
     return refs.make_input(seed * 1_000_003 + index * 1009 + dst, src, numel, dtype, "SUM")
-
-
-def _check(failures, name, got, want):
-    if got.shape != want.shape:
-        failures.add(f"{name}: shape {tuple(got.shape)}, want {tuple(want.shape)}")
-    elif not torch.equal(_bits(got), _bits(want)):
-        bad = (got.reshape(-1) != want.reshape(-1)).nonzero()
-        where = bad[0].item() if bad.numel() else "?"
-        failures.add(f"{name}: wrong data (first differing element {where} of {got.numel()})")
 
 
 def recent_kinds(since=-1):

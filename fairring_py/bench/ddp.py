@@ -201,6 +201,34 @@ def ddp_table(s: dict) -> str:
     return "\n".join(out)
 
 
+def throughput_table(s: dict, heading: str, unit: str, key: str, losses: str = "losses") -> list:
+    """The lines a training benchmark with a compute-only run prints (bench.moe,
+    bench.pipeline): `heading`, one row per backend (`key` of each row in
+    `unit`), the communication per step, the check of `losses`, the kinds of
+    the fairring group's ops."""
+    m = s["meta"]
+    base = m["baseline"]
+    out = [heading + launch.steps_heading(m),
+           f"{'backend':<14}{'step ms':>10}{'p10-p90 ms':>19}{unit:>12}{'vs ' + base:>10}"]
+    for r in s["rows"]:
+        spread = f"{r['p10_step_s'] * 1e3:.1f}-{r['p90_step_s'] * 1e3:.1f}"
+        out.append(f"{r['backend']:<14}{r['median_step_s'] * 1e3:>10.1f}{spread:>19}{r[key]:>12.0f}"
+                   f"{r['speedup_vs_baseline']:>9.2f}x")
+    step = {r["backend"]: r["median_step_s"] * 1e3 for r in s["rows"]}
+    if "compute only" in step:
+        comm = {b: step[b] - step["compute only"] for b in ("fairring", base)}
+        ratio = f"{comm[base] / comm['fairring']:.2f}x" if comm["fairring"] > 0 else "n/a"
+        out.append(f"communication per step (step minus compute only): fairring {comm['fairring']:.1f} ms, "
+                   f"{base} {comm[base]:.1f} ms ({ratio}); compute only {step['compute only']:.1f} ms "
+                   f"({100 * comm[base] / step[base]:.0f}% of {base}'s step is communication)")
+    c = s["check"]
+    kinds = ", ".join(f"{k} x{n}" for k, n in sorted(s["fairring_kinds"].items()))
+    out.append(f"check: {'OK' if c['ok'] else 'FAILED'} (fairring vs {base}: {losses} differ by at most "
+               f"{c['loss_max_rel_diff']:.1e} relative; limit {c['rtol']:.0e})")
+    out.append(f"fairring group's ops while training (of its last 64): {kinds}")
+    return out
+
+
 def training_parser(prog: str, doc: str, out_file: str, width: int, width_help: str, batch: int, steps: int,
                     warmup: int) -> argparse.ArgumentParser:
     """The command line the training benchmarks share (this one and

@@ -183,29 +183,11 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
 
 def moe_table(s: dict) -> str:
     m = s["meta"]
-    base = m["baseline"]
-    out = [f"MoE, top-1 expert parallel ({m['depth']} layers, width {m['width']}, expert hidden {m['hidden']}, "
-           f"capacity factor {m['capacity_factor']:g}; {m['params_per_rank'] / 1e6:.2f} M params per rank), "
-           f"{m['batch_per_rank']} x {m['seq']} tokens/rank, {m['world_size']} ranks, "
-           f"fairring topology {m['fairring_topology']}" + launch.steps_heading(m),
-           f"{'backend':<14}{'step ms':>10}{'p10-p90 ms':>19}{'tokens/s':>12}{'vs ' + base:>10}"]
-    for r in s["rows"]:
-        spread = f"{r['p10_step_s'] * 1e3:.1f}-{r['p90_step_s'] * 1e3:.1f}"
-        out.append(f"{r['backend']:<14}{r['median_step_s'] * 1e3:>10.1f}{spread:>19}{r['tokens_per_s']:>12.0f}"
-                   f"{r['speedup_vs_baseline']:>9.2f}x")
-    step = {r["backend"]: r["median_step_s"] * 1e3 for r in s["rows"]}
-    if "compute only" in step:
-        comm = {b: step[b] - step["compute only"] for b in ("fairring", base)}
-        ratio = f"{comm[base] / comm['fairring']:.2f}x" if comm["fairring"] > 0 else "n/a"
-        out.append(f"communication per step (step minus compute only): fairring {comm['fairring']:.1f} ms, "
-                   f"{base} {comm[base]:.1f} ms ({ratio}); compute only {step['compute only']:.1f} ms "
-                   f"({100 * comm[base] / step[base]:.0f}% of {base}'s step is communication)")
-    c = s["check"]
-    kinds = ", ".join(f"{k} x{n}" for k, n in sorted(s["fairring_kinds"].items()))
-    out.append(f"check: {'OK' if c['ok'] else 'FAILED'} (fairring vs {base}: losses differ by at most "
-               f"{c['loss_max_rel_diff']:.1e} relative; limit {c['rtol']:.0e})")
-    out.append(f"fairring group's collectives while training (of its last 64): {kinds}")
-    return "\n".join(out)
+    heading = (f"MoE, top-1 expert parallel ({m['depth']} layers, width {m['width']}, expert hidden {m['hidden']}, "
+               f"capacity factor {m['capacity_factor']:g}; {m['params_per_rank'] / 1e6:.2f} M params per rank), "
+               f"{m['batch_per_rank']} x {m['seq']} tokens/rank, {m['world_size']} ranks, "
+               f"fairring topology {m['fairring_topology']}")
+    return "\n".join(ddp.throughput_table(s, heading, "tokens/s", "tokens_per_s"))
 
 
 def parser() -> argparse.ArgumentParser:
