@@ -18,7 +18,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     TORCH_CUDA_ARCH_LIST="8.0;9.0;10.0;12.0+PTX"
 
 WORKDIR /workspace/fairring
-RUN python -m pip install pybind11 ninja pytest numpy
+RUN python -m pip install pybind11 ninja pytest expecttest numpy
 
 COPY . .
 # Drop build outputs that may have come from the host checkout, then build

@@ -17,7 +17,8 @@ from rank_checks import Failures
 
 
 def _bits(t):
-    t = t.detach().contiguous()
+    # (contiguous() keeps the stride of a one-element view: clone instead)
+    t = t.detach().reshape(-1).clone(memory_format=torch.contiguous_format)
     if t.is_complex():
         t = torch.view_as_real(t).contiguous()
     return t.reshape(-1).view(torch.uint8) if t.dtype != torch.bool else t.reshape(-1).to(torch.uint8)
@@ -141,25 +142,59 @@ def sec_all_to_all(rank, world, cfg):
 
 
 def uneven(rank, world):
-    """Unequal splits (gloo's, for now): still the right blocks."""
+    """Unequal splits (one send and one receive per pair of ranks): the right
+    blocks for every dtype, with zero-sized blocks, strided outputs and the
+    list form of unequal sizes, several in flight."""
     failures = Failures()
     first = _last_seq()
-    # Rank s sends (s + d) % 3 + 1 elements to rank d.
-    send = [(rank + d) % 3 + 1 for d in range(world)]
-    recv = [(s + rank) % 3 + 1 for s in range(world)]
-    ins = [refs.make_input(8500, s, sum((s + d) % 3 + 1 for d in range(world)), torch.float32, "SUM")
-           for s in range(world)]
-    out = torch.empty(sum(recv))
-    dist.all_to_all_single(out, ins[rank], recv, send)
-    want = []
-    for s in range(world):
-        start = sum((s + d) % 3 + 1 for d in range(rank))
-        want.append(ins[s][start:start + recv[s]])
-    _check(failures, "unequal splits", out, torch.cat(want))
-    kinds = _native_kinds(first)
-    if kinds != ["alltoall_base (gloo)"]:
-        failures.add(f"unequal splits recorded as {kinds}")
+    for dtype in [torch.float32, torch.int64, torch.bfloat16, torch.bool, torch.complex64]:
+        for scale in (1, 1000):
+            # Rank s sends ((s + d) % 3) x scale elements to rank d (some zero).
+            def n(s, d):
+                return ((s + d) % 3) * scale
+
+            send = [n(rank, d) for d in range(world)]
+            recv = [n(s, rank) for s in range(world)]
+            ins = [refs.make_input(8500 + scale, s, sum(n(s, d) for d in range(world)), dtype, "SUM")
+                   for s in range(world)]
+            want = []
+            for s in range(world):
+                start = sum(n(s, d) for d in range(rank))
+                want.append(ins[s][start:start + recv[s]])
+            want = torch.cat(want)
+            out = torch.empty(sum(recv), dtype=dtype)
+            dist.all_to_all_single(out, ins[rank], recv, send)
+            _check(failures, f"{refs.dtype_name(dtype)} x{scale}", out, want)
+            holder = torch.zeros(2 * sum(recv), dtype=dtype)
+            w = dist.all_to_all_single(holder[::2], ins[rank], recv, send, async_op=True)
+            outs = [torch.empty(recv[s], dtype=dtype) for s in range(world)]
+            w2 = dist.all_to_all(outs, list(ins[rank].split(send)), async_op=True)
+            w.wait()
+            w2.wait()
+            _check(failures, f"{refs.dtype_name(dtype)} x{scale} strided", holder[::2], want)
+            _check(failures, f"{refs.dtype_name(dtype)} x{scale} list form", torch.cat(outs), want)
+    kinds = set(_native_kinds(first))
+    if kinds != {"all_to_all (pairwise)"}:
+        failures.add(f"unequal splits recorded as {sorted(kinds)}")
     return {"failures": list(failures)}
+
+
+def mismatched_splits(rank, world):
+    """Every rank sends d + 1 elements to rank d, but rank 0 expects one more
+    from rank 1: rank 0's all-to-all fails naming
+    both sizes; the group goes on."""
+    send = [d + 1 for d in range(world)]
+    recv = [rank + 1] * world
+    if rank == 0:
+        recv[1] += 1
+    err = None
+    try:
+        dist.all_to_all_single(torch.empty(sum(recv)), torch.ones(sum(send)), recv, send)
+    except Exception as e:  # noqa: BLE001
+        err = f"{type(e).__name__}: {e}"
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    return {"error": err, "after": t.tolist()}
 
 
 def mismatch(rank, world, which):

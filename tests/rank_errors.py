@@ -751,18 +751,16 @@ def killed_during_init(rank, world, sync_dir, kill_after_s):
 
 def numbers_agree(rank, world, timeout_s):
     """The op number an error names is the one dump_recent and the logs give
-    it: the group's count, delegated ops included (here a gloo all_to_all
-    of unequal splits, #0), not the engine's own (which would call the
+    it: the group's count, delegated ops included (here a gloo all_reduce
+    of a sparse tensor, #0), not the engine's own (which would call the
     failing op #1)."""
     import io
 
     import fairring_py
 
     g = dist.new_group(list(range(world)), backend="fairring", timeout=timedelta(seconds=timeout_s))
-    # Rank s sends s + 1 elements to each rank: unequal splits, delegated.
-    x = torch.arange(world * (rank + 1), dtype=torch.float32)
-    y = torch.empty(sum(s + 1 for s in range(world)))
-    dist.all_to_all_single(y, x, [s + 1 for s in range(world)], [rank + 1] * world, group=g)  # delegated: #0
+    # A sparse all-reduce: delegated.
+    dist.all_reduce(torch.sparse_coo_tensor([[rank % 4]], [1.0], (4,)), group=g)  # delegated: #0
     t = torch.ones(100)
     dist.all_reduce(t, group=g)  # #1
     n = 101 if rank == world - 1 else 100

@@ -173,6 +173,18 @@ def issue_order(rank, world):
         _check(failures, f"n={n}: all_reduce before send", t, torch.full((n,), total))
         _check(failures, f"n={n}: all_reduce after recv", r_buf, torch.full((n,), total * world))
         _check(failures, f"n={n}: unrelated all_reduce", other, torch.full((n,), float(world)))
+    # a receive into a strided view, then an all_reduce of the whole tensor:
+    # the all_reduce sums what arrived (the stand-in's copy-back included)
+    n = 4099
+    base = torch.zeros(n, 2)
+    s = dist.isend(torch.full((n,), float(rank + 1)), nxt, tag=50)
+    r = dist.irecv(base[:, 0], prv, tag=50)
+    w = dist.all_reduce(base, async_op=True)
+    for x in (s, r, w):
+        x.wait()
+    total = world * (world + 1) / 2
+    _check(failures, "strided recv before all_reduce", base[:, 0].contiguous(), torch.full((n,), total))
+    _check(failures, "strided recv before all_reduce (other column)", base[:, 1].contiguous(), torch.zeros(n))
     # many in flight: 40 small messages each way with one tag, in order
     works, bufs = [], []
     for i in range(40):
@@ -244,6 +256,29 @@ def peer_dies(rank, world, when):
     except Exception as e:  # noqa: BLE001
         later = f"{type(e).__name__}: {e}"
     return {"error": err, "later": later, "seconds": time.monotonic() - t0}
+
+
+def any_source_after_death(rank, world):
+    """Rank 1 dies in the middle of a large send to rank 0 (tag 0); rank 2
+    then sends rank 0 a small message with tag 0: rank 0's receive from any
+    source gets rank 2's, not the remains of rank 1's."""
+    if rank == 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        dist.isend(torch.ones(64 * 1024 * 1024 // 4), 0, tag=0)  # the engine exits 1 MiB into it
+        time.sleep(30)
+        os._exit(launch.DELIBERATE_EXIT)
+    if rank == 2:
+        time.sleep(1.0)
+        dist.send(torch.full((3,), 2.0), 0, tag=0)
+        return {}
+    time.sleep(0.6)
+    t = torch.empty(3)
+    try:
+        src = dist.recv(t, tag=0)
+        return {"src": src, "data": t.tolist(), "error": None}
+    except Exception as e:  # noqa: BLE001
+        return {"src": None, "data": None, "error": f"{type(e).__name__}: {e}"}
 
 
 def recv_times_out(rank, world, timeout_s):

@@ -4,8 +4,9 @@ rail carrying what its rank receives from the other nodes): every dtype, odd
 sizes, several slices, rows of 2-D tensors, strided and in-place tensors,
 the list form, many in flight mixed with all-reduces on the same tensors, on
 one node, between simulated nodes, uneven nodes and with the device-like
-mover, against a reference built on every rank; unequal splits (gloo's)
-still right; mismatches an error on every rank; bad sizes a clear error."""
+mover, against a reference built on every rank; unequal splits (one send
+and one receive per pair of ranks) right, and a split one rank does not
+expect an error there; mismatches an error on every rank; bad sizes a clear error."""
 from __future__ import annotations
 
 import pytest
@@ -25,11 +26,21 @@ def test_all_to_all_moves_every_block_to_its_rank(name):
         assert not r.value["failures"], f"{name} rank {r.rank}:\n" + "\n".join(r.value["failures"][:20])
 
 
-@pytest.mark.parametrize("ids", [["a", "a", "a"], ["a", "b"]], ids=["1x3", "2x1"])
+@pytest.mark.parametrize("ids", [["a", "a", "a"], ["a", "b"], ["a", "a", "b", "b"]], ids=["1x3", "2x1", "2x2"])
 def test_unequal_splits_are_right(ids):
-    res = launch.run_ranks(rank_all_to_all.uneven, ids, timeout_s=90)
+    res = launch.run_ranks(rank_all_to_all.uneven, ids, timeout_s=120)
     for r in res:
         assert not r.value["failures"], f"rank {r.rank}: " + "\n".join(r.value["failures"])
+
+
+@pytest.mark.parametrize("ids", [["a", "a"], ["a", "b"]], ids=["1x2", "2x1"])
+def test_mismatched_unequal_splits_fail_where_they_do_not_fit(ids):
+    res = launch.run_ranks(rank_all_to_all.mismatched_splits, ids, timeout_s=90, pg_timeout_s=30)
+    err = res[0].value["error"]
+    assert err and "all_to_all block from rank 1" in err and "rank 1 sent 1 element(s) of float32" in err \
+        and "holds 2 element(s)" in err, err
+    assert res[1].value["error"] is None, res[1].value  # its blocks fit: it cannot tell
+    assert all(r.value["after"] == [2.0, 2.0, 2.0] for r in res), [r.value for r in res]
 
 
 @pytest.mark.parametrize("which", ["size", "all_reduce"])

@@ -77,6 +77,15 @@ def test_dead_peer_is_named(when, ids):
     assert v["later"] and "rank 1" in v["later"], v["later"]
 
 
+@pytest.mark.parametrize("ids", [["a", "a", "a"], ["a", "b", "a"]], ids=["same-node", "other-node"])
+def test_any_source_after_a_sender_died_mid_message(ids):
+    rank_env = [{}, {"FAIRRING_TEST_P2P_EXIT_AFTER": str(1 << 20)}, {}]
+    res = launch.run_ranks(rank_p2p.any_source_after_death, ids, timeout_s=120, pg_timeout_s=60, check=False,
+                           rank_env=rank_env)
+    assert res[1].exitcode == launch.DELIBERATE_EXIT, launch.describe_all(res)
+    assert res[0].value == {"src": 2, "data": [2.0, 2.0, 2.0], "error": None}, launch.describe_all(res)
+
+
 @pytest.mark.parametrize("ids", [["a", "a"], ["a", "b"]], ids=["1x2", "2x1"])
 def test_receive_nothing_reaches_times_out(ids):
     timeout_s = 3

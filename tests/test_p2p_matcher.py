@@ -38,3 +38,11 @@ def test_cancelled_receive_matches_nothing():
     got = run(("post", 1, 0, 0), ("cancel", 1, 0, 0), ("cancel", 1, 0, 0), ("arrive", 10, 0, 0),
               ("post", 2, 0, 0))
     assert got == [None, 1, None, None, 10]
+
+
+def test_dropped_message_is_not_taken():
+    # a message of a sender that died half-way is dropped: a receive from any
+    # source takes the next one
+    got = run(("arrive", 10, 1, 0), ("arrive", 11, 2, 0), ("drop", 10, 0, 0), ("drop", 10, 0, 0),
+              ("post", 1, -1, 0))
+    assert got == [None, None, 10, None, 11]

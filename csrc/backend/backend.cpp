@@ -865,25 +865,42 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall_base(at::Tensor& output
   const int world = getSize();
   check_splits(input_splits, input, world, "input");
   check_splits(output_splits, output, world, "output");
-  if (!native_tensors({output, input}) || !input.device().is_cpu() || !equal_splits(input_splits, input, world) ||
-      !equal_splits(output_splits, output, world)) {
+  if (!native_tensors({output, input}) || !input.device().is_cpu()) {
     return run_delegated("alltoall_base", touched(output, input), [&](c10d::Backend& gloo) {
       return gloo.alltoall_base(output, input, output_splits, input_splits, opts);
     });
+  }
+  if (!equal_splits(input_splits, input, world) || !equal_splits(output_splits, output, world)) {
+    // Unequal blocks: one send and one receive per pair of ranks.
+    const auto blocks = [&](const at::Tensor& t, const std::vector<int64_t>& splits) {
+      std::vector<at::Tensor> out;
+      int64_t at = 0;
+      for (int j = 0; j < world; ++j) {
+        const int64_t n = splits.empty() ? t.size(0) / world : splits[j];
+        out.push_back(t.narrow(0, at, n));
+        at += n;
+      }
+      return out;
+    };
+    return exchange_blocks(blocks(input, input_splits), blocks(output, output_splits), {output},
+                           c10d::OpType::ALLTOALL_BASE);
   }
   return submit_blockwise(Collective::kAllToAll, {input}, {output}, c10d::ReduceOp::SUM, c10d::OpType::ALLTOALL_BASE);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllToAllOptions& opts) {
-  // Native for W CPU tensors of one size each way; other lists go to gloo.
+  // Native for W CPU tensors each way: of one size, blockwise; else one send
+  // and one receive per pair of ranks.  Other lists go to gloo.
   const auto same_size = [&](const at::Tensor& t) { return t.numel() == inputs[0].numel(); };
   if (inputs.empty() || static_cast<int>(inputs.size()) != getSize() || outputs.size() != inputs.size() ||
-      !native_tensors(both(inputs, outputs)) || !inputs[0].device().is_cpu() ||
-      !std::all_of(inputs.begin(), inputs.end(), same_size) ||
-      !std::all_of(outputs.begin(), outputs.end(), same_size)) {
+      !native_tensors(both(inputs, outputs)) || !inputs[0].device().is_cpu()) {
     return run_delegated("alltoall", touched(outputs, inputs),
                          [&](c10d::Backend& gloo) { return gloo.alltoall(outputs, inputs, opts); });
+  }
+  if (!std::all_of(inputs.begin(), inputs.end(), same_size) ||
+      !std::all_of(outputs.begin(), outputs.end(), same_size)) {
+    return exchange_blocks(inputs, outputs, outputs, c10d::OpType::ALLTOALL);
   }
   return submit_blockwise(Collective::kAllToAll, inputs, outputs, c10d::ReduceOp::SUM, c10d::OpType::ALLTOALL);
 }
@@ -902,6 +919,7 @@ bool FairringBackend::p2p_native(const char* kind, const std::vector<at::Tensor>
 c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const at::Tensor& t, int peer, int tag) {
   const char* kind = is_send ? "send" : peer == kAnySource ? "recv_any_source" : "recv";
   check_same_process(kind);
+  TORCH_CHECK_VALUE(tag >= 0, "fairring: ", kind, " with tag ", tag, ": tags must be >= 0 (as on gloo)");
   // The order rule: after the ops issued before it whose memory it shares
   // (a later op waits for it in turn, in submit_cpu and here).
   Footprint fp;
@@ -949,11 +967,101 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const a
       pool->post([work, error] { work->complete_future(error); });  // callbacks may block
     }
   };
+  // The engine's op stands for the caller's tensor (fp), not the stand-in.
   if (is_send) {
-    p2p_->send(buffer, peer, tag, std::move(done));
+    p2p_->send(buffer, peer, tag, std::move(done), &fp);
   } else {
-    p2p_->recv(buffer, peer, tag, std::move(done));
+    p2p_->recv(buffer, peer, tag, std::move(done), &fp);
   }
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> FairringBackend::exchange_blocks(const std::vector<at::Tensor>& sends,
+                                                                const std::vector<at::Tensor>& recvs,
+                                                                std::vector<at::Tensor> outputs, c10d::OpType type) {
+  const char* kind = "all_to_all (pairwise)";
+  check_same_process(kind);
+  // Its messages carry a negative tag (users' are >= 0), the same on every
+  // rank: the group's exchanges are numbered alike everywhere, counted
+  // before any check that may fail on one rank only.
+  const int tag = -1 - static_cast<int>(exchange_seq_++ % (1u << 30));
+  const int world = getSize();
+  const int me = getRank();
+  for (int j = 0; j < world; ++j) {
+    TORCH_CHECK_TYPE(
+        sends[j].scalar_type() == sends[0].scalar_type() && recvs[j].scalar_type() == sends[0].scalar_type(),
+        "fairring: all_to_all needs one dtype for every input and output block, but got ",
+        dtype_name(sends[j].scalar_type()), " and ", dtype_name(recvs[j].scalar_type()), " besides ",
+        dtype_name(sends[0].scalar_type()));
+  }
+  TORCH_CHECK_VALUE(sends[me].numel() == recvs[me].numel(), "fairring: all_to_all: this rank's block for itself has ",
+                    sends[me].numel(), " element(s) in the input but room for ", recvs[me].numel(), " in the output");
+  Footprint fp;
+  for (const at::Tensor& t : sends) fp.read(t);
+  for (const at::Tensor& t : recvs) fp.write(t);
+  order_after_delegated(fp);
+  {
+    GilReleaseIfHeld no_gil;
+    engine_->wait_conflicts(fp);
+  }
+  auto work = c10::make_intrusive<FairringWork>(me, type, outputs, "fairring:all_to_all");
+  work->set_interrupt_hook(abort_hook_, kind);
+  int64_t bytes = 0;
+  for (const at::Tensor& t : sends) bytes += t.numel() * t.element_size();
+  auto recent = recent_;
+  auto handle = recent->start(seq_++, kind, std::to_string(bytes) + " bytes to send, blocks of unequal sizes", bytes);
+  struct State {
+    std::atomic<int> left{0};
+    std::mutex mu;
+    std::exception_ptr error;
+    std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (caller's block, its contiguous stand-in)
+  };
+  auto st = std::make_shared<State>();
+  // Our own block, here and now (after the ops it had to follow).
+  recvs[me].copy_(sends[me]);
+  std::vector<at::Tensor> landing(world);
+  for (int j = 0; j < world; ++j) {
+    if (j == me) continue;
+    landing[j] = recvs[j].is_contiguous() ? recvs[j] : at::empty(recvs[j].sizes(), recvs[j].options());
+    if (!recvs[j].is_contiguous()) st->copy_back.emplace_back(recvs[j], landing[j]);
+  }
+  st->left = 2 * (world - 1) + 1;  // + 1: this call, until everything is posted
+  CompletionPool* pool = &p2p_->completions();
+  auto done = [st, work, recent, handle, pool](std::exception_ptr error, int, bool on_caller) {
+    if (error) {
+      std::lock_guard<std::mutex> lock(st->mu);
+      if (!st->error) st->error = error;
+    }
+    if (st->left.fetch_sub(1) != 1) return;
+    std::exception_ptr first = st->error;
+    if (!first) {
+      try {
+        for (auto& [block, stand_in] : st->copy_back) block.copy_(stand_in);
+      } catch (const std::exception& e) {
+        first = std::make_exception_ptr(error_of(e));
+      }
+    }
+    recent->finish(handle, first ? error_of(first).what() : "");
+    work->mark_done(first);
+    if (on_caller) {
+      work->complete_future(first);
+    } else if (!work->complete_future_if_untaken(first)) {
+      pool->post([work, first] { work->complete_future(first); });
+    }
+  };
+  for (int j = 0; j < world; ++j) {
+    if (j == me) continue;
+    Footprint block;  // the caller's block, which a stand-in may stand for
+    block.write(recvs[j]);
+    p2p_->recv(landing[j], j, tag, done, &block);
+  }
+  for (int k = 1; k < world; ++k) {  // rank me + k first: not everyone at rank 0 at once
+    const int j = (me + k) % world;
+    Footprint block;
+    block.read(sends[j]);
+    p2p_->send(sends[j].contiguous(), j, tag, done, &block);
+  }
+  done(nullptr, me, /*on_caller=*/true);
   return work;
 }
 

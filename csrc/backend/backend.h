@@ -90,8 +90,9 @@ class FairringBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) override;
-  // All-to-all: native for CPU tensors cut into equal blocks (no splits, or
-  // equal ones; the list form: W tensors of one size); unequal splits: gloo.
+  // All-to-all of CPU tensors: equal blocks (no splits, or equal ones; the
+  // list form: W tensors of one size) blockwise through the pipeline;
+  // unequal ones pairwise (exchange_blocks).  Other tensors: gloo.
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& opts) override;
@@ -173,6 +174,13 @@ class FairringBackend : public c10d::Backend {
   // A send (`is_send`) or receive of `t` with `peer` (kAnySource: from
   // any), on the point-to-point engine.
   c10::intrusive_ptr<c10d::Work> submit_p2p(bool is_send, const at::Tensor& t, int peer, int tag);
+  // All-to-all of blocks of unequal sizes: block j of `sends` to rank j,
+  // rank j's block for us into `recvs[j]`, one send and one receive per pair
+  // of ranks on the point-to-point engine.
+  c10::intrusive_ptr<c10d::Work> exchange_blocks(const std::vector<at::Tensor>& sends,
+                                                 const std::vector<at::Tensor>& recvs, std::vector<at::Tensor> outputs,
+                                                 c10d::OpType type);
+  uint64_t exchange_seq_ = 0;  // exchange_blocks calls so far (their tags)
   // Whether a send or receive of `tensors` with `peer` runs natively; throws
   // on a peer that is not one (itself, out of the group).
   bool p2p_native(const char* kind, const std::vector<at::Tensor>& tensors, int peer) const;

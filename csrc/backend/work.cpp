@@ -99,6 +99,8 @@ bool OnceWaitedWork::wait(std::chrono::milliseconds timeout) {
       try {
         inner_->wait(timeout);
       } catch (...) {
+        // A caller's own timeout ran out: the op may still end; not kept.
+        if (timeout != kNoTimeout) throw;
         error_ = std::current_exception();
       }
       waited_.store(true);

@@ -36,4 +36,14 @@ bool Matcher::cancel_recv(uint64_t recv) {
   return false;
 }
 
+bool Matcher::cancel_message(uint64_t msg) {
+  for (auto it = messages_.begin(); it != messages_.end(); ++it) {
+    if (it->id == msg) {
+      messages_.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace fairring

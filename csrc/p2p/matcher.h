@@ -28,6 +28,8 @@ class Matcher {
   std::optional<uint64_t> arrive(uint64_t msg, int src, int tag);
   // Forgets a posted receive that will not complete (failed); true if it was posted.
   bool cancel_recv(uint64_t recv);
+  // Forgets a kept message that will never be whole (its sender died); true if it was kept.
+  bool cancel_message(uint64_t msg);
 
   size_t posted() const { return recvs_.size(); }
   size_t unexpected() const { return messages_.size(); }

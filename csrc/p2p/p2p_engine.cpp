@@ -27,9 +27,9 @@ constexpr int64_t kRingBytes = 8 * kCellBytes;
 // Why a message does not fit a receive ("" if it does).
 std::string mismatch(int32_t dtype, int64_t numel, const CellHeader& h, int src) {
   if (h.dtype == dtype && h.numel == numel) return "";
-  return "rank " + std::to_string(src) + " sent " + what_tensor(h.dtype, h.numel) + " with tag " +
-         std::to_string(h.tag) + ", but the receiving tensor holds " + what_tensor(dtype, numel) +
-         "; the message was dropped";
+  const std::string tag = h.tag >= 0 ? " with tag " + std::to_string(h.tag) : " for this all_to_all";
+  return "rank " + std::to_string(src) + " sent " + what_tensor(h.dtype, h.numel) + tag +
+         ", but the receiving tensor holds " + what_tensor(dtype, numel) + "; the message was dropped";
 }
 
 std::string addr_key(int rank) { return "addr/" + std::to_string(rank); }
@@ -90,7 +90,8 @@ P2pEngine::~P2pEngine() {
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
-P2pEngine::Op* P2pEngine::make_op(bool is_send, const at::Tensor& t, int peer, int tag, Done done) {
+P2pEngine::Op* P2pEngine::make_op(bool is_send, const at::Tensor& t, int peer, int tag, Done done,
+                                  const Footprint* fp) {
   auto* op = new Op();
   op->is_send = is_send;
   op->peer = peer;
@@ -100,7 +101,9 @@ P2pEngine::Op* P2pEngine::make_op(bool is_send, const at::Tensor& t, int peer, i
   op->bytes = t.numel() * t.element_size();
   op->dtype = static_cast<int32_t>(t.scalar_type());
   op->numel = t.numel();
-  if (is_send) {
+  if (fp) {
+    op->fp = *fp;
+  } else if (is_send) {
     op->fp.read(t);
   } else {
     op->fp.write(t);
@@ -120,12 +123,12 @@ CellHeader P2pEngine::header_of(const Op& op, uint64_t bytes) {
   return h;
 }
 
-void P2pEngine::send(const at::Tensor& t, int peer_rank, int tag, Done done) {
-  std::shared_ptr<Op> op(make_op(true, t, peer_rank, tag, std::move(done)));
+void P2pEngine::send(const at::Tensor& t, int peer_rank, int tag, Done done, const Footprint* fp) {
+  std::shared_ptr<Op> op(make_op(true, t, peer_rank, tag, std::move(done), fp));
   Peer& peer = peers_[peer_rank];
   std::unique_lock<std::mutex> lock(*peer.out_mu);
-  if (!peer.gone.empty()) {
-    const std::string gone = peer.gone;
+  if (!peer.gone.empty() || !peer.sends_closed.empty()) {
+    const std::string gone = !peer.gone.empty() ? peer.gone : peer.sends_closed;
     lock.unlock();
     op->done(op->error(ErrorKind::kNetwork, gone), peer_rank, true);
     return;
@@ -153,8 +156,8 @@ void P2pEngine::send(const at::Tensor& t, int peer_rank, int tag, Done done) {
   }
 }
 
-void P2pEngine::recv(const at::Tensor& t, int peer, int tag, Done done) {
-  std::shared_ptr<Op> op(make_op(false, t, peer, tag, std::move(done)));
+void P2pEngine::recv(const at::Tensor& t, int peer, int tag, Done done, const Footprint* fp) {
+  std::shared_ptr<Op> op(make_op(false, t, peer, tag, std::move(done), fp));
   if (!admit(op)) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -244,26 +247,25 @@ bool P2pEngine::take_posts() {
   }
   std::lock_guard<std::mutex> lock(match_mu_);
   for (auto& op : posts) {
+    std::string gone;
     if (op->peer != kAnySource) {
       Peer& peer = peers_[op->peer];
-      std::string gone;
-      {
-        std::lock_guard<std::mutex> out(*peer.out_mu);
-        gone = peer.gone;
-      }
-      if (!gone.empty()) {
-        finish(op, op->error(ErrorKind::kNetwork, gone), op->peer);
-        continue;
-      }
+      std::lock_guard<std::mutex> out(*peer.out_mu);
+      gone = peer.gone;
     }
-    start_recv(op);
+    start_recv(op, gone);
   }
   return !posts.empty();
 }
 
-void P2pEngine::start_recv(std::shared_ptr<Op> op) {
+void P2pEngine::start_recv(std::shared_ptr<Op> op, const std::string& gone) {
   const auto msg = matcher_.post_recv(op->id, op->peer, op->tag);
   if (!msg) {
+    if (!gone.empty()) {  // nothing it sent before it went is for this receive
+      matcher_.cancel_recv(op->id);
+      finish(op, op->error(ErrorKind::kNetwork, gone), op->peer);
+      return;
+    }
     posted_[op->id] = std::move(op);
     return;
   }
@@ -295,6 +297,7 @@ char* P2pEngine::begin_message(Peer& peer, const CellHeader& h) {
   in = Inbound{};
   in.active = true;
   in.total = h.total;
+  in.last_progress = Clock::now();
   const uint64_t msg = next_message_++;
   const auto recv = matcher_.arrive(msg, peer.rank, h.tag);
   if (recv) {
@@ -381,11 +384,12 @@ void P2pEngine::check(Clock::time_point now) {
     fail_peer(*peer, "rank " + std::to_string(peer->rank) + " (pid " +
                          std::to_string(arena_->control().pids[peer->local]) + ") exited");
   }
-  // Sends to node-mates that stopped moving (a peer that is stalled; the
-  // net thread watches its own).
+  // Sends to node-mates and messages from them that stopped moving (a peer
+  // that is stalled; the net thread watches its own).
   for (int r : topo_.local_ranks()) {
     if (r == topo_.rank) continue;
     Peer& peer = peers_[r];
+    check_inbound(peer, now);
     Clock::time_point oldest{};
     {
       std::lock_guard<std::mutex> out(*peer.out_mu);
@@ -397,6 +401,14 @@ void P2pEngine::check(Clock::time_point now) {
                           seconds_since(oldest) + " (is it stalled?)");
     }
   }
+}
+
+void P2pEngine::check_inbound(Peer& peer, Clock::time_point now) {
+  const Inbound& in = peer.inbound;
+  if (!in.active || peer.dropping || now - in.last_progress <= timeout_) return;
+  fail_peer(peer, "Timed out: rank " + std::to_string(peer.rank) + " sent no more of a message for " +
+                      seconds(std::chrono::duration<double>(now - in.last_progress).count()) +
+                      " (is it stalled, or did its send fail?)");
 }
 
 void P2pEngine::fail_peer(Peer& peer, const std::string& why) {
@@ -416,11 +428,15 @@ void P2pEngine::fail_peer(Peer& peer, const std::string& why) {
   if (peer.inbound.active && peer.inbound.unexpected) {
     auto it = unexpected_.find(peer.inbound.unexpected);
     if (it->second.taker) finish(it->second.taker, it->second.taker->error(ErrorKind::kNetwork, why), peer.rank);
+    matcher_.cancel_message(peer.inbound.unexpected);
     unexpected_.erase(it);
   }
   peer.inbound = Inbound{};
   peer.in_dst = nullptr;
   peer.dropping = true;
+  // Another node's rank (we are its net thread): a message of ours cut short
+  // ends there as a closed connection, not as silence.
+  if (peer.local < 0) peer.out_socket.close();
   // Receives from it; from any source only once no peer is left.
   bool none_left = true;
   for (Peer& q : peers_) {
@@ -455,7 +471,8 @@ void P2pEngine::fail_peers(const Error& why, bool local) {
       finish(op, op->error(why.kind(), why.what()), peer.rank);
     }
     peer.in_dst = nullptr;
-    peer.dropping = true;  // what still comes is dropped
+    peer.dropping = true;                 // what still comes is dropped
+    if (!local) peer.out_socket.close();  // (the net thread: see fail_peer)
   }
 }
 

@@ -79,8 +79,10 @@ class P2pEngine {
   // `t`: a contiguous CPU tensor the engine reads (send) or writes (recv)
   // until `done` has run.  `peer`: a group rank other than ours, or
   // kAnySource for a receive.
-  void send(const at::Tensor& t, int peer, int tag, Done done);
-  void recv(const at::Tensor& t, int peer, int tag, Done done);
+  // `fp`: the caller's memory the op stands for, when `t` is a stand-in
+  // (what later ops must wait for); null: `t`'s.
+  void send(const at::Tensor& t, int peer, int tag, Done done, const Footprint* fp = nullptr);
+  void recv(const at::Tensor& t, int peer, int tag, Done done, const Footprint* fp = nullptr);
 
   // Blocks until no pending op's memory conflicts with `fp` (op_order.h):
   // what is issued after a send or receive waits for it where they overlap.
@@ -109,6 +111,7 @@ class P2pEngine {
     uint64_t unexpected = 0;  // its buffer (0 with no op: dropped)
     uint64_t got = 0;
     uint64_t total = 0;
+    Clock::time_point last_progress;  // of the message being read
   };
   struct Peer {
     int rank = -1;
@@ -118,6 +121,9 @@ class P2pEngine {
     std::unique_ptr<std::mutex> out_mu = std::make_unique<std::mutex>();
     std::deque<std::shared_ptr<Op>> sends;  // in issue order
     std::string gone;                       // why ops with this peer fail now ("" while it is fine)
+    // Why sends to it fail now, though what it sent may still be arriving
+    // (its end of our connection closed).
+    std::string sends_closed;
     // Owned by the thread that reads from this peer.
     Inbound inbound;
     // Node-mates: the rings.
@@ -136,14 +142,19 @@ class P2pEngine {
   };
 
   // ---- p2p_engine.cpp: ops, matching, failures ----
-  Op* make_op(bool is_send, const at::Tensor& t, int peer, int tag, Done done);
+  Op* make_op(bool is_send, const at::Tensor& t, int peer, int tag, Done done, const Footprint* fp);
   // Registers a pending op (for drain and wait_conflicts); false, having
   // failed it, if the engine takes no more.
   bool admit(const std::shared_ptr<Op>& op);
   void post_recv(std::shared_ptr<Op> op);
   // Receives posted by callers, matched; true if any (node thread).
   bool take_posts();
-  void start_recv(std::shared_ptr<Op> op);  // match_mu_ held
+  // match_mu_ held.  `gone`: why its peer is gone ("" if it is not): it
+  // may still take a message that came before.
+  void start_recv(std::shared_ptr<Op> op, const std::string& gone);
+  // Fails the peer if the message being read from it has not moved for the
+  // timeout (the thread that reads it).
+  void check_inbound(Peer& peer, Clock::time_point now);
   // A message from `peer` begins (its header): where its payload goes, or
   // null (dropped).  Sets peer.inbound.  Any thread that reads from `peer`.
   char* begin_message(Peer& peer, const CellHeader& h);

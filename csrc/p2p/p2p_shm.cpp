@@ -40,7 +40,7 @@ void P2pEngine::node_loop() {
     const auto now = Clock::now();
     if (now >= next_check_) {
       next_check_ = now + kCheckEvery;
-      if (busy()) check(now);
+      check(now);  // (also with nothing pending: a message half in from a dead peer)
     }
     if (!moved) counter_wait_change(*bell_, seen, kSpin, kCheckEvery);
   }
@@ -62,7 +62,8 @@ bool P2pEngine::pump_in(Peer& peer) {
       std::lock_guard<std::mutex> lock(match_mu_);  // the destination, as begin_message left it
       dst = in.op ? in.op->data : in.unexpected ? unexpected_.at(in.unexpected).data.get() : nullptr;
     }
-    if (in.op) in.op->last_progress = Clock::now();
+    in.last_progress = Clock::now();
+    if (in.op) in.op->last_progress = in.last_progress;
     if (dst && h->bytes > 0) std::memcpy(dst + h->offset, peer.in.payload(h), h->bytes);
     in.got += h->bytes;
     peer.in.consume();

@@ -130,8 +130,22 @@ void P2pEngine::net_loop() {
         const ssize_t n = ::recv(peer->out_socket.fd(), &byte, 1, MSG_DONTWAIT);
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
           peer->out_socket.close();
-          fail_peer(*peer, "rank " + std::to_string(peer->rank) +
-                               " closed its end of our connection (did it exit, or destroy its group?)");
+          const std::string why = "rank " + std::to_string(peer->rank) +
+                                  " closed its end of our connection (did it exit, or destroy its group?)";
+          if (peer->in_socket.valid()) {
+            // What it sent before it went may still be on its way to us:
+            // receives fail when that connection ends; sends fail now (and
+            // later ones at once, with no new connection).
+            std::deque<std::shared_ptr<Op>> sends;
+            {
+              std::lock_guard<std::mutex> lock(*peer->out_mu);
+              peer->sends_closed = why;
+              sends.swap(peer->sends);
+            }
+            for (auto& op : sends) finish(op, op->error(ErrorKind::kNetwork, why), peer->rank);
+          } else {
+            fail_peer(*peer, why);
+          }
           continue;
         }
       }
@@ -140,8 +154,9 @@ void P2pEngine::net_loop() {
     const auto now = Clock::now();
     if (now < next_check) continue;
     next_check = now + std::chrono::milliseconds(kPollMs);
-    for (Peer& peer : peers_) {  // sends a stalled peer does not take
-      if (peer.local >= 0) continue;
+    for (Peer& peer : peers_) {  // sends a stalled peer does not take, messages it stopped sending
+      if (peer.local >= 0 || peer.rank == topo_.rank) continue;
+      check_inbound(peer, now);
       Clock::time_point oldest{};
       {
         std::lock_guard<std::mutex> lock(*peer.out_mu);
@@ -255,7 +270,8 @@ bool P2pEngine::read_from(Peer& peer) {
       peer.in_dst = begin_message(peer, peer.in_header);
     } else {
       in.got += static_cast<uint64_t>(n);
-      if (in.op) in.op->last_progress = Clock::now();
+      in.last_progress = Clock::now();
+      if (in.op) in.op->last_progress = in.last_progress;
     }
     if (in.got == in.total) {
       end_message(peer);
