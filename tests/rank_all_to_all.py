@@ -179,6 +179,25 @@ def uneven(rank, world):
     return {"failures": list(failures)}
 
 
+def uneven_all_gather(rank, world):
+    """all_gather into a list of one tensor per rank of that rank's input size
+    (gloo refuses it): pairwise, every dtype, one-element and empty inputs."""
+    failures = Failures()
+    first = _last_seq()
+    for dtype in [torch.float32, torch.int64, torch.bfloat16, torch.bool, torch.complex64]:
+        for scale in (0, 1, 1000):
+            size = [j * scale + (j % 2) for j in range(world)]  # some empty
+            ins = [refs.make_input(8600 + scale, j, size[j], dtype, "SUM") for j in range(world)]
+            outs = [torch.empty(size[j], dtype=dtype) for j in range(world)]
+            dist.all_gather(outs, ins[rank])
+            for j in range(world):
+                _check(failures, f"{refs.dtype_name(dtype)} x{scale} from {j}", outs[j], ins[j])
+    kinds = set(_native_kinds(first))
+    if kinds != {"all_gather (pairwise)"}:
+        failures.add(f"uneven all_gather recorded as {sorted(kinds)}")
+    return {"failures": list(failures)}
+
+
 def mismatched_splits(rank, world):
     """Every rank sends d + 1 elements to rank d, but rank 0 expects one more
     from rank 1: rank 0's all-to-all fails naming

@@ -33,11 +33,18 @@ def test_unequal_splits_are_right(ids):
         assert not r.value["failures"], f"rank {r.rank}: " + "\n".join(r.value["failures"])
 
 
+@pytest.mark.parametrize("ids", [["a", "a", "a"], ["a", "a", "b", "b"]], ids=["1x3", "2x2"])
+def test_uneven_all_gather_is_pairwise_and_right(ids):
+    res = launch.run_ranks(rank_all_to_all.uneven_all_gather, ids, timeout_s=120)
+    for r in res:
+        assert not r.value["failures"], f"rank {r.rank}: " + "\n".join(r.value["failures"])
+
+
 @pytest.mark.parametrize("ids", [["a", "a"], ["a", "b"]], ids=["1x2", "2x1"])
 def test_mismatched_unequal_splits_fail_where_they_do_not_fit(ids):
     res = launch.run_ranks(rank_all_to_all.mismatched_splits, ids, timeout_s=90, pg_timeout_s=30)
     err = res[0].value["error"]
-    assert err and "all_to_all block from rank 1" in err and "rank 1 sent 1 element(s) of float32" in err \
+    assert err and "block from rank 1 of a pairwise exchange" in err and "rank 1 sent 1 element(s) of float32" in err \
         and "holds 2 element(s)" in err, err
     assert res[1].value["error"] is None, res[1].value  # its blocks fit: it cannot tell
     assert all(r.value["after"] == [2.0, 2.0, 2.0] for r in res), [r.value for r in res]

@@ -630,12 +630,21 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::reduce(std::vector<at::Tensor>& 
 c10::intrusive_ptr<c10d::Work> FairringBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::AllgatherOptions& opts) {
-  // Native when every output has the input's size; uneven lists go to gloo.
-  if (outputs.size() != 1 || inputs.size() != 1 || !native_tensors(both(inputs, outputs[0])) ||
-      !std::all_of(outputs[0].begin(), outputs[0].end(),
-                   [&](const at::Tensor& t) { return t.numel() == inputs[0].numel(); })) {
+  // Native when every output has the input's size (blockwise); a list of
+  // one tensor per rank of other sizes (each rank's input size) pairwise;
+  // other forms go to gloo.
+  if (outputs.size() != 1 || inputs.size() != 1 || !native_tensors(both(inputs, outputs[0]))) {
     return run_delegated("allgather", touched(outputs, inputs),
                          [&](c10d::Backend& gloo) { return gloo.allgather(outputs, inputs, opts); });
+  }
+  if (!std::all_of(outputs[0].begin(), outputs[0].end(),
+                   [&](const at::Tensor& t) { return t.numel() == inputs[0].numel(); })) {
+    if (!inputs[0].device().is_cpu() || static_cast<int>(outputs[0].size()) != getSize()) {
+      return run_delegated("allgather", touched(outputs, inputs),
+                           [&](c10d::Backend& gloo) { return gloo.allgather(outputs, inputs, opts); });
+    }
+    return exchange_blocks(std::vector<at::Tensor>(getSize(), inputs[0]), outputs[0], outputs[0],
+                           c10d::OpType::ALLGATHER, "all_gather (pairwise)");
   }
   return submit_blockwise(Collective::kAllGather, inputs, outputs[0], c10d::ReduceOp::SUM, c10d::OpType::ALLGATHER);
 }
@@ -883,7 +892,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall_base(at::Tensor& output
       return out;
     };
     return exchange_blocks(blocks(input, input_splits), blocks(output, output_splits), {output},
-                           c10d::OpType::ALLTOALL_BASE);
+                           c10d::OpType::ALLTOALL_BASE, "all_to_all (pairwise)");
   }
   return submit_blockwise(Collective::kAllToAll, {input}, {output}, c10d::ReduceOp::SUM, c10d::OpType::ALLTOALL_BASE);
 }
@@ -900,7 +909,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall(std::vector<at::Tensor>
   }
   if (!std::all_of(inputs.begin(), inputs.end(), same_size) ||
       !std::all_of(outputs.begin(), outputs.end(), same_size)) {
-    return exchange_blocks(inputs, outputs, outputs, c10d::OpType::ALLTOALL);
+    return exchange_blocks(inputs, outputs, outputs, c10d::OpType::ALLTOALL, "all_to_all (pairwise)");
   }
   return submit_blockwise(Collective::kAllToAll, inputs, outputs, c10d::ReduceOp::SUM, c10d::OpType::ALLTOALL);
 }
@@ -978,8 +987,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const a
 
 c10::intrusive_ptr<c10d::Work> FairringBackend::exchange_blocks(const std::vector<at::Tensor>& sends,
                                                                 const std::vector<at::Tensor>& recvs,
-                                                                std::vector<at::Tensor> outputs, c10d::OpType type) {
-  const char* kind = "all_to_all (pairwise)";
+                                                                std::vector<at::Tensor> outputs, c10d::OpType type,
+                                                                const char* kind) {
   check_same_process(kind);
   // Its messages carry a negative tag (users' are >= 0), the same on every
   // rank: the group's exchanges are numbered alike everywhere, counted
@@ -994,7 +1003,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::exchange_blocks(const std::vecto
         dtype_name(sends[j].scalar_type()), " and ", dtype_name(recvs[j].scalar_type()), " besides ",
         dtype_name(sends[0].scalar_type()));
   }
-  TORCH_CHECK_VALUE(sends[me].numel() == recvs[me].numel(), "fairring: all_to_all: this rank's block for itself has ",
+  TORCH_CHECK_VALUE(sends[me].numel() == recvs[me].numel(), "fairring: ", kind, ": this rank's block for itself has ",
                     sends[me].numel(), " element(s) in the input but room for ", recvs[me].numel(), " in the output");
   Footprint fp;
   for (const at::Tensor& t : sends) fp.read(t);
@@ -1004,7 +1013,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::exchange_blocks(const std::vecto
     GilReleaseIfHeld no_gil;
     engine_->wait_conflicts(fp);
   }
-  auto work = c10::make_intrusive<FairringWork>(me, type, outputs, "fairring:all_to_all");
+  auto work = c10::make_intrusive<FairringWork>(
+      me, type, outputs, type == c10d::OpType::ALLGATHER ? "fairring:all_gather" : "fairring:all_to_all");
   work->set_interrupt_hook(abort_hook_, kind);
   int64_t bytes = 0;
   for (const at::Tensor& t : sends) bytes += t.numel() * t.element_size();

@@ -174,12 +174,13 @@ class FairringBackend : public c10d::Backend {
   // A send (`is_send`) or receive of `t` with `peer` (kAnySource: from
   // any), on the point-to-point engine.
   c10::intrusive_ptr<c10d::Work> submit_p2p(bool is_send, const at::Tensor& t, int peer, int tag);
-  // All-to-all of blocks of unequal sizes: block j of `sends` to rank j,
-  // rank j's block for us into `recvs[j]`, one send and one receive per pair
-  // of ranks on the point-to-point engine.
+  // All-to-all of blocks of unequal sizes (an uneven all-gather: the same
+  // block to every rank): block j of `sends` to rank j, rank j's block for
+  // us into `recvs[j]`, one send and one receive per pair of ranks on the
+  // point-to-point engine.  `kind`: the op's name in the recent ops.
   c10::intrusive_ptr<c10d::Work> exchange_blocks(const std::vector<at::Tensor>& sends,
                                                  const std::vector<at::Tensor>& recvs, std::vector<at::Tensor> outputs,
-                                                 c10d::OpType type);
+                                                 c10d::OpType type, const char* kind);
   uint64_t exchange_seq_ = 0;  // exchange_blocks calls so far (their tags)
   // Whether a send or receive of `tensors` with `peer` runs natively; throws
   // on a peer that is not one (itself, out of the group).

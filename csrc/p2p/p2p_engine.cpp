@@ -27,7 +27,7 @@ constexpr int64_t kRingBytes = 8 * kCellBytes;
 // Why a message does not fit a receive ("" if it does).
 std::string mismatch(int32_t dtype, int64_t numel, const CellHeader& h, int src) {
   if (h.dtype == dtype && h.numel == numel) return "";
-  const std::string tag = h.tag >= 0 ? " with tag " + std::to_string(h.tag) : " for this all_to_all";
+  const std::string tag = h.tag >= 0 ? " with tag " + std::to_string(h.tag) : " for this exchange";
   return "rank " + std::to_string(src) + " sent " + what_tensor(h.dtype, h.numel) + tag +
          ", but the receiving tensor holds " + what_tensor(dtype, numel) + "; the message was dropped";
 }

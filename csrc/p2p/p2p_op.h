@@ -33,9 +33,9 @@ struct P2pEngine::Op {
 
   std::string describe() const {
     const std::string who = peer == kAnySource ? "any rank" : "rank " + std::to_string(peer);
-    if (tag < 0) {  // a block of an all-to-all (the backend's exchange_blocks)
-      return std::string("all_to_all block ") + (is_send ? "to " : "from ") + who + " (" + what_tensor(dtype, numel) +
-             ")";
+    if (tag < 0) {  // a block of an all-to-all or uneven all-gather (the backend's exchange_blocks)
+      return std::string("block ") + (is_send ? "to " : "from ") + who + " of a pairwise exchange (" +
+             what_tensor(dtype, numel) + ")";
     }
     return std::string(is_send ? "send to " : "recv from ") + who + " (tag " + std::to_string(tag) + ", " +
            what_tensor(dtype, numel) + ")";
