@@ -93,6 +93,20 @@ c10::intrusive_ptr<c10d::Work> once_waited(c10::intrusive_ptr<c10d::Work> inner,
   return c10::make_intrusive<OnceWaitedWork>(std::move(inner), rank, type);
 }
 
+// Ends the Work of a send, receive or pairwise exchange once its transfers
+// are over: its record, its wait(), its future (here when nothing can be
+// chained on it, else on the pool: callbacks may block).
+void settle_p2p_work(const c10::intrusive_ptr<FairringWork>& work, RecentOps& recent, const RecentOps::Handle& handle,
+                     CompletionPool& pool, std::exception_ptr error, bool on_caller) {
+  recent.finish(handle, error ? error_of(error).what() : "");
+  work->mark_done(error);
+  if (on_caller) {
+    work->complete_future(error);  // nothing can be chained on it yet
+  } else if (!work->complete_future_if_untaken(error)) {
+    pool.post([work, error] { work->complete_future(error); });
+  }
+}
+
 // What a send reads.
 Footprint read_only(const std::vector<at::Tensor>& ts) {
   Footprint fp;
@@ -925,6 +939,12 @@ bool FairringBackend::p2p_native(const char* kind, const std::vector<at::Tensor>
   return t.device().is_cpu() && t.layout() == c10::kStrided;
 }
 
+void FairringBackend::order_p2p(const Footprint& fp) {
+  order_after_delegated(fp);  // delegated ops, and the pending sends and receives
+  GilReleaseIfHeld no_gil;
+  engine_->wait_conflicts(fp);  // the pipeline's
+}
+
 c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const at::Tensor& t, int peer, int tag) {
   const char* kind = is_send ? "send" : peer == kAnySource ? "recv_any_source" : "recv";
   check_same_process(kind);
@@ -937,11 +957,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const a
   } else {
     fp.write(t);
   }
-  order_after_delegated(fp);
-  {
-    GilReleaseIfHeld no_gil;
-    engine_->wait_conflicts(fp);
-  }
+  order_p2p(fp);
   // The engine moves contiguous bytes: a strided tensor goes through a copy.
   const bool contiguous = t.is_contiguous();
   at::Tensor buffer = contiguous ? t : is_send ? t.contiguous() : at::empty(t.sizes(), t.options());
@@ -967,14 +983,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const a
         error = std::make_exception_ptr(error_of(e));
       }
     }
-    recent->finish(handle, error ? error_of(error).what() : "");
     if (!is_send) work->set_source_rank(from);
-    work->mark_done(error);
-    if (on_caller) {
-      work->complete_future(error);  // nothing can be chained on it yet
-    } else if (!work->complete_future_if_untaken(error)) {
-      pool->post([work, error] { work->complete_future(error); });  // callbacks may block
-    }
+    settle_p2p_work(work, *recent, handle, *pool, error, on_caller);
   };
   // The engine's op stands for the caller's tensor (fp), not the stand-in.
   if (is_send) {
@@ -999,7 +1009,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::exchange_blocks(const std::vecto
   for (int j = 0; j < world; ++j) {
     TORCH_CHECK_TYPE(
         sends[j].scalar_type() == sends[0].scalar_type() && recvs[j].scalar_type() == sends[0].scalar_type(),
-        "fairring: all_to_all needs one dtype for every input and output block, but got ",
+        "fairring: ", kind, " needs one dtype for every input and output block, but got ",
         dtype_name(sends[j].scalar_type()), " and ", dtype_name(recvs[j].scalar_type()), " besides ",
         dtype_name(sends[0].scalar_type()));
   }
@@ -1008,11 +1018,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::exchange_blocks(const std::vecto
   Footprint fp;
   for (const at::Tensor& t : sends) fp.read(t);
   for (const at::Tensor& t : recvs) fp.write(t);
-  order_after_delegated(fp);
-  {
-    GilReleaseIfHeld no_gil;
-    engine_->wait_conflicts(fp);
-  }
+  order_p2p(fp);
   auto work = c10::make_intrusive<FairringWork>(
       me, type, outputs, type == c10d::OpType::ALLGATHER ? "fairring:all_gather" : "fairring:all_to_all");
   work->set_interrupt_hook(abort_hook_, kind);
@@ -1051,13 +1057,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::exchange_blocks(const std::vecto
         first = std::make_exception_ptr(error_of(e));
       }
     }
-    recent->finish(handle, first ? error_of(first).what() : "");
-    work->mark_done(first);
-    if (on_caller) {
-      work->complete_future(first);
-    } else if (!work->complete_future_if_untaken(first)) {
-      pool->post([work, first] { work->complete_future(first); });
-    }
+    settle_p2p_work(work, *recent, handle, *pool, first, on_caller);
   };
   for (int j = 0; j < world; ++j) {
     if (j == me) continue;

@@ -171,6 +171,9 @@ class FairringBackend : public c10d::Backend {
   // tensor per rank (gather: written, scatter: read; empty elsewhere).
   c10::intrusive_ptr<c10d::Work> submit_rooted(Collective collective, int root, const at::Tensor& one,
                                                const std::vector<at::Tensor>& blocks, c10d::OpType type);
+  // The order rule for work on the point-to-point engine: waits until no
+  // pending op (pipeline, delegated, send or receive) conflicts with `fp`.
+  void order_p2p(const Footprint& fp);
   // A send (`is_send`) or receive of `t` with `peer` (kAnySource: from
   // any), on the point-to-point engine.
   c10::intrusive_ptr<c10d::Work> submit_p2p(bool is_send, const at::Tensor& t, int peer, int tag);

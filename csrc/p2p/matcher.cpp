@@ -26,24 +26,22 @@ std::optional<uint64_t> Matcher::arrive(uint64_t msg, int src, int tag) {
   return std::nullopt;
 }
 
-bool Matcher::cancel_recv(uint64_t recv) {
-  for (auto it = recvs_.begin(); it != recvs_.end(); ++it) {
-    if (it->id == recv) {
-      recvs_.erase(it);
+namespace {
+// Removes the entry `id` from `entries`; true if it was there.
+template <typename List>
+bool erase_id(List& entries, uint64_t id) {
+  for (auto it = entries.begin(); it != entries.end(); ++it) {
+    if (it->id == id) {
+      entries.erase(it);
       return true;
     }
   }
   return false;
 }
+}  // namespace
 
-bool Matcher::cancel_message(uint64_t msg) {
-  for (auto it = messages_.begin(); it != messages_.end(); ++it) {
-    if (it->id == msg) {
-      messages_.erase(it);
-      return true;
-    }
-  }
-  return false;
-}
+bool Matcher::cancel_recv(uint64_t recv) { return erase_id(recvs_, recv); }
+
+bool Matcher::cancel_message(uint64_t msg) { return erase_id(messages_, msg); }
 
 }  // namespace fairring
