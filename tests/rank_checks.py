@@ -289,6 +289,17 @@ def sec_async(rank, world, cfg):
         err = compare(t, inputs[i], reference(inputs[i], dt, op), dt, op)
         if err:
             failures.add(f"{name}: {err}")
+    # wait() on an op the loop thread ran (several slices), its future not
+    # taken before: the future is complete when wait() returns (it may be
+    # completed on the loop thread itself, before the Work).
+    big = torch.full((3 * (1 << 20) // 4 + 7,), float(rank + 1))
+    w = dist.all_reduce(big, async_op=True)
+    w.wait()
+    fut = w.get_future()
+    if not fut.done():
+        failures.add("3 MiB all_reduce: get_future().done() False right after wait()")
+    elif not torch.equal(fut.value()[0], torch.full_like(big, float(sum(range(1, world + 1))))):
+        failures.add("3 MiB all_reduce: future value is not the sum")
     # futures with callbacks, while others are pending
     ts = [torch.full((5000,), float(rank + i)) for i in range(8)]
     futs = [dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0].sum().item()) for t in ts]

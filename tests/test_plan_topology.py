@@ -204,3 +204,27 @@ def test_blockwise_fits():
     assert _C._blockwise_fits_for_test(4, 8, 4096)
     assert not _C._blockwise_fits_for_test(4, 64, 4096)
     assert _C._blockwise_fits_for_test(4, 64, 1 << 20)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("32768K", 32 << 20), ("1M\n", 1 << 20), ("2G", 2 << 30), ("512", 512), ("48K ", 48 << 10),
+    ("", 0), ("K", 0), ("12X", 0), ("-1K", 0), ("1.5M", 0), ("99999999999999999999K", 0),
+])
+def test_cache_size_as_sysfs_writes_it(text, expected):
+    assert _C._parse_cache_size_for_test(text) == expected
+
+
+def test_shared_cache_is_the_largest_sysfs_lists():
+    import glob
+
+    sizes = [_C._parse_cache_size_for_test(open(p).read())
+             for p in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size")]
+    assert _C._shared_cache_bytes() == max(sizes, default=0)
+
+
+def test_waits_spin_only_when_every_rank_has_a_cpu():
+    # Spinning on a peer that needs our core to get there only delays it.
+    assert _C._wait_spin_us_for_test(2, 2) > 0
+    assert _C._wait_spin_us_for_test(8, 96) > 0
+    assert _C._wait_spin_us_for_test(3, 2) == 0
+    assert _C._wait_spin_us_for_test(4, 2) == 0

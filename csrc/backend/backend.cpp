@@ -22,6 +22,7 @@
 #include "kernels/first_touch.h"
 #include "kernels/reduce_cpu.h"
 #include "p2p/p2p_engine.h"
+#include "topology/machine.h"
 
 namespace fairring {
 
@@ -175,10 +176,19 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
                                ", FAIRRING_PARALLELISM=" + std::to_string(config_.parallelism) +
                                ", FAIRRING_WIRE_DTYPE=" + config_.wire_dtype;
   store->set("node/" + std::to_string(rank), bytes_of(node_key));
+  // The real machine too (a simulated node is one of several on it): for
+  // whether the ranks here each have a core (wait_spin_for).
+  const std::string machine = machine_key();
+  store->set("machine/" + std::to_string(rank), bytes_of(machine));
   check_same_settings(store, "settings", rank, size, settings);
   std::vector<std::string> keys(size);
-  for (int r = 0; r < size; ++r) keys[r] = string_of(store->get("node/" + std::to_string(r)));
+  int ranks_here = 0;
+  for (int r = 0; r < size; ++r) {
+    keys[r] = string_of(store->get("node/" + std::to_string(r)));
+    ranks_here += string_of(store->get("machine/" + std::to_string(r))) == machine;
+  }
   topo_ = build_topology(keys, rank);
+  config_.wait_spin = wait_spin_for(ranks_here, usable_cpus());
   // The group's secret (TCP peers must present it) and a unique name for its
   // shared memory, chosen by rank 0.
   if (rank == 0) {
@@ -392,6 +402,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_cpu(std::shared_ptr<HostO
   op->on_complete = track(kind, *op, op->numel * blocks * c10::elementSize(op->dtype),
                           [work](std::exception_ptr error) { work->mark_done(error); });
   op->after_complete = [work](std::exception_ptr error) { work->complete_future(error); };
+  op->complete_here = [work](std::exception_ptr error) { return work->complete_future_if_untaken(error); };
   work->set_interrupt_hook(abort_hook_, kind);
   engine_->submit(std::move(op));
   return work;

@@ -68,7 +68,7 @@ bool gather_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
   const PipelineOp& op = *s.op;
   const int slot = p.slot(s);
   const int64_t esize = p.esize(s);
-  const bool large = SliceSchedule::large(op.numel * p.topo().size * esize);
+  const bool large = p.large(op.numel * p.topo().size * esize);
   for (int x = 0; x < p.k(); ++x) {
     if (x != p.me()) p.mover().after(slot, x, PeerStep::kChunkDone);
     for (int j = 0; j < p.topo().num_nodes; ++j) {

@@ -44,7 +44,7 @@ bool step_gather(SliceSchedule& p, Slice& s, const SliceSchedule::TimePoint* unt
   if (!p.wait_chunks(s, s.plan.num_chunks(), until)) return false;
   const int slot = p.slot(s);
   const int64_t esize = p.esize(s);
-  const bool large = SliceSchedule::large(s.op->numel * esize);
+  const bool large = p.large(s.op->numel * esize);
   char* tensor = p.tensor_at(s);
   for (int x = 0; x < s.plan.num_chunks(); ++x) {
     const Range& r = s.plan.chunks[x];

@@ -88,7 +88,7 @@ bool local_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
   const int slot = p.slot(s);
   const int64_t esize = p.esize(s);
   const int node = p.topo().node;
-  const bool large = SliceSchedule::large(op.numel * p.topo().size * esize);
+  const bool large = p.large(op.numel * p.topo().size * esize);
   for (int x = 0; x < p.k(); ++x) {
     const char* from;
     if (x == p.me()) {

@@ -68,7 +68,7 @@ bool gather_root(SliceSchedule& p, Slice& s, const TimePoint* until) {
   const auto [root_node, root_local] = p.topo().place_of(op.root);
   const int slot = p.slot(s);
   const int64_t esize = p.esize(s);
-  const bool large = SliceSchedule::large(op.numel * esize);
+  const bool large = p.large(op.numel * esize);
   if (p.k() > 1 && !p.carries_chunk(s) && !p.inputs_in(s, until)) return false;
   // Between nodes, every chunk's exchange carried every node's key (sent
   // after its node's check_match), so once they are over no node ran another

@@ -76,7 +76,7 @@ bool to_root(SliceSchedule& p, Slice& s, const TimePoint* until) {
   const int64_t esize = p.esize(s);
   const int64_t bytes = s.plan.slice.count * esize;
   const int node = p.topo().node;
-  const bool large = SliceSchedule::large(op.numel * p.topo().size * esize);
+  const bool large = p.large(op.numel * p.topo().size * esize);
   for (int x = 0; x < p.k(); ++x) {
     if (x == p.me()) {
       p.mover().copy(slot, p.output_block(s, node, x), p.own_piece(op.buffer, s), bytes, large);

@@ -85,7 +85,7 @@ bool from_root(SliceSchedule& p, Slice& s, const TimePoint* until) {
   if (p.me() != root_local) p.mover().after(slot, root_local, PeerStep::kInputReady);
   const int64_t bytes = s.plan.slice.count * p.esize(s);
   p.mover().copy(slot, p.own_piece(s.op->output, s), root_piece(p, s, root_node, p.me()), bytes,
-                 SliceSchedule::large(s.op->numel * p.esize(s)));
+                 p.large(s.op->numel * p.esize(s)));
   return true;
 }
 

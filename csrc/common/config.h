@@ -43,6 +43,9 @@ struct Config {
   // (kernels/first_touch.h), or "off".
   std::string huge_pages = "advise";
   std::chrono::milliseconds timeout{30 * 60 * 1000};
+  // Not an option: set by the backend from the machine (wait_spin_for).  How
+  // long a blocking wait on a node peer spins before it sleeps.
+  std::chrono::microseconds wait_spin{0};
 };
 
 // Throws an Error of kind kInvalidArgument naming the variable of the first value out of

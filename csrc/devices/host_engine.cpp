@@ -138,8 +138,11 @@ void HostEngine::settle(PipelineOp& base, std::exception_ptr& error) {
 std::function<void()> HostEngine::completion_call(const std::shared_ptr<PipelineOp>& base, std::exception_ptr error) {
   auto& op = static_cast<HostOp&>(*base);
   auto after = std::move(op.after_complete);
+  auto here = std::move(op.complete_here);
   op.after_complete = nullptr;
+  op.complete_here = nullptr;
   if (!after) return nullptr;
+  if (here && completions_idle() && here(error)) return nullptr;
   // Holds the Work, not the op: its tensors go with the pipeline's slices.
   return [after = std::move(after), error] { after(error); };
 }

@@ -2,13 +2,15 @@
 
 namespace fairring {
 
-NodeSlots::NodeSlots(NodeArena& arena, const Topology& topo, int slots, MakeCheck make_check, const char* device)
+NodeSlots::NodeSlots(NodeArena& arena, const Topology& topo, int slots, MakeCheck make_check, const char* device,
+                     std::chrono::microseconds spin)
     : arena_(arena),
       control_(arena.control()),
       topo_(topo),
       slots_(slots),
       make_check_(std::move(make_check)),
-      device_(device) {}
+      device_(device),
+      spin_(spin) {}
 
 void NodeSlots::announce(uint64_t op_seq) {
   control_.issued[topo_.local_rank].store(op_seq + 1, std::memory_order_release);
@@ -17,7 +19,7 @@ void NodeSlots::announce(uint64_t op_seq) {
 bool NodeSlots::await(SharedCounter& c, uint32_t target, int peer, const char* what, const SliceId& s, bool via_network,
                       const TimePoint* until) {
   if (until) return counter_spin(c, target, *until);
-  counter_wait(c, target, make_check_(peer, what, s, via_network));
+  counter_wait(c, target, make_check_(peer, what, s, via_network), spin_);
   return true;
 }
 

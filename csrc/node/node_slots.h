@@ -42,7 +42,9 @@ class NodeSlots {
   using MakeCheck =
       std::function<std::function<void()>(int local_peer, const char* what, const SliceId& s, bool via_network)>;
 
-  NodeSlots(NodeArena& arena, const Topology& topo, int slots, MakeCheck make_check, const char* device);
+  // `spin`: how long a blocking wait spins before it sleeps (Config::wait_spin).
+  NodeSlots(NodeArena& arena, const Topology& topo, int slots, MakeCheck make_check, const char* device,
+            std::chrono::microseconds spin);
 
   int slot(uint64_t slice_seq) const { return static_cast<int>(slice_seq % slots_); }
   // The slice is its slot's first: no earlier slice to wait for there.
@@ -77,6 +79,7 @@ class NodeSlots {
   int slots_;
   MakeCheck make_check_;
   const char* device_;  // "" or "CUDA ", for messages
+  std::chrono::microseconds spin_;
 };
 
 }  // namespace fairring

@@ -55,7 +55,7 @@ void Pipeline::set_arena(std::unique_ptr<NodeArena> arena) {
             topo_, *arena_, config_.timeout, [this] { failure_.throw_if_failed(); }, op_name.c_str(), local_peer, what,
             s.op_seq, s.op_number, via_network);
       },
-      device_);
+      device_, config_.wait_spin);
 }
 
 void Pipeline::set_movers(Mover& mover, RailExchange* rail) {

@@ -144,6 +144,9 @@ class Pipeline {
   // What completes the op's future, posted to the completion pool (null:
   // nothing to run).  Called once per op, in issue order.
   virtual std::function<void()> completion_call(const std::shared_ptr<PipelineOp>& op, std::exception_ptr error) = 0;
+  // No completion call is queued or running: one completed in place now
+  // overtakes none (completion_call may then do its work itself).
+  bool completions_idle() const { return completions_.idle(); }
   // The group failed: stop the device's own threads and rails.
   virtual void on_failed(const Error& why) { (void)why; }
   // After on_failed: blocks until no thread of the device's own (rails,

@@ -1,5 +1,6 @@
 #include "pipeline/slice_schedule.h"
 #include "common/error.h"
+#include "topology/machine.h"
 
 #include <c10/core/ScalarType.h>
 
@@ -10,9 +11,15 @@ namespace fairring {
 
 namespace {
 
-// An op at least this large outgrows the caches: its result is written with
-// non-temporal stores where the device has them (caching it only costs).
-constexpr int64_t kLargeOpBytes = 4 << 20;
+// The cache the ranks of a node share (machine.h); 16 MiB where the
+// machine does not say (large() then starts at 4 MiB with two ranks).
+int64_t cache_bytes() {
+  static const int64_t bytes = [] {
+    const int64_t b = shared_cache_bytes();
+    return b > 0 ? b : int64_t{16} << 20;
+  }();
+  return bytes;
+}
 
 }  // namespace
 
@@ -48,7 +55,7 @@ bool SliceSchedule::run(Slice& s, const TimePoint* until, bool front_half) {
   return true;
 }
 
-bool SliceSchedule::large(int64_t bytes) { return bytes >= kLargeOpBytes; }
+bool SliceSchedule::large(int64_t bytes) const { return 2 * k_ * bytes > cache_bytes(); }
 
 char* SliceSchedule::tensor_at(const Slice& s) const {
   return static_cast<char*>(s.op->buffer.data_ptr()) + s.plan.slice.offset * esize(s);

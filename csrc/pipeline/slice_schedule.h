@@ -95,8 +95,11 @@ class SliceSchedule {
   char* output_block(const Slice& s, int j, int x) const;
   char* own_piece(const at::Tensor& t, const Slice& s) const;
   int64_t staged_at(const Slice& s, int j, int x) const;
-  // A result write this large outgrows the caches: non-temporal stores.
-  static bool large(int64_t bytes);
+  // A result of this many bytes per rank outgrows the cache the node's ranks
+  // share once each holds its own and a staged copy (about 2 x K x bytes):
+  // it is written with non-temporal stores (caching it would only evict).
+  // Below that, the next reader (the caller, the next op) finds it cached.
+  bool large(int64_t bytes) const;
 
  private:
   bool run(Slice& s, const TimePoint* until, bool front_half);

@@ -9,6 +9,7 @@
 #include "collectives/collectives.h"
 #include "plan/plan.h"
 #include "plan/rail_walk.h"
+#include "topology/machine.h"
 
 namespace py = pybind11;
 
@@ -25,6 +26,10 @@ py::list ranges(const std::vector<Range>& rs) {
 }  // namespace
 
 void register_plan_hooks(py::module& m) {
+  m.def("_parse_cache_size_for_test", &parse_cache_size);
+  m.def("_shared_cache_bytes", &shared_cache_bytes);
+  m.def("_wait_spin_us_for_test",
+        [](int ranks_here, int cpus) { return static_cast<int64_t>(wait_spin_for(ranks_here, cpus).count()); });
   m.def("_split_even_for_test",
         [](int64_t count, int parts, int64_t align) { return ranges(split_even(count, parts, align)); });
   m.def(

@@ -85,10 +85,15 @@ bool counter_spin(SharedCounter& c, uint32_t target, std::chrono::steady_clock::
   }
 }
 
-void counter_wait(SharedCounter& c, uint32_t target, const std::function<void()>& check) {
+void counter_wait(SharedCounter& c, uint32_t target, const std::function<void()>& check,
+                  std::chrono::nanoseconds spin) {
   for (int i = 0; i < kSpins; ++i) {
     if (counter_reached(c.value.load(std::memory_order_acquire), target)) return;
     cpu_relax();
+  }
+  if (spin > std::chrono::nanoseconds::zero() && counter_spin(c, target, std::chrono::steady_clock::now() + spin)) {
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return;
   }
   // Give the core to whoever we are waiting for before going to sleep.
   std::this_thread::yield();

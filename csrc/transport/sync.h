@@ -32,8 +32,11 @@ void counter_wake_all(SharedCounter& c);
 
 // Waits until c.value reaches `target`.  While sleeping it wakes up every few
 // milliseconds and calls `check`, which throws to give up (deadline, abort,
-// dead peer).
-void counter_wait(SharedCounter& c, uint32_t target, const std::function<void()>& check);
+// dead peer).  Spins (as counter_spin) for `spin` before it first sleeps:
+// a futex sleep and wake-up cost tens of microseconds, more than most waits
+// between ranks that each have a core.
+void counter_wait(SharedCounter& c, uint32_t target, const std::function<void()>& check,
+                  std::chrono::nanoseconds spin = std::chrono::nanoseconds::zero());
 
 // Waits, spinning for `spin` then sleeping, until c.value differs from
 // `seen` or `limit` (from the call) passes.  True if it changed.
