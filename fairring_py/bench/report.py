@@ -14,7 +14,7 @@ from . import metrics
 GB = 1e9
 CSV_FIELDS = ["size_bytes", "backend", "inflight", "reps", "samples", "median_s", "p10_s", "p90_s", "min_s",
               "max_s", "algbw_GBps", "busbw_GBps", "busbw_of_memcpy", "speedup_vs_baseline", "link_bound_s",
-              "bound_over_time", "max_rel_err", "faults_per_op"]
+              "bound_over_time", "max_rel_err", "faults_per_op", "cpu_per_op_s"]
 
 
 def summarize_run(meta: dict, memcpy: dict, backends: List[str], results: List[dict],
@@ -35,7 +35,8 @@ def summarize_run(meta: dict, memcpy: dict, backends: List[str], results: List[d
         bound = (metrics.link_bound_s(nbytes, nodes, rate, collective, world // nodes) if rate else None)
         rel = res.get("max_rel_err") or [None] * len(backends)
         faults = res.get("faults_per_op") or [None] * len(backends)
-        for name, st, reps, err, flt in zip(backends, stats, res["reps"], rel, faults):
+        cpus = res.get("cpu_per_op_s") or [None] * len(backends)
+        for name, st, reps, err, flt, cpu in zip(backends, stats, res["reps"], rel, faults, cpus):
             bus = metrics.busbw(nbytes, st["median"], world, collective)
             rows.append({
                 "size_bytes": res["size"], "backend": name, "inflight": meta["inflight"],
@@ -54,6 +55,8 @@ def summarize_run(meta: dict, memcpy: dict, backends: List[str], results: List[d
                 # Minor page faults per op on the rank that had most: how
                 # much of the output was fresh memory.
                 "faults_per_op": flt,
+                # CPU seconds per op, all threads of the rank that used most.
+                "cpu_per_op_s": cpu,
             })
     checked = sum(r["checked"] for r in results)
     return {
@@ -104,7 +107,8 @@ def table(summary: dict) -> str:
         ("outputs: a new torch.empty output for every op (--fresh-buffers)" if m.get("fresh_buffers")
          else "outputs: reused (warm) buffers")
         + f"; transparent huge pages: {m.get('thp', 'unknown')}; faults/op = minor page faults per op"
-        " (getrusage, the rank with most)",
+        " (getrusage, the rank with most); cpu us/op = CPU time per op of all of a rank's threads (the rank"
+        " with most; a busy-waiting backend shows it here)",
     ]
     if m.get("link_rate_Bps"):
         share = {"reduce_scatter": "(N-1)/N x ", "all_gather": "(N-1)/N x ", "broadcast": "",
@@ -118,7 +122,7 @@ def table(summary: dict) -> str:
                    "bytes (uncompressed-equivalent), their results are not exact: max rel err = max over elements "
                    "and ranks of |result - exact| / sum over ranks of |input| (docs/COMPRESSED_RAILS.md)")
     hdr = f"{'size':>9}  {'backend':<14}{'median ms':>11}{'p10-p90 ms':>19}{'algbw GB/s':>12}{'busbw GB/s':>12}" \
-          f"{'busbw%cpy':>10}{'vs ' + base:>9}{'faults/op':>10}"
+          f"{'busbw%cpy':>10}{'vs ' + base:>9}{'faults/op':>10}{'cpu us/op':>10}"
     if bounded:
         hdr += f"{'bound ms':>10}{'bound/time':>11}"
     if compressed:
@@ -131,7 +135,8 @@ def table(summary: dict) -> str:
         spread = f"{r['p10_s'] * 1e3:.3f}-{r['p90_s'] * 1e3:.3f}"
         line = (f"{size:>9}  {r['backend']:<14}{r['median_s'] * 1e3:>11.3f}{spread:>19}{r['algbw_GBps']:>12.3f}"
                 f"{r['busbw_GBps']:>12.3f}{r['busbw_of_memcpy'] * 100:>9.1f}%{r['speedup_vs_baseline']:>8.2f}x"
-                f"{r['faults_per_op'] if r.get('faults_per_op') is not None else float('nan'):>10.0f}")
+                f"{r['faults_per_op'] if r.get('faults_per_op') is not None else float('nan'):>10.0f}"
+                f"{r['cpu_per_op_s'] * 1e6 if r.get('cpu_per_op_s') is not None else float('nan'):>10.1f}")
         if bounded:
             line += f"{r['link_bound_s'] * 1e3:>10.3f}{r['bound_over_time'] * 100:>10.1f}%"
         if compressed and r.get("max_rel_err") is not None:

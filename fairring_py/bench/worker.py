@@ -383,7 +383,8 @@ def minor_faults() -> int:
 
 
 def time_once(ranks, backend, bufs, prepared, work, inflight, fresh=False):
-    """Seconds for one sample and the minor page faults it took.  ``fresh``:
+    """Seconds for one sample, the minor page faults it took and this process's
+    CPU seconds in it (every thread: the caller's and the backend's).  ``fresh``:
     every op gets a new output (torch.empty inside the timed region, as a
     trainer allocates it each step); returns the outputs, to be checked."""
     if not fresh:
@@ -392,13 +393,15 @@ def time_once(ranks, backend, bufs, prepared, work, inflight, fresh=False):
     ranks.sync()
     ranks.barrier()
     faults = minor_faults()
+    c0 = time.process_time()
     t0 = time.perf_counter()
     if fresh:
         bufs = work.buffers(len(bufs))
         prepared = backend.prepare(bufs)
     backend.run(prepared, inflight)
     ranks.sync()
-    return time.perf_counter() - t0, minor_faults() - faults, bufs
+    t = time.perf_counter() - t0
+    return t, minor_faults() - faults, time.process_time() - c0, bufs
 
 
 def sweep_size(ranks, backends, size, cfg) -> dict:
@@ -426,7 +429,7 @@ def sweep_size(ranks, backends, size, cfg) -> dict:
     for _ in range(2):
         first = []
         for i, be in enumerate(backends):
-            t, _, out = time_once(ranks, be, bufs, be.prepare(bufs, work), work, inflight, fresh)
+            t, _, _, out = time_once(ranks, be, bufs, be.prepare(bufs, work), work, inflight, fresh)
             first.append(t)
             verify(i, out)
     slowest = ranks.max_over_ranks(first)
@@ -442,13 +445,15 @@ def sweep_size(ranks, backends, size, cfg) -> dict:
     prepared = [be.prepare(b, work) for be, b in zip(backends, mine)]
     times = [[] for _ in backends]
     faults = [0 for _ in backends]
+    cpu = [0.0 for _ in backends]
     checked = 2 * len(backends) * inflight
     for s in range(samples):
         for j in range(len(backends)):
             i = (j + s) % len(backends)  # rotate the order every sample
-            t, f, out = time_once(ranks, backends[i], mine[i], prepared[i], work, inflight, fresh)
+            t, f, c, out = time_once(ranks, backends[i], mine[i], prepared[i], work, inflight, fresh)
             times[i].append(t / reps[i])
             faults[i] += f
+            cpu[i] += c
             verify(i, out)
             checked += len(out)
             del out  # a fresh sample's outputs go back before the next one
@@ -456,10 +461,13 @@ def sweep_size(ranks, backends, size, cfg) -> dict:
     times = [flat[i * samples:(i + 1) * samples] for i in range(len(backends))]
     # Minor page faults per op, the most of any rank.
     faults = ranks.max_over_ranks([f / (samples * reps[i] * inflight) for i, f in enumerate(faults)])
+    # CPU seconds per op (all of a rank's threads), the most of any rank: a
+    # fast op that keeps the cores busy takes them from the trainer.
+    cpu = ranks.max_over_ranks([c / (samples * reps[i] * inflight) for i, c in enumerate(cpu)])
     error = next((e for e in errors if e), "")
     rel_err = ranks.max_over_ranks(rel_err)
     return {"size": size, "reps": reps, "samples": samples, "times": times, "error": error,
-            "checked": checked, "faults_per_op": faults,
+            "checked": checked, "faults_per_op": faults, "cpu_per_op_s": cpu,
             "max_rel_err": [None if be.exact else r for be, r in zip(backends, rel_err)]}
 
 
