@@ -292,14 +292,20 @@ def sec_async(rank, world, cfg):
     # wait() on an op the loop thread ran (several slices), its future not
     # taken before: the future is complete when wait() returns (it may be
     # completed on the loop thread itself, before the Work).
-    big = torch.full((3 * (1 << 20) // 4 + 7,), float(rank + 1))
-    w = dist.all_reduce(big, async_op=True)
-    w.wait()
-    fut = w.get_future()
-    if not fut.done():
-        failures.add("3 MiB all_reduce: get_future().done() False right after wait()")
-    elif not torch.equal(fut.value()[0], torch.full_like(big, float(sum(range(1, world + 1))))):
-        failures.add("3 MiB all_reduce: future value is not the sum")
+    # On one node such an op runs on the caller's thread once the peers are
+    # in (its first slice); a late peer makes the others hand it, slices
+    # and all, to their loop thread: each rank late once.
+    for late in range(world):
+        big = torch.full((3 * (1 << 20) // 4 + 7,), float(rank + 1))
+        if rank == late:
+            time.sleep(0.02)
+        w = dist.all_reduce(big, async_op=True)
+        w.wait()
+        fut = w.get_future()
+        if not fut.done():
+            failures.add(f"3 MiB all_reduce, rank {late} late: get_future().done() False right after wait()")
+        elif not torch.equal(fut.value()[0], torch.full_like(big, float(sum(range(1, world + 1))))):
+            failures.add(f"3 MiB all_reduce, rank {late} late: future value is not the sum")
     # futures with callbacks, while others are pending
     ts = [torch.full((5000,), float(rank + i)) for i in range(8)]
     futs = [dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0].sum().item()) for t in ts]

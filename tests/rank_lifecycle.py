@@ -3,6 +3,7 @@ process group over its life (many groups created and destroyed, threads,
 fork), and what must come back to where it started."""
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -14,11 +15,23 @@ import torch.distributed as dist
 import launch
 
 
+def _thread_names():
+    names = []
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                names.append(f"{f.read().strip()}:{t}")
+        except OSError:  # ended meanwhile
+            pass
+    return names
+
+
 def _counts():
     with open("/proc/self/statm") as f:
         rss_pages = int(f.read().split()[1])
     return {
         "threads": len(os.listdir("/proc/self/task")),
+        "names": sorted(_thread_names()),
         "fds": len(os.listdir("/proc/self/fd")),
         "rss_mb": rss_pages * os.sysconf("SC_PAGE_SIZE") / 2**20,
         "shm": len(launch.list_shm()),
@@ -26,7 +39,11 @@ def _counts():
 
 
 def _settled_counts():
-    # Completion workers and gloo's threads end shortly after their group.
+    # A destroyed group's objects may wait for the cyclic GC (Python frames
+    # and futures of its last ops); its threads and its completion workers
+    # end shortly after it goes.  How many workers a live group has started
+    # depends on timing (an op completed on the caller's thread posts none).
+    gc.collect()
     time.sleep(0.5)
     return _counts()
 

@@ -98,10 +98,13 @@ bool HostEngine::runs_inline(const PipelineOp& op) const {
   // (pipeline.h).  Handing it to the loop thread instead costs two thread
   // wake-ups, about 100 us on a 2-core VM: more than the whole op up to a
   // few hundred KiB, and more CPU time too (BENCHMARKS.md, "The inline path
-  // up to one slice").  An op of several slices gains from the loop's
-  // pipelining, and leaves the caller free.
+  // up to one slice").  On one node so does an op that fits the slots (up
+  // to 4 MiB by default): it runs at memory speed once the peers are in,
+  // the same schedule as the loop's (BENCHMARKS.md, "Mid-size ops").
+  // Between nodes an op of several slices waits on the network: the loop
+  // runs it and the caller stays free.
   if (deferred_) return false;  // like a device: the caller never runs the steps
-  return slices_of(op) == 1;
+  return slices_of(op) == 1 || topo().num_nodes == 1;
 }
 
 void HostEngine::on_failed(const Error& why) {

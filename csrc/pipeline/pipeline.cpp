@@ -131,7 +131,7 @@ void Pipeline::submit(std::shared_ptr<PipelineOp> op) {
   // Inline only when every earlier op has completed: then the loop thread
   // holds no slice and the pipeline is ours.
   const bool idle = completed_ + 1 == submitted_ && queue_.empty() && !inline_busy_ && !handoff_;
-  if (idle && !op->follows && runs_inline(*op)) {
+  if (idle && !op->follows && slices_of(*op) <= num_slots() && runs_inline(*op)) {
     inline_busy_ = true;
     lock.unlock();
     run_inline(make_slice(op, 0));
@@ -165,9 +165,26 @@ void Pipeline::run_inline(Slice s) {
   const TimePoint until = std::chrono::steady_clock::now() + kInlineSpin;
   std::exception_ptr error;
   bool finished = false;
+  const int64_t slices = slices_of(*s.op);
   try {
     start_op(*s.op, /*on_caller=*/true);
-    finished = schedule_->front(s, &until) && schedule_->back(s, &until);
+    if (slices == 1) {
+      finished = schedule_->front(s, &until) && schedule_->back(s, &until);
+    } else if (schedule_->front(s, &until)) {
+      // Every node peer has its input of the first slice in: the op runs at
+      // memory speed from here, so the rest runs here too, its waits
+      // blocking (they spin first).  The same order as the loop's: the op
+      // fits the slots (runs_inline), so every front half, then every back.
+      std::vector<Slice> rest;
+      rest.reserve(static_cast<size_t>(slices - 1));
+      for (int64_t i = 1; i < slices; ++i) {
+        rest.push_back(make_slice(s.op, i));
+        schedule_->front(rest.back(), nullptr);
+      }
+      schedule_->back(s, nullptr);
+      for (Slice& r : rest) schedule_->back(r, nullptr);
+      finished = true;
+    }
     if (finished) op_done(*s.op);
   } catch (const std::exception& e) {
     fail(attributed(topo_.rank, e));
@@ -329,10 +346,17 @@ void Pipeline::loop() {
         }
         if (failure_.failed()) break;
         if (handoff_) {
-          // An inline op whose peer was late: it is the oldest, finish it first.
+          // An inline op whose peer was late: it is the oldest, finish it
+          // first; its later slices, if any, are ours to start.
           in_flight.push_back(std::move(*handoff_));
           handoff_.reset();
           lock.unlock();
+          const Slice& h = in_flight.back();
+          if (h.index + 1 < slices_of(*h.op)) {
+            cur = h.op;
+            next_index = h.index + 1;
+            cur_slices = slices_of(*cur);
+          }
           if (!schedule_->front_done(in_flight.back())) schedule_->front(in_flight.back(), nullptr);
           continue;
         }

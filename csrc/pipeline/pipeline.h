@@ -5,9 +5,9 @@
 //     reduce-scatter of slice i+lag, then the all-gather of the oldest,
 //   - the order rule (op_order.h): an op whose memory overlaps a pending
 //     op's, one of them writing it, starts after that op has completed,
-//   - the inline small-op path: a small op issued while the pipeline is idle
-//     runs on the caller's thread; if a peer is late the loop thread takes
-//     it over where it stopped (see runs_inline),
+//   - the inline path: an op issued while the pipeline is idle runs on the
+//     caller's thread if the device says so (runs_inline); if a peer is late
+//     for its first slice the loop thread takes it over where it stopped,
 //   - failure: first error wins (GroupFailure), the node and the rails are
 //     told, and what is in flight or queued fails with the group's error,
 //   - completion: on_complete in issue order, then future completion on a
@@ -120,7 +120,9 @@ class Pipeline {
   // Runs first on the loop thread (a device makes itself current).
   virtual void on_loop_start() {}
   // Whether `op`, issued while the pipeline is idle, runs on the caller's
-  // thread.  Its steps then get a spin deadline.
+  // thread (only an op whose slices fit the slots at once is asked).  Its
+  // first slice's steps then get a spin deadline; once the peers are there
+  // the rest blocks.
   virtual bool runs_inline(const PipelineOp& op) const {
     (void)op;
     return false;
