@@ -41,8 +41,7 @@ def _counts():
 def _settled_counts():
     # A destroyed group's objects may wait for the cyclic GC (Python frames
     # and futures of its last ops); its threads and its completion workers
-    # end shortly after it goes.  How many workers a live group has started
-    # depends on timing (an op completed on the caller's thread posts none).
+    # end shortly after it goes.
     gc.collect()
     time.sleep(0.5)
     return _counts()
@@ -84,11 +83,15 @@ def subgroup_cycles(rank, world, cycles):
         g = dist.new_group(list(range(world)), backend="fairring")
         ok &= _use(g, world)
         dist.destroy_process_group(g)
+    # A group's threads end when its last reference goes: destroy_process_group
+    # drops torch's, and this is ours.
+    del g
     before = _settled_counts()
     for _ in range(cycles):
         g = dist.new_group(list(range(world)), backend="fairring")
         ok &= _use(g, world)
         dist.destroy_process_group(g)
+    del g
     return {"ok": ok, "before": before, "after": _settled_counts()}
 
 

@@ -23,11 +23,7 @@ def _check_counts(res, label):
             problems.append(f"rank {r.rank}: a collective gave a wrong result during the {label}")
         b, a = v["before"], v["after"]
         for key in ("threads", "fds", "shm"):
-            # The last group destroyed may still be going when either count is
-            # taken (its threads in both); whether it had started a completion
-            # worker depends on timing (an op completed on the caller's thread
-            # posts none): one thread of slack, where a leak per cycle is dozens.
-            if a[key] > b[key] + (1 if key == "threads" else 0):
+            if a[key] > b[key]:
                 problems.append(f"rank {r.rank}: {key} grew from {b[key]} to {a[key]} over the {label}"
                                 + (f"; new threads {sorted(set(a['names']) - set(b['names']))}" if key == "threads" else ""))
         if a["rss_mb"] - b["rss_mb"] > RSS_SLACK_MB:
