@@ -125,7 +125,10 @@ setup(
     # torch imports this module's register() at `import torch` (its device-backend
     # autoload), so init_process_group("fairring") works without `import fairring_py`.
     py_modules=["_fairring_autoload"],
-    entry_points={"torch.backends": ["fairring = _fairring_autoload:register"]},
+    entry_points={
+        "torch.backends": ["fairring = _fairring_autoload:register"],
+        "console_scripts": ["fairring-server = fairring_py.server:main"],
+    },
     ext_modules=[_extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
     python_requires=">=3.9",

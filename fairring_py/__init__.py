@@ -58,6 +58,7 @@ def _create_backend(dist_opts, pg_options):
     config.gpu_transport = resolved.gpu_transport
     config.wire_dtype = resolved.wire_dtype
     config.huge_pages = resolved.huge_pages
+    config.reduction_servers = resolved.reduction_servers
     config.timeout = timeout
     backend = _C.FairringBackend(store, rank, size, config, _node_key(resolved), fallback)
     if rank == 0 and backend.topology()["flattened"]:

@@ -31,6 +31,7 @@ ENV = {
     "gpu_transport": "FAIRRING_GPU_TRANSPORT",
     "wire_dtype": "FAIRRING_WIRE_DTYPE",
     "huge_pages": "FAIRRING_HUGE_PAGES",
+    "reduction_servers": "FAIRRING_REDUCTION_SERVERS",
 }
 
 # How CUDA all-reduces cross nodes.  "tcp": the reduced chunks go through
@@ -69,6 +70,9 @@ class Options:
     gpu_transport: how CUDA all-reduces cross nodes: "tcp" or "nccl" (FAIRRING_GPU_TRANSPORT, default tcp)
     wire_dtype:    what the rails between nodes carry: "none", "bf16" or "fp16" (FAIRRING_WIRE_DTYPE, default none)
     huge_pages:    "advise" huge pages for fresh CPU outputs, or "off" (FAIRRING_HUGE_PAGES, default advise)
+    reduction_servers: all-reduces between nodes reduced by this many dedicated servers
+                   (``python -m fairring_py.server``) instead of the workers (FAIRRING_REDUCTION_SERVERS,
+                   default 0: none; docs/REDUCTION_SERVERS.md)
     """
 
     slice_size: Optional[int | str] = None
@@ -79,6 +83,7 @@ class Options:
     gpu_transport: Optional[str] = None
     wire_dtype: Optional[str] = None
     huge_pages: Optional[str] = None
+    reduction_servers: Optional[int | str] = None
 
 
 def parse_size(value, name: str, hi: int | None = None) -> int:
@@ -130,6 +135,7 @@ class Resolved:
     gpu_transport: str = "tcp"
     wire_dtype: str = DEFAULTS["wire_dtype"]
     huge_pages: str = DEFAULTS["huge_pages"]
+    reduction_servers: int = DEFAULTS["reduction_servers"]
 
 
 def resolve(pg_options=None, environ=None) -> Resolved:
@@ -182,7 +188,10 @@ def resolve(pg_options=None, environ=None) -> Resolved:
         )
     wire_dtype = _choice(raw, "wire_dtype", WIRE_DTYPES, DEFAULTS["wire_dtype"])
     huge_pages = _choice(raw, "huge_pages", HUGE_PAGES, DEFAULTS["huge_pages"])
-    return Resolved(slice_size, total_memory, parallelism, node_id, ifname, gpu_transport, wire_dtype, huge_pages)
+    v, name = value("reduction_servers")
+    reduction_servers = _parse_int(v, name, *LIMITS["reduction_servers"])
+    return Resolved(slice_size, total_memory, parallelism, node_id, ifname, gpu_transport, wire_dtype, huge_pages,
+                    reduction_servers)
 
 
 def _choice(raw, key: str, choices, default: str) -> str:

@@ -232,6 +232,7 @@ def _run_ranks_once(
     check: bool = True,
     netns: Optional[Sequence[str]] = None,
     store_addr: str = "127.0.0.1",
+    store_port: Optional[int] = None,
 ) -> list:
     """Run ``fn(rank, world_size, *args)`` on ``len(node_ids)`` ranks.
 
@@ -247,6 +248,8 @@ def _run_ranks_once(
     within exit_grace_s of reporting (else see RankResult.hung_at_exit).
     netns: network namespace of each rank (list, one name per rank; None: the
     harness's own); then store_addr must be rank 0's address in its namespace.
+    store_port: the TCPStore's port (None: a free one), for processes that
+    join the job through its store (reduction servers).
     """
     world_size = len(node_ids)
     fn_ref = (fn.__module__, fn.__qualname__)
@@ -263,7 +266,7 @@ def _run_ranks_once(
     q = ctx.Queue()
     init = {
         "backend": backend,
-        "init_method": f"tcp://{store_addr}:{free_port()}",
+        "init_method": f"tcp://{store_addr}:{store_port or free_port()}",
         "pg_timeout_s": pg_timeout_s,
         "pg_options_fn": (pg_options_fn.__module__, pg_options_fn.__qualname__) if pg_options_fn else None,
         "destroy": destroy,

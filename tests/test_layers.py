@@ -13,7 +13,7 @@ LAYERS = {
     "backend": 6, "testing": 6,      # the c10d glue and the Python bindings; test hooks
     "collectives": 5,                # one file per collective: its script over the primitives
     "devices": 4, "p2p": 4,          # the CPU and CUDA engines: the core with a mover and rails; send/recv
-    "pipeline": 3,                   # the pipeline core and the slice primitives
+    "pipeline": 3, "servers": 3,     # the pipeline core and the slice primitives; the reduction server
     "node": 2, "rails": 2,           # the node protocol (shared memory); the rail exchanges
     "plan": 1, "transport": 1, "kernels": 1, "topology": 1,
     "common": 0,

@@ -133,24 +133,6 @@ void advise_fresh(const PipelineOp& op) {
   }
 }
 
-// A random id for names that must not collide between jobs (shared memory).
-std::string random_hex(int bytes) {
-  std::vector<uint8_t> raw(bytes);
-  size_t got = 0;
-  while (got < raw.size()) {
-    ssize_t n = getrandom(raw.data() + got, raw.size() - got, 0);
-    TORCH_CHECK(n >= 0, "fairring: getrandom failed");
-    got += static_cast<size_t>(n);
-  }
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (uint8_t b : raw) {
-    out += hex[b >> 4];
-    out += hex[b & 15];
-  }
-  return out;
-}
-
 }  // namespace
 
 FairringBackend::FairringBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const Config& config,
@@ -174,7 +156,8 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
   // ranks (they fix the shared-memory layout and the slices).
   const std::string settings = "FAIRRING_SLICE_SIZE=" + std::to_string(config_.slice_size) +
                                ", FAIRRING_PARALLELISM=" + std::to_string(config_.parallelism) +
-                               ", FAIRRING_WIRE_DTYPE=" + config_.wire_dtype;
+                               ", FAIRRING_WIRE_DTYPE=" + config_.wire_dtype +
+                               ", FAIRRING_REDUCTION_SERVERS=" + std::to_string(config_.reduction_servers);
   store->set("node/" + std::to_string(rank), bytes_of(node_key));
   // The real machine too (a simulated node is one of several on it): for
   // whether the ranks here each have a core (wait_spin_for).

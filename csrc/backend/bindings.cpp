@@ -4,6 +4,8 @@
 #include <torch/extension.h>
 #include <torch/version.h>
 
+#include <c10/util/Logging.h>
+
 #include "plan/plan.h"
 #include "node/node_arena.h"
 #include "backend/backend.h"
@@ -11,6 +13,7 @@
 #include "common/config.h"
 #include "common/error.h"
 #include "pipeline/pipeline.h"
+#include "servers/reduction_server.h"
 #include "topology/topology.h"
 
 namespace py = pybind11;
@@ -74,6 +77,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("gpu_transport", &Config::gpu_transport)
       .def_readwrite("wire_dtype", &Config::wire_dtype)
       .def_readwrite("huge_pages", &Config::huge_pages)
+      .def_readwrite("reduction_servers", &Config::reduction_servers)
       .def_readwrite("timeout", &Config::timeout);
 
   // What the extension was built with, for fairring_py.info (bug reports).
@@ -97,11 +101,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   defaults["parallelism"] = limits::kDefaultParallelism;
   defaults["wire_dtype"] = Config().wire_dtype;
   defaults["huge_pages"] = Config().huge_pages;
+  defaults["reduction_servers"] = Config().reduction_servers;
   m.attr("DEFAULTS") = defaults;
   py::dict bounds;
   bounds["slice_size"] = py::make_tuple(limits::kMinSliceSize, limits::kMaxSliceSize);
   bounds["total_memory"] = py::make_tuple(1, limits::kMaxTotalMemory);
   bounds["parallelism"] = py::make_tuple(1, limits::kMaxParallelism);
+  bounds["reduction_servers"] = py::make_tuple(0, limits::kMaxReductionServers);
   m.attr("LIMITS") = bounds;
 
   py::class_<FairringBackend, c10d::Backend, c10::intrusive_ptr<FairringBackend>>(m, "FairringBackend")
@@ -167,6 +173,33 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "_quiesce_all", [] { Pipeline::quiesce_all(); }, py::call_guard<py::gil_scoped_release>(),
       "Waits for in-flight all_reduces and lets the engines' threads drop their "
       "tensors; registered with atexit by fairring_py.");
+  // python -m fairring_py.server (fairring_py/server.py).
+  py::class_<ReductionServer>(m, "ReductionServer")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, const std::string& ifname, int threads,
+                       std::chrono::milliseconds store_poll) {
+             ServerOptions o;
+             o.ifname = ifname;
+             o.threads = threads;
+             o.store_poll = store_poll;
+             return std::make_unique<ReductionServer>(store, o);
+           }),
+           py::arg("store"), py::arg("ifname") = "", py::arg("threads") = 1,
+           py::arg("store_poll") = std::chrono::milliseconds(1000), py::call_guard<py::gil_scoped_release>(),
+           "Joins the job whose root store this is as its next reduction server.")
+      .def_property_readonly("index", &ReductionServer::index)
+      .def_property_readonly("address", &ReductionServer::address)
+      .def("wait", &ReductionServer::wait, py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
+           "Blocks up to timeout; False once the server has stopped.")
+      .def("stop", &ReductionServer::stop, py::arg("why"), py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("stop_reason", &ReductionServer::stop_reason)
+      .def_property_readonly("reductions", &ReductionServer::reductions)
+      .def_property_readonly("bytes_in", &ReductionServer::bytes_in)
+      .def_property_readonly("sessions", &ReductionServer::sessions);
+  // The server learns that the job ended when the store's connection fails,
+  // which torch's store client logs as a warning with a C++ backtrace.
+  m.def("_quiet_torch_warnings", [] {
+    FLAGS_caffe2_log_level = 2; /* errors only */
+  });
   m.def("_topology_for_test",
         [](const std::vector<std::string>& keys, int rank) { return topology_dict(build_topology(keys, rank)); });
   register_kernel_bindings(m);

@@ -31,6 +31,11 @@ void validate(const Config& c) {
   if (c.huge_pages != "advise" && c.huge_pages != "off") {
     throw Error(ErrorKind::kInvalidArgument, "FAIRRING_HUGE_PAGES must be advise or off, got " + c.huge_pages);
   }
+  if (c.reduction_servers < 0 || c.reduction_servers > limits::kMaxReductionServers) {
+    throw Error(ErrorKind::kInvalidArgument, "FAIRRING_REDUCTION_SERVERS must be between 0 and " +
+                                                 std::to_string(limits::kMaxReductionServers) + ", got " +
+                                                 std::to_string(c.reduction_servers));
+  }
   if (c.timeout.count() <= 0) {
     throw Error(ErrorKind::kInvalidArgument,
                 "the process group's timeout must be positive, got " + std::to_string(c.timeout.count()) + " ms");

@@ -30,6 +30,8 @@ constexpr int64_t kMaxSliceSize = 1 * kGiB;
 constexpr int64_t kMaxTotalMemory = 1024 * kGiB;
 // Each slot holds a slice's staging memory and a set of counters.
 constexpr int kMaxParallelism = 64;
+// Dedicated reduction servers a group may use (0: none, the workers serve).
+constexpr int kMaxReductionServers = 256;
 }  // namespace limits
 
 struct Config {
@@ -42,6 +44,9 @@ struct Config {
   // Fresh CPU outputs of 2 MiB and more: "advise" huge pages for them
   // (kernels/first_touch.h), or "off".
   std::string huge_pages = "advise";
+  // All-reduces between nodes reduced by this many dedicated reduction
+  // servers (python -m fairring_py.server) instead of the workers; 0: none.
+  int reduction_servers = 0;
   std::chrono::milliseconds timeout{30 * 60 * 1000};
   // Not an option: set by the backend from the machine (wait_spin_for).  How
   // long a blocking wait on a node peer spins before it sleeps.

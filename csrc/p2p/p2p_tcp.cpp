@@ -174,11 +174,10 @@ bool P2pEngine::connect_peer(Peer& peer) {
   try {
     const std::vector<uint8_t> raw = store_->get("addr/" + std::to_string(peer.rank));
     const std::string value(raw.begin(), raw.end());
-    const size_t colon = value.rfind(':');
     // It listens since before it published the address: a refusal means it
     // is gone, so this does not wait long.
     const auto deadline = Clock::now() + std::min<std::chrono::milliseconds>(timeout_, kConnectTimeout);
-    Socket s = connect_to(value.substr(0, colon), std::stoi(value.substr(colon + 1)), deadline);
+    Socket s = connect_to(value, deadline);
     Hello hello{};
     std::memcpy(hello.magic, kHelloMagic, sizeof(kHelloMagic));
     hello.rank = topo_.rank;

@@ -17,6 +17,7 @@
 #include "common/errors.h"
 #include "common/fault_injection.h"
 #include "kernels/reduce_cpu.h"
+#include "rails/server_link.h"
 #include "transport/tcp_mesh.h"
 #include "common/error.h"
 
@@ -47,6 +48,14 @@ constexpr auto kHeartbeatSlack = std::chrono::milliseconds(100);
 // long a closing one reads what its peers still send (close_gracefully).
 constexpr auto kAbortFlush = std::chrono::seconds(1);
 constexpr auto kCloseDrain = std::chrono::seconds(1);
+// A chunk goes to reduction servers in pieces of at least this much (one
+// server for a small chunk): below it a message costs more than it moves.
+constexpr int64_t kMinServerPieceBytes = 32 << 10;
+// The largest piece start_via_servers cuts: an even share of the chunk, or
+// one of fewer pieces of at least kMinServerPieceBytes; plus alignment.
+int64_t max_server_piece_bytes(int64_t max_chunk_bytes, int64_t servers) {
+  return std::min(max_chunk_bytes, max_chunk_bytes / servers + 2 * kMinServerPieceBytes) + 256;
+}
 
 WireHeader header_for(const RailTask& t, WireKind kind, uint64_t bytes) {
   WireHeader h;
@@ -67,8 +76,14 @@ void check_match(const WireHeader& got, const WireHeader& want, int peer, int se
 }  // namespace
 
 RailStage::RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callbacks callbacks,
-                     std::chrono::milliseconds timeout, int slots, int64_t max_shard_bytes, WireDtype wire)
-    : topo_(topo), reduce_(std::move(reduce)), callbacks_(std::move(callbacks)), timeout_(timeout), codec_(wire) {
+                     std::chrono::milliseconds timeout, int slots, int64_t max_shard_bytes, WireDtype wire,
+                     ServerLinks servers)
+    : topo_(topo),
+      reduce_(std::move(reduce)),
+      callbacks_(std::move(callbacks)),
+      timeout_(timeout),
+      reduction_servers_(std::move(servers.channels)),
+      codec_(wire) {
   staging_.resize(slots);
   for (auto& slot : staging_) {
     slot.resize(topo_.num_nodes);
@@ -85,6 +100,13 @@ RailStage::RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callb
           if (n != topo_.node || bufs == &wire_out_) slot[n].resize(WireCodec::buffer_bytes(max_shard_bytes));
         }
       }
+    }
+  }
+  if (wire != WireDtype::kNone && !reduction_servers_.empty()) {
+    const int64_t m = static_cast<int64_t>(reduction_servers_.size());
+    const int64_t piece = max_server_piece_bytes(servers.max_chunk_bytes, m);
+    for (auto* bufs : {&server_out_, &server_in_}) {
+      bufs->assign(slots, std::vector<std::vector<char>>(m, std::vector<char>(WireCodec::buffer_bytes(piece))));
     }
   }
   const std::vector<int> rail = topo_.rail();
@@ -132,10 +154,8 @@ void RailStage::close_gracefully() {
   // the peer's end of stream (it stops its heartbeats once it sees ours),
   // for at most kCloseDrain.
   std::vector<int> open;
-  for (auto* list : {&clients_, &servers_}) {
-    for (auto& ch : *list) {
-      if (ch && ::shutdown(ch->fd(), SHUT_WR) == 0) open.push_back(ch->fd());
-    }
+  for (Channel* ch : all_channels()) {
+    if (::shutdown(ch->fd(), SHUT_WR) == 0) open.push_back(ch->fd());
   }
   const auto until = Clock::now() + kCloseDrain;
   std::vector<char> scratch(64 << 10);
@@ -156,6 +176,16 @@ void RailStage::close_gracefully() {
     }
     open.swap(still);
   }
+}
+
+std::vector<Channel*> RailStage::all_channels() const {
+  std::vector<Channel*> out;
+  for (auto* list : {&clients_, &servers_, &reduction_servers_}) {
+    for (auto& ch : *list) {
+      if (ch) out.push_back(ch.get());
+    }
+  }
+  return out;
 }
 
 void RailStage::wake() {
@@ -194,20 +224,12 @@ bool RailStage::let_go(std::chrono::steady_clock::time_point until) {
 }
 
 void RailStage::send_aborts(const Error& why) {
-  for (auto* list : {&clients_, &servers_}) {
-    for (auto& ch : *list) {
-      if (ch) ch->queue_abort(why);
-    }
-  }
+  for (Channel* ch : all_channels()) ch->queue_abort(why);
   // Nothing left reads or writes a task's memory: the pipeline may hand the
   // failed ops' tensors back while the aborts go out.
   released();
   const auto deadline = Clock::now() + kAbortFlush;
-  for (auto* list : {&clients_, &servers_}) {
-    for (auto& ch : *list) {
-      if (ch) ch->flush_abort(deadline);
-    }
-  }
+  for (Channel* ch : all_channels()) ch->flush_abort(deadline);
 }
 
 // One chunk's walk (plan/rail_walk.h) as messages: round one's sends go on
@@ -219,9 +241,14 @@ void RailStage::send_aborts(const Error& why) {
 void RailStage::start(std::unique_ptr<SliceState> st) {
   SliceState& s = *st;
   const RailTask& t = s.task;
-  s.walk = t.walk(topo_.node, topo_.num_nodes);
   s.wire = codec_.applies(t);
   const auto now = Clock::now();
+  if (via_servers(t)) {
+    start_via_servers(s, now);
+    active_.push_back(std::move(st));
+    return;
+  }
+  s.walk = t.walk(topo_.node, topo_.num_nodes);
   const c10::ScalarType dtype = t.dtype();
   for (const Transfer& x : s.walk.sends) {
     const char* data = t.shard_at(x.shard);
@@ -278,6 +305,59 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
     }
   }
   active_.push_back(std::move(st));
+}
+
+bool RailStage::via_servers(const RailTask& t) const {
+  return !reduction_servers_.empty() && t.pattern == RailPattern::kReduce && t.back_to == kBackToAll &&
+         t.pieces.empty() && t.result == nullptr;
+}
+
+// The chunk (its shards are contiguous and in order) cut into pieces, one
+// per server, each sent to its server and its sum received into place.
+// Every rank of the rail cuts the same chunk the same way, and the slice
+// number rotates which server takes the first piece, so that small ops
+// (one piece) spread over the servers too.  Round one and two are the
+// servers' business: we only send and receive.
+void RailStage::start_via_servers(SliceState& s, Clock::time_point now) {
+  const RailTask& t = s.task;
+  const c10::ScalarType dtype = t.dtype();
+  const int64_t esize = c10::elementSize(dtype);
+  int64_t total = 0;
+  for (const Range& r : t.shards) total += r.count;
+  const int m = static_cast<int>(reduction_servers_.size());
+  const int parts = static_cast<int>(std::clamp<int64_t>(total * esize / kMinServerPieceBytes, 1, m));
+  const std::vector<Range> pieces = split_even(total, parts, std::max<int64_t>(1, 64 / esize));
+  const int slot = static_cast<int>(t.slice_seq % std::max<size_t>(server_out_.size(), 1));
+  for (int p = 0; p < parts; ++p) {
+    const Range r = pieces[p];
+    if (r.count == 0) continue;
+    const int server = static_cast<int>((p + t.slice_seq) % m);
+    Channel& ch = *reduction_servers_[server];
+    char* where = t.chunk + r.offset * esize;
+    const char* data = where;
+    char* into = where;
+    if (s.wire) {
+      char* out = server_out_[slot][server].data();
+      char* in = server_in_[slot][server].data();
+      if (static_cast<int64_t>(WireCodec::message_bytes(r.count)) >
+          static_cast<int64_t>(server_out_[slot][server].size())) {
+        throw Error(ErrorKind::kBackend, "fairring: piece larger than its wire buffer (plan bound violated)");
+      }
+      codec_.encode(dtype, where, r.count, out);
+      data = out;
+      into = in;
+    }
+    send(ch, s, WireKind::kContribution, r.count, data);
+    const bool decode = s.wire;
+    expect(
+        ch, s, WireKind::kResult, r.count, into,
+        [this, &s, decode, into, where, r] {
+          if (decode) codec_.decode(s.task.dtype(), into, r.count, where);
+          --s.results_missing;
+        },
+        now);
+    ++s.results_missing;
+  }
 }
 
 // Every piece of our shard is in: reduce them in node order, then round two.
@@ -351,12 +431,7 @@ void RailStage::loop() {
   // Named, so that a stuck rail shows in `top -H`, gdb and /proc/<pid>/task.
   pthread_setname_np(pthread_self(), "fairring-rail");
   std::vector<struct pollfd> fds;
-  std::vector<Channel*> chans;
-  for (auto* list : {&clients_, &servers_}) {
-    for (auto& ch : *list) {
-      if (ch) chans.push_back(ch.get());
-    }
-  }
+  const std::vector<Channel*> chans = all_channels();
   // Later than a local peer's deadline: see deadlines.h.
   const auto remote_timeout = rail_peer_deadline(timeout_);
   // A silent peer whose rail thread still runs (its heartbeats arrive) is
@@ -436,20 +511,24 @@ void RailStage::loop() {
               : std::string(collective_name(static_cast<Collective>(active_.front()->task.key.collective))) + " #" +
                     std::to_string(active_.front()->task.key.number);
       for (Channel* ch : chans) {
-        const std::string peer = std::to_string(ch->peer_rank());
+        const std::string& peer = ch->peer_name();
         const bool alive = now - ch->last_peer_alive < alive_window;
         const auto deadline = remote_timeout + (alive ? alive_grace : std::chrono::milliseconds(0));
         // Alive but silent: what it is waiting for is elsewhere.
         const std::string why_alive =
-            alive ? " (its rail is alive: has it issued the collective, or is it waiting for another rank?)" : "";
+            !alive ? ""
+            : ch->peer_noun() == "server"
+                ? " (the server is alive: it waits for another rank of this rail, which may be late or stuck)"
+                : " (its rail is alive: has it issued the collective, or is it waiting for another rank?)";
         if (ch->has_pending_recv() && now - ch->last_recv_progress > deadline) {
           throw Error(ErrorKind::kBackend,
-                      "Timed out: rank " + peer + " sent nothing for " +
+                      "Timed out: " + peer + " sent nothing for " +
                           seconds(std::chrono::duration<double>(now - ch->last_recv_progress).count()) +
                           " while this rank waited for its part of " + op +
                           (alive ? why_alive
-                                 : " (is rank " + peer +
-                                       " stalled, did it skip the collective, or is the network between us down?)"));
+                                 : " (is " + peer + " stalled" +
+                                       (ch->peer_noun() == "server" ? "" : ", did it skip the collective") +
+                                       ", or is the network between us down?)"));
         }
         // A peer that stops reading (a stuck receive path, or a network that
         // drops what we send) leaves our send stuck in a full socket buffer;
@@ -458,10 +537,9 @@ void RailStage::loop() {
         // the last slice), which the receive check above does not cover.
         if (ch->data_pending() && now - ch->last_send_progress > deadline) {
           throw Error(ErrorKind::kBackend,
-                      "Timed out: rank " + peer + " took none of the data this rank sent it for " +
+                      "Timed out: " + peer + " took none of the data this rank sent it for " +
                           seconds(std::chrono::duration<double>(now - ch->last_send_progress).count()) + " during " +
-                          op +
-                          (alive ? why_alive : " (is rank " + peer + " stalled, or is the network between us down?)"));
+                          op + (alive ? why_alive : " (is " + peer + " stalled, or is the network between us down?)"));
         }
       }
     }
@@ -479,7 +557,13 @@ void RailStage::loop() {
 int64_t rail_stage_bytes_per_slot(const Config& config, const PlanParams& params, int ranks_per_node, int num_nodes) {
   if (num_nodes < 2) return 0;
   const int64_t shard = max_shard_bytes(params, ranks_per_node, num_nodes);
-  return (num_nodes - 1) * shard + wire_bytes_per_slot(config.wire_dtype, shard, num_nodes);
+  int64_t servers = 0;  // the wire buffers to and from reduction servers (the constructor's bound)
+  if (config.reduction_servers > 0 && config.wire_dtype != "none") {
+    const int64_t chunk = max_shard_bytes(params, ranks_per_node, 1);
+    servers =
+        2 * config.reduction_servers * WireCodec::buffer_bytes(max_server_piece_bytes(chunk, config.reduction_servers));
+  }
+  return (num_nodes - 1) * shard + wire_bytes_per_slot(config.wire_dtype, shard, num_nodes) + servers;
 }
 
 std::unique_ptr<RailStage> connect_rail(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo,
@@ -491,9 +575,15 @@ std::unique_ptr<RailStage> connect_rail(const c10::intrusive_ptr<c10d::Store>& s
   }
   mesh = std::make_unique<TcpMesh>(store, topo.rank, peers, secret, config.socket_ifname, config.timeout);
   mesh->connect();
+  const WireDtype wire = wire_dtype_from_name(config.wire_dtype);
+  ServerLinks servers;
+  if (config.reduction_servers > 0) {
+    servers.channels = connect_reduction_servers(store, topo, config, wire);
+    servers.max_chunk_bytes = max_shard_bytes(params, topo.ranks_per_node, 1);
+  }
   return std::make_unique<RailStage>(topo, *mesh, reduce_cpu, std::move(callbacks), config.timeout, config.parallelism,
-                                     max_shard_bytes(params, topo.ranks_per_node, topo.num_nodes),
-                                     wire_dtype_from_name(config.wire_dtype));
+                                     max_shard_bytes(params, topo.ranks_per_node, topo.num_nodes), wire,
+                                     std::move(servers));
 }
 
 }  // namespace fairring

@@ -42,6 +42,13 @@ struct Config;
 using ReduceFn = std::function<void(c10::ScalarType, RedOp, void* out, const void* const* inputs, int n, int64_t count,
                                     int64_t divisor)>;
 
+// Connections to dedicated reduction servers (servers/server_link.h), for
+// all-reduces: the chunk goes to them in pieces, the sums come back.
+struct ServerLinks {
+  std::vector<std::unique_ptr<Channel>> channels;  // by server index
+  int64_t max_chunk_bytes = 0;                     // the plan's bound on a chunk
+};
+
 class RailStage : public RailExchange {
  public:
   struct Callbacks {
@@ -51,7 +58,8 @@ class RailStage : public RailExchange {
 
   // `slots` slices can be in flight; no shard is larger than `max_shard_bytes`.
   RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callbacks callbacks,
-            std::chrono::milliseconds timeout, int slots, int64_t max_shard_bytes, WireDtype wire = WireDtype::kNone);
+            std::chrono::milliseconds timeout, int slots, int64_t max_shard_bytes, WireDtype wire = WireDtype::kNone,
+            ServerLinks servers = {});
   ~RailStage() override;
   // Starts the stage's thread.  Separate from the constructor: the thread
   // may call `callbacks.failed` at once, which reaches the owner's members
@@ -68,6 +76,10 @@ class RailStage : public RailExchange {
   void loop();
   void start(std::unique_ptr<SliceState> state);
   void serve(SliceState& s);
+  // An all-reduce's chunk (the sums back to every node, in place) goes to
+  // the reduction servers, if there are any.
+  bool via_servers(const RailTask& t) const;
+  void start_via_servers(SliceState& s, Clock::time_point now);
   // The bytes on the wire of a transfer of `count` elements of the slice.
   uint64_t message_bytes(const SliceState& s, int64_t count) const;
   // Posts the slice's next `kind` message of `count` elements to `ch`'s peer.
@@ -89,9 +101,10 @@ class RailStage : public RailExchange {
   ReduceFn reduce_;
   Callbacks callbacks_;
   std::chrono::milliseconds timeout_;
-  std::chrono::milliseconds reduce_delay_{0};      // tests only (rail_stage.cpp)
-  std::vector<std::unique_ptr<Channel>> clients_;  // by node; null for ours
-  std::vector<std::unique_ptr<Channel>> servers_;  // by node; null for ours
+  std::chrono::milliseconds reduce_delay_{0};                // tests only (rail_stage.cpp)
+  std::vector<std::unique_ptr<Channel>> clients_;            // by node; null for ours
+  std::vector<std::unique_ptr<Channel>> servers_;            // by node; null for ours
+  std::vector<std::unique_ptr<Channel>> reduction_servers_;  // by server index; empty: none
   int wake_fd_ = -1;
   // Where the server receives the peers' shards: [slot][node], allocated once.
   std::vector<std::vector<std::vector<char>>> staging_;
@@ -100,6 +113,11 @@ class RailStage : public RailExchange {
   // rounded result), the contributions and the results as they arrive.
   WireCodec codec_;
   std::vector<std::vector<std::vector<char>>> wire_out_, wire_contrib_, wire_result_;
+  // With reduction servers and a wire dtype, [slot][server]: our pieces to
+  // each server and its sums as they arrive.
+  std::vector<std::vector<std::vector<char>>> server_out_, server_in_;
+  // Every channel, for polling, heartbeats, aborts and closing.
+  std::vector<Channel*> all_channels() const;
   char* wire_buf(std::vector<std::vector<std::vector<char>>>& bufs, const RailTask& t, int node) {
     return bufs[t.slice_seq % bufs.size()][node].data();
   }

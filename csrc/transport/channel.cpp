@@ -15,13 +15,17 @@ namespace {
 
 // flush_abort(): how long one wait for room in the socket lasts.
 constexpr int kAbortFlushPollMs = 10;
-[[noreturn]] void lost(int peer, const char* what) {
+[[noreturn]] void lost(const std::string& peer, const std::string& noun, const std::string& what) {
   throw Error(ErrorKind::kNetwork,
-              "fairring: connection to rank " + std::to_string(peer) + " " + what + " (did that rank exit or crash?)");
+              "fairring: connection to " + peer + " " + what + " (did that " + noun + " exit or crash?)");
 }
 }  // namespace
 
-Channel::Channel(Socket socket, int peer_rank) : socket_(std::move(socket)), peer_rank_(peer_rank) {
+Channel::Channel(Socket socket, int peer_rank, std::string peer_name, std::string peer_noun)
+    : socket_(std::move(socket)),
+      peer_rank_(peer_rank),
+      peer_name_(peer_name.empty() ? "rank " + std::to_string(peer_rank) : std::move(peer_name)),
+      peer_noun_(std::move(peer_noun)) {
   socket_.set_nonblocking();
   socket_.set_nodelay();
   last_recv_progress = Clock::now();
@@ -56,7 +60,7 @@ bool Channel::progress_send() {
         peer_gone_ = true;
         return moved;
       }
-      lost(peer_rank_, (std::string("failed: ") + std::strerror(errno)).c_str());
+      lost(peer_name_, peer_noun_, std::string("failed: ") + std::strerror(errno));
     }
     if (r > 0) {
       moved = true;
@@ -84,11 +88,10 @@ bool Channel::start_parked_header() {
   // A full header is in; find its destination.
   const WireHeader& h = header_;
   if (h.magic != kWireMagic) {
-    throw Error(ErrorKind::kBackend,
-                "fairring: corrupt message from rank " + std::to_string(peer_rank_) + " (bad magic)");
+    throw Error(ErrorKind::kBackend, "fairring: corrupt message from " + peer_name_ + " (bad magic)");
   }
   if (static_cast<WireKind>(h.kind) == WireKind::kAbort) {
-    if (h.bytes > 65536) lost(peer_rank_, "sent an oversized abort");
+    if (h.bytes > 65536) lost(peer_name_, peer_noun_, "sent an oversized abort");
     abort_text_.assign(h.bytes, '\0');
     payload_dst_ = abort_text_.data();
     return true;
@@ -100,7 +103,7 @@ bool Channel::start_parked_header() {
 }
 
 void Channel::post_recv(Recv r) {
-  if (peer_closed_) lost(peer_rank_, "was closed");
+  if (peer_closed_) lost(peer_name_, peer_noun_, "was closed");
   recvq_.push_back(std::move(r));
 }
 
@@ -114,11 +117,11 @@ size_t Channel::recv_some(char* dst, size_t len) {
       peer_closed_ = true;
       return 0;
     }
-    lost(peer_rank_, "was closed");
+    lost(peer_name_, peer_noun_, "was closed");
   }
   if (r < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-    lost(peer_rank_, (std::string("failed: ") + std::strerror(errno)).c_str());
+    lost(peer_name_, peer_noun_, std::string("failed: ") + std::strerror(errno));
   }
   last_recv_progress = Clock::now();
   return static_cast<size_t>(r);
@@ -136,8 +139,8 @@ bool Channel::progress_recv() {
       if (header_got_ < sizeof(WireHeader)) continue;
       if (header_.magic == kWireMagic && static_cast<WireKind>(header_.kind) == WireKind::kAlive) {
         if (header_.bytes != 0) {
-          throw Error(ErrorKind::kBackend, "fairring: corrupt message from rank " + std::to_string(peer_rank_) +
-                                               " (heartbeat with a payload)");
+          throw Error(ErrorKind::kBackend,
+                      "fairring: corrupt message from " + peer_name_ + " (heartbeat with a payload)");
         }
         // A sign of life, not progress of the collective.
         last_peer_alive = last_recv_progress;

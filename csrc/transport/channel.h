@@ -52,10 +52,14 @@ class Channel {
     std::function<void()> on_done;
   };
 
-  Channel(Socket socket, int peer_rank);
+  // `peer_name`: how messages name the peer ("" = "rank <peer_rank>"), and
+  // `peer_noun` what it is ("rank", or "server" for a reduction server).
+  Channel(Socket socket, int peer_rank, std::string peer_name = "", std::string peer_noun = "rank");
 
   int fd() const { return socket_.fd(); }
   int peer_rank() const { return peer_rank_; }
+  const std::string& peer_name() const { return peer_name_; }
+  const std::string& peer_noun() const { return peer_noun_; }
 
   void post_send(Send s) {
     if (data_sends_ == 0) last_send_progress = Clock::now();
@@ -75,6 +79,8 @@ class Channel {
   // A header arrived before its receive was posted; once one is posted, call
   // progress_recv() (the payload may be empty: poll would not say so).
   bool parked() const { return parked_; }
+  // The peer ended its stream between messages (see wants_read).
+  bool peer_closed() const { return peer_closed_; }
   bool wants_write() const { return !sendq_.empty(); }
   // Data (not heartbeats) waiting to be taken by the socket.
   bool data_pending() const { return data_sends_ > 0; }
@@ -109,6 +115,8 @@ class Channel {
 
   Socket socket_;
   int peer_rank_;
+  std::string peer_name_;
+  std::string peer_noun_;
   std::deque<Send> sendq_;
   std::deque<Recv> recvq_;
   WireHeader header_;

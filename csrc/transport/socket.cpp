@@ -211,4 +211,10 @@ Socket connect_to(const std::string& addr, int port, Clock::time_point deadline)
   }
 }
 
+Socket connect_to(const std::string& addr_port, Clock::time_point deadline) {
+  const size_t colon = addr_port.rfind(':');
+  if (colon == std::string::npos) throw Error(ErrorKind::kBackend, "fairring: malformed address " + addr_port);
+  return connect_to(addr_port.substr(0, colon), std::stoi(addr_port.substr(colon + 1)), deadline);
+}
+
 }  // namespace fairring

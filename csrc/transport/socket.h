@@ -52,5 +52,7 @@ std::string default_address();
 Socket listen_on(const std::string& addr, int* port_out);
 // Connects, retrying while the peer is not listening yet, until the deadline.
 Socket connect_to(const std::string& addr, int port, Clock::time_point deadline);
+// The same for an "ip:port" string (as listeners publish theirs).
+Socket connect_to(const std::string& addr_port, Clock::time_point deadline);
 
 }  // namespace fairring

@@ -36,15 +36,33 @@ std::string addr_key(int rank) { return "fairring/addr/" + std::to_string(rank);
 
 }  // namespace
 
-Secret random_secret() {
-  Secret s;
+namespace {
+void random_bytes(uint8_t* out, size_t len) {
   size_t got = 0;
-  while (got < s.size()) {
-    ssize_t n = getrandom(s.data() + got, s.size() - got, 0);
+  while (got < len) {
+    ssize_t n = getrandom(out + got, len - got, 0);
     if (n < 0) throw Error(ErrorKind::kBackend, "fairring: getrandom failed");
     got += static_cast<size_t>(n);
   }
+}
+}  // namespace
+
+Secret random_secret() {
+  Secret s;
+  random_bytes(s.data(), s.size());
   return s;
+}
+
+std::string random_hex(int bytes) {
+  std::vector<uint8_t> raw(bytes);
+  random_bytes(raw.data(), raw.size());
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (uint8_t b : raw) {
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  return out;
 }
 
 TcpMesh::TcpMesh(c10::intrusive_ptr<c10d::Store> store, int rank, std::vector<int> peers, const Secret& secret,
@@ -184,8 +202,7 @@ void TcpMesh::connect() {
   for (int peer : peers) {
     auto raw = store_->get(addr_key(peer));
     std::string value(raw.begin(), raw.end());
-    auto colon = value.rfind(':');
-    Socket s = connect_to(value.substr(0, colon), std::stoi(value.substr(colon + 1)), deadline);
+    Socket s = connect_to(value, deadline);
     Hello hello{};
     std::memcpy(hello.magic, kHelloMagic, sizeof(kHelloMagic));
     hello.rank = rank_;

@@ -86,5 +86,8 @@ class TcpMesh {
 
 // A random secret (from the kernel's generator).
 Secret random_secret();
+// A random id of `bytes` bytes as hex, for names that must not collide
+// between jobs or groups (shared memory, reduction-server sessions).
+std::string random_hex(int bytes);
 
 }  // namespace fairring

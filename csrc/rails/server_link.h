@@ -1,0 +1,34 @@
+// A rank's connections to the job's dedicated reduction servers (option
+// reduction_servers): found through the job's store, greeted, admitted.
+// The rail stage then sends its all-reduce pieces over them
+// (rails/rail_stage.h).
+#pragma once
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <memory>
+#include <vector>
+
+#include "rails/wire_codec.h"
+#include "topology/topology.h"
+#include "transport/channel.h"
+
+namespace c10d {
+class Store;
+}
+
+namespace fairring {
+
+struct Config;
+
+// Connects this rank to servers 0..config.reduction_servers-1.  `store` is
+// the group's (engine's) store: the rail's session id is agreed in it, the
+// servers are found in the job's root store under it.  Waits for servers
+// that have not joined yet up to min(timeout, 2 minutes), then fails with an
+// error that says how many joined and how to start them.  Collective over
+// the rank's rail.
+std::vector<std::unique_ptr<Channel>> connect_reduction_servers(const c10::intrusive_ptr<c10d::Store>& store,
+                                                                const Topology& topo, const Config& config,
+                                                                WireDtype wire);
+
+}  // namespace fairring

@@ -1,0 +1,67 @@
+"""Code that runs inside the ranks of the reduction-server tests
+(test_reduction_servers.py)."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def _root_store():
+    store = dist.distributed_c10d._get_default_store()
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    return store
+
+
+def rogue_then_allreduce(rank, world):
+    """Rank 0 connects to server 0 with a wrong greeting, which must be
+    closed without an answer; then every rank all-reduces as usual."""
+    refused = None
+    if rank == 0:
+        addr = _root_store().get("fairring/servers/0").decode()
+        host, port = addr.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"FRSERV01" + b"\0" * 120)  # the right magic, a wrong secret
+            s.settimeout(10)
+            try:
+                refused = s.recv(64) == b""  # closed, no welcome
+            except ConnectionResetError:
+                refused = True  # closed with our extra bytes unread
+    x = torch.full((100_003,), float(rank + 1))
+    dist.all_reduce(x)
+    want = world * (world + 1) / 2
+    return {"refused": refused, "ok": bool((x == want).all())}
+
+
+def killed_mid_op(rank, world, victim_pid, stop_instead):
+    """All-reduces in a loop; rank 0 kills (or stops) a server after a few.
+    Returns the error every rank ends with."""
+    x = torch.ones(1 << 20)
+    for i in range(10_000):
+        if rank == 0 and i == 5:
+            os.kill(victim_pid, signal.SIGSTOP if stop_instead else signal.SIGKILL)
+        try:
+            dist.all_reduce(x)
+        except Exception as e:  # noqa: BLE001
+            return {"error": f"{type(e).__name__}: {e}", "after": i}
+        x.fill_(1.0)
+    return {"error": None, "after": None}
+
+
+def mismatched_sizes(rank, world):
+    x = torch.ones(1000 * (rank + 1))
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(x)
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}", "seconds": time.monotonic() - t0}
+    return {"error": None, "seconds": time.monotonic() - t0}
+
+
+def nothing(rank, world):
+    return None

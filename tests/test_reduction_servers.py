@@ -1,0 +1,160 @@
+"""Dedicated reduction servers (docs/REDUCTION_SERVERS.md): all-reduces
+between nodes reduced by `python -m fairring_py.server` processes.
+
+Each run starts the servers next to a run_ranks job on a known store port
+and checks the results against the independent references of rank_checks
+and test_wire_dtype, that the servers really reduced (their exit report),
+and that they leave when the job does."""
+from __future__ import annotations
+
+import pytest
+
+import launch
+import rank_checks
+import rank_servers
+from servers import Servers
+import test_wire_dtype
+
+FEW_SIZES = [1, 13, 1031, 4099, 65537, 262147]
+
+# name: (node ids, servers, sections)
+TOPOLOGIES = {
+    # One node: no rails, so the servers get nothing (and nothing waits on them).
+    "1x2+2": (["a", "a"], 2, ["correctness"]),
+    "2x2+1": (["a", "a", "b", "b"], 1, ["correctness", "noncontig", "async", "collectives"]),
+    "3x1+3": (["a", "b", "c"], 3, ["correctness", "async"]),
+    # Unequal nodes: the flat schedule, every rank its own node.
+    "uneven+2": (["a", "a", "b"], 2, ["correctness"]),
+}
+
+
+def _run(ids, count, fn, args=(), env=None, **kw):
+    port = launch.free_port()
+    servers = Servers(port, count)
+    try:
+        res = launch.run_ranks(fn, ids, args=args, store_port=port, timeout_s=kw.pop("timeout_s", 180),
+                               env={"FAIRRING_REDUCTION_SERVERS": str(count), **(env or {})}, **kw)
+        # The job's store went with rank 0: the servers leave by themselves.
+        codes = servers.wait_exit(20)
+        return res, servers, codes
+    except BaseException:
+        print(servers.outputs())
+        servers.close()
+        raise
+
+
+@pytest.mark.parametrize("topo", list(TOPOLOGIES))
+def test_allreduce_through_servers(topo):
+    ids, count, sections = TOPOLOGIES[topo]
+    cfg = {"sizes": FEW_SIZES, "local_ranks": min(ids.count(n) for n in ids)}
+    res, servers, codes = _run(ids, count, rank_checks.session, args=(sections, cfg))
+    with servers:
+        problems = [f"rank {r.rank} {sec}: {f}" for r in res for sec, v in r.value.items() for f in v["failures"]]
+        first = res[0].value["correctness"]["digests"]
+        for r in res[1:]:
+            diff = [k for k in first if r.value["correctness"]["digests"][k] != first[k]]
+            if diff:
+                problems.append(f"rank {r.rank}: bits differ from rank 0 in {diff[:5]}")
+        assert not problems, "\n".join(problems[:40])
+        assert codes == [0] * count, f"servers did not exit with the job: {codes}\n{servers.outputs()}"
+        served = servers.served()
+        assert sorted(served) == list(range(count)), servers.outputs()
+        if len(set(ids)) == 1:
+            assert all(n == 0 for n in served.values()), f"one node, yet servers reduced: {served}"
+        else:
+            # Every server took part (pieces rotate over the servers).
+            assert all(n > 0 for n in served.values()), f"some server reduced nothing: {served}"
+
+
+@pytest.mark.parametrize("topo,fmt", [("2x2", "bf16"), ("3x1", "fp16")])
+def test_compressed_rails_through_servers(topo, fmt):
+    """Compression and servers together: contributions rounded once, the
+    server's sum rounded once, every rank the same bits."""
+    ids = test_wire_dtype.TOPOS[topo]
+    count = 2
+    res, servers, codes = _run(ids, count, test_wire_dtype.wire_session, args=(fmt, len(set(ids))),
+                               env={"FAIRRING_WIRE_DTYPE": fmt})
+    with servers:
+        problems = [f"rank {r.rank}: {f}" for r in res for f in r.value["failures"]]
+        first = res[0].value["digests"]
+        for r in res[1:]:
+            diff = [k for k in first if r.value["digests"][k] != first[k]]
+            if diff:
+                problems.append(f"rank {r.rank}: bits differ from rank 0 in {diff[:5]}")
+        assert not problems, "\n".join(problems[:40])
+        assert all(n > 0 for n in servers.served().values()), servers.outputs()
+        assert codes == [0] * count
+
+
+def test_rogue_client_is_refused():
+    res, servers, codes = _run(["a", "b"], 1, rank_servers.rogue_then_allreduce)
+    with servers:
+        assert res[0].value["refused"] is True
+        assert all(r.value["ok"] for r in res)
+        assert "refused a connection" in servers.output(0) and "not a rank of this job" in servers.output(0)
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_server_lost_mid_op(how):
+    """A server killed (or stopped: SIGSTOP) while all-reduces run: every rank
+    fails, and the error names the server."""
+    port = launch.free_port()
+    stopped = how == "stopped"
+    with Servers(port, 2) as servers:
+        # Server processes do not know their index before joining: take the
+        # second process, whichever index it got; its name is in its log.
+        victim = servers.procs[1].pid
+        res = launch.run_ranks(rank_servers.killed_mid_op, ["a", "b"], args=(victim, stopped), store_port=port,
+                               env={"FAIRRING_REDUCTION_SERVERS": "2"}, pg_timeout_s=4 if stopped else 60,
+                               timeout_s=120)
+        if stopped:
+            servers.procs[1].send_signal(18)  # SIGCONT, so that it can be killed and its log read
+        log = servers.output(1)
+        index = log.split("fairring server ", 1)[1].split(":", 1)[0]
+        for r in res:
+            err = r.value["error"]
+            assert err, f"rank {r.rank} never failed"
+            assert f"reduction server {index} (" in err, f"rank {r.rank}: {err}"
+            if stopped:
+                assert "Timed out" in err, f"rank {r.rank}: {err}"
+            else:
+                assert "DistNetworkError" in err or "closed" in err, f"rank {r.rank}: {err}"
+
+
+def test_mismatch_reported_by_the_server():
+    """Ranks of two nodes all-reduce different sizes: the server sees it and
+    every rank gets an error naming both ranks' ops, at once."""
+    res, servers, codes = _run(["a", "b"], 1, rank_servers.mismatched_sizes)
+    with servers:
+        for r in res:
+            err = r.value["error"]
+            assert err and "1000 elements" in err and "2000 elements" in err, f"rank {r.rank}: {err}"
+            assert "reduction server 0" in err, f"rank {r.rank}: {err}"
+            assert r.value["seconds"] < 30
+
+
+def test_missing_server_fails_group_creation():
+    """Two servers asked for, one started: group creation fails on every rank
+    within the group's timeout, saying how many joined and how to start them."""
+    port = launch.free_port()
+    with Servers(port, 1) as servers:
+        res = launch.run_ranks(rank_servers.nothing, ["a", "b"], store_port=port, pg_timeout_s=3, check=False,
+                               env={"FAIRRING_REDUCTION_SERVERS": "2"}, timeout_s=90)
+        for r in res:
+            assert not r.ok, f"rank {r.rank} created the group"
+            msg = r.exc_msg or ""
+            assert "uses 2 reduction servers" in msg and "1 joined" in msg, f"rank {r.rank}: {msg}\n{servers.outputs()}"
+            assert "python -m fairring_py.server" in msg
+
+
+def test_server_options_are_validated():
+    import fairring_py
+    from fairring_py import options
+
+    assert options.resolve(fairring_py.Options(reduction_servers=3), environ={}).reduction_servers == 3
+    assert options.resolve(None, environ={"FAIRRING_REDUCTION_SERVERS": "2"}).reduction_servers == 2
+    assert options.resolve(None, environ={}).reduction_servers == 0
+    with pytest.raises(ValueError, match="FAIRRING_REDUCTION_SERVERS"):
+        options.resolve(None, environ={"FAIRRING_REDUCTION_SERVERS": "-1"})
+    with pytest.raises(ValueError, match="Options.reduction_servers"):
+        options.resolve(fairring_py.Options(reduction_servers="many"), environ={})
