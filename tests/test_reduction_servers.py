@@ -21,7 +21,7 @@ FEW_SIZES = [1, 13, 1031, 4099, 65537, 262147]
 TOPOLOGIES = {
     # One node: no rails, so the servers get nothing (and nothing waits on them).
     "1x2+2": (["a", "a"], 2, ["correctness"]),
-    "2x2+1": (["a", "a", "b", "b"], 1, ["correctness", "noncontig", "async", "collectives"]),
+    "2x2+1": (["a", "a", "b", "b"], 1, ["correctness", "noncontig", "async", "collectives", "subgroups"]),
     "3x1+3": (["a", "b", "c"], 3, ["correctness", "async"]),
     # Unequal nodes: the flat schedule, every rank its own node.
     "uneven+2": (["a", "a", "b"], 2, ["correctness"]),
