@@ -21,6 +21,13 @@ namespace fairring {
 
 struct Config;
 
+// A group uses its reduction servers only from this many nodes on.  At two,
+// each worker's link carries S each way with or without them (2(N-1)/N = 1),
+// and the hop through a server only adds latency (measured 5-6% slower at
+// 25 MiB, 1 Gbit/s: BENCHMARKS.md).
+constexpr int kMinNodesForServers = 3;
+bool uses_reduction_servers(const Config& config, const Topology& topo);
+
 // Connects this rank to servers 0..config.reduction_servers-1.  `store` is
 // the group's (engine's) store: the rail's session id is agreed in it, the
 // servers are found in the job's root store under it.  Waits for servers
