@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -192,6 +193,20 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None 
                                 reason="network namespaces need root and iproute2 (ip, tc)")
 
 
+def test_bench_with_reduction_servers(tmp_path):
+    """--servers: each Fairring group also timed with a reduction server
+    (fairring+srv), which really reduces (its exit report), checked like the rest."""
+    out = str(tmp_path / "out")
+    p = _run(["--nodes", "3", "--ranks-per-node", "1", "--servers", "1", "--out", out] + QUICK)
+    assert p.returncode == 0, p.stdout + p.stderr
+    with open(os.path.join(out, "results.json")) as f:
+        res = json.load(f)
+    assert res["backends"] == ["fairring", "gloo", "fairring+srv"] and res["check"]["ok"], res["backends"]
+    assert res["meta"]["servers"] == 1 and res["servers"]
+    assert os.path.exists(os.path.join(out, "servers.csv"))
+    assert re.search(r"fairring server 0: exiting: .* served [1-9]\d* reductions", p.stderr), p.stderr
+
+
 @needs_root
 def test_bench_netns_link_bound(tmp_path):
     before, links = _namespaces(), _host_links()
@@ -272,6 +287,22 @@ def test_ddp_bench(tmp_path):
     assert [r["backend"] for r in res["rows"]] == ["fairring", "gloo"]
     assert all(r["samples_per_s"] > 0 for r in res["rows"])
     assert "check: OK" in p.stdout
+
+
+def test_ddp_bench_with_reduction_servers(tmp_path):
+    """--servers: a third replica over the fairring group with servers,
+    bit-identical to the workers-only one (same sums, same order)."""
+    out = str(tmp_path / "out")
+    p = _run(["--nodes", "3", "--ranks-per-node", "1", "--width", "64", "--depth", "3", "--batch", "4",
+              "--bucket-cap-mb", "0.01", "--steps", "2", "--warmup", "1", "--servers", "2", "--out", out],
+             module="fairring_py.bench.ddp")
+    assert p.returncode == 0, p.stdout + p.stderr
+    with open(os.path.join(out, "ddp.json")) as f:
+        res = json.load(f)
+    assert [r["backend"] for r in res["rows"]] == ["fairring", "gloo", "fairring+srv"]
+    assert res["check"]["ok"] and all(res["check"]["identical_across_ranks"].values())
+    assert res["rows"][2]["param_max_rel_diff_vs_fairring"] == 0.0
+    assert re.search(r"served [1-9]\d* reductions", p.stderr), p.stderr
 
 
 def test_fsdp_bench(tmp_path):

@@ -7,6 +7,8 @@ optionally OpenMPI, interleaved in the same processes, over a sweep of sizes.
     python -m fairring_py.bench --netns --link-rate 1gbit --sizes 25M     # root: namespaces
     python -m fairring_py.bench --netns --link-rate 1gbit --sizes 25M --wire-dtype bf16  # + compressed rails
     python -m fairring_py.bench --netns --link-rate 1gbit --scaling 2,3,4
+    python -m fairring_py.bench --netns --link-rate 1gbit --scaling 2,3,4 --ranks-per-node 1 --servers auto
+                                                 # + dedicated reduction servers, one per node
     torchrun --nproc_per_node=8 ... -m fairring_py.bench --sizes 4K:256M:4  # real machines
 
 See BENCHMARKS.md for what is measured and how.
@@ -62,8 +64,18 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--netns", action="store_true", help="each node in its own network namespace, veth links")
     c.add_argument("--link-rate", help="cap each node's link with tc tbf, e.g. 1gbit (needs --netns)")
     c.add_argument("--scaling", help="node counts to run one after another, e.g. 2,3,4; plots time per byte")
+    c.add_argument("--servers", metavar="M|auto",
+                   help="start M dedicated reduction servers (python -m fairring_py.server, --threads = ranks per "
+                        "node) next to the job (with --netns each in its own namespace, on a link like a node's; "
+                        "else local processes on loopback) and also "
+                        "time 'fairring+srv' (and 'fairring-<w>+srv' with --wire-dtype): the same group with "
+                        "Options(reduction_servers=M), next to the workers-only 'fairring' in the same run; gloo is "
+                        "unchanged. 'auto': one server per node (M = N, per --scaling run too). all_reduce only, "
+                        "2 nodes or more (groups of 2 nodes do not use the servers: same time). Under torchrun: the groups use M servers you start yourself "
+                        "(python -m fairring_py.server --store MASTER_ADDR:MASTER_PORT)")
     c.add_argument("--netns-cleanup", action="store_true",
-                   help="delete namespaces left by benchmarks whose launcher is gone, then exit")
+                   help="delete namespaces (nodes', servers', switch) left by benchmarks whose launcher is gone, "
+                        "then exit")
     m = p.add_argument_group("measurement")
     m.add_argument("--time-per-size", type=float, default=3.0,
                    help="seconds of timed samples per size, all backends together (default 3)")
@@ -106,6 +118,7 @@ def build_config(args, p) -> dict:
         p.error(f"--wire-dtype takes bf16, fp16 or bf16,fp16, got {args.wire_dtype!r}")
     if wire and args.collective != "all_reduce":
         p.error("--wire-dtype applies to --collective all_reduce only")
+    servers = parse_servers(args, p)
     try:
         default_sizes = "25M" if args.scaling else "4K:256M:4"
         sizes = metrics.parse_sizes(args.sizes or default_sizes)
@@ -122,6 +135,7 @@ def build_config(args, p) -> dict:
         "device": args.device,
         "mpi": args.mpi,
         "wire_dtypes": wire,
+        "servers": servers,
         "netns": args.netns,
         "link_rate_Bps": rate,
         "scaling": scaling,
@@ -140,15 +154,34 @@ def build_config(args, p) -> dict:
     }
 
 
+def parse_servers(args, p):
+    """--servers: None, a count, or "auto" (one per node)."""
+    v = args.servers
+    if v is None:
+        return None
+    v = v.strip().lower()
+    if v != "auto" and not (v.isdigit() and int(v) >= 1):
+        p.error(f"--servers takes a count >= 1 or 'auto', got {args.servers!r}")
+    if args.collective != "all_reduce":
+        p.error("--servers applies to --collective all_reduce only (the other collectives do not use the servers)")
+    if args.mpi:
+        p.error("--servers cannot be combined with --mpi (mpirun starts the ranks, not the servers)")
+    if not args.scaling and (args.nodes or 2) < 2:
+        p.error("--servers needs 2 nodes or more (all-reduces within one node use no servers)")
+    return v if v == "auto" else int(v)
+
+
 def run_local(cfg: dict) -> int:
     def once(c, nodes):
-        c = dict(c, nodes=nodes)
+        # --servers auto: one server per node, in every run.
+        servers = nodes if cfg["servers"] == "auto" else (cfg["servers"] or 0)
+        c = dict(c, nodes=nodes, servers=servers)
         if cfg["mpi"]:
             c.update(launcher="mpirun", simulate_ranks_per_node=c["ranks_per_node"])
             launch.run_mpirun(c, nodes, c["ranks_per_node"], cfg["timeout_s"])
         elif cfg["netns"]:
             c["launcher"] = "local+netns"
-            with netns.Cluster(nodes, cfg["link_rate_Bps"]) as cluster:
+            with netns.Cluster(nodes, cfg["link_rate_Bps"], servers=servers) as cluster:
                 launch.run_ranks(c, nodes, c["ranks_per_node"], cfg["timeout_s"], cluster=cluster)
         else:
             c["launcher"] = "local"
@@ -192,6 +225,8 @@ def main(argv=None) -> int:
             p.error("--netns and --scaling start the ranks themselves; run without torchrun/mpirun")
         if args.mpi and kind != "mpi":
             p.error("--mpi under torchrun: start the ranks with mpirun instead (or let --mpi start them)")
+        if cfg["servers"] == "auto":
+            p.error("--servers auto needs the number of nodes: under torchrun give the count of servers you started")
         # This process is a rank started by torchrun or mpirun.
         launch.adopt_external(cfg, kind, args.ranks_per_node)
         return launch.run_rank(cfg, worker.job_of(cfg))

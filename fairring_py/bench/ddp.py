@@ -6,6 +6,8 @@ the same processes, on a simulated cluster.
     python -m fairring_py.bench.ddp --model transformer --steps 30
     python -m fairring_py.bench.ddp --netns --link-rate 1gbit   # root: namespaces
     python -m fairring_py.bench.ddp --netns --link-rate 1gbit --wire-dtype bf16  # + compressed rails
+    python -m fairring_py.bench.ddp --netns --link-rate 1gbit --nodes 4 --ranks-per-node 1 --servers 4
+                                                            # + dedicated reduction servers
 
 With --wire-dtype, more replicas train in the same run: over a fairring group
 with compressed rails (fairring-bf16, ...), and over the baseline with the
@@ -120,6 +122,9 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
     groups = [ranks.fairring, ranks.baseline]
     for w, g in ranks.wire_groups:  # --wire-dtype: compressed rails
         names.append(f"fairring-{w}")
+        groups.append(g)
+    for w, g in ranks.server_groups:  # --servers: the same groups through reduction servers
+        names.append(f"fairring-{w}+srv" if w else "fairring+srv")
         groups.append(g)
     ids = [dev.index] if dev.type == "cuda" else None
     replicas = [DDP(copy.deepcopy(model), process_group=g, bucket_cap_mb=cfg["bucket_cap_mb"], device_ids=ids)
@@ -278,6 +283,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bucket-cap-mb", type=float, default=2.0, help="DDP bucket size (default 2, so several buckets)")
     p.add_argument("--wire-dtype", help="also train over fairring with compressed rails ('bf16', 'fp16' or "
                                         "'bf16,fp16') and over the baseline with DDP's bf16_compress_hook")
+    p.add_argument("--servers", type=int, default=0, metavar="M",
+                   help="start M dedicated reduction servers next to the job (with --netns each in its own "
+                        "namespace on a link like a node's) and also train over fairring+srv: the fairring group "
+                        "(and each --wire-dtype one) with Options(reduction_servers=M); used from 3 nodes on")
     return p
 
 
@@ -288,7 +297,9 @@ def main(argv=None) -> int:
     wire = [w.strip().lower() for w in a.wire_dtype.split(",")] if a.wire_dtype else []
     if any(w not in ("bf16", "fp16") for w in wire) or len(set(wire)) != len(wire):
         p.error(f"--wire-dtype takes bf16, fp16 or bf16,fp16, got {a.wire_dtype!r}")
-    cfg.update(model=a.model, bucket_cap_mb=a.bucket_cap_mb, wire_dtypes=wire)
+    if a.servers < 0:
+        p.error("--servers must be >= 0")
+    cfg.update(model=a.model, bucket_cap_mb=a.bucket_cap_mb, wire_dtypes=wire, servers=a.servers)
     return run_training(cfg, rank_main, a, "bench.ddp")
 
 

@@ -10,6 +10,11 @@ cluster (netns.Cluster) each rank runs under ``ip netns exec`` of its node.
 The processes themselves (start, deadline, kill) are fairring_py._ranks, the
 launcher the test harness uses too.
 
+A config with ``servers`` M > 0 (the microbenchmark's --servers) also gets M
+dedicated reduction servers (``python -m fairring_py.server``), started before
+the ranks (they wait for the job's store) and stopped with them; in a
+simulated cluster each runs in its own namespace (netns.Cluster's servers).
+
 The job modules (worker.py: the all-reduce sweep; ddp.py) import this one;
 this one imports no job, so the package has no import cycle.
 """
@@ -32,12 +37,19 @@ import torch.distributed as dist
 
 import fairring_py  # registers the "fairring" backend
 from fairring_py import _ranks
-from fairring_py._ranks import free_port
+from fairring_py._ranks import REAP_S, free_port
 
 WORKER = "fairring_py.bench.worker"
+SERVER = "fairring_py.server"
 # After the first rank fails, how long the others get to report their own
 # error (they see it through the process group) before they are killed.
 FAILURE_GRACE_S = 20.0
+# After the ranks have ended, how long the reduction servers get to notice
+# that the job's store is gone (they look every second) and exit by themselves.
+SERVER_EXIT_S = 10.0
+# A server stopped by us gets SIGTERM and this long to print its summary line
+# (what it served) before SIGKILL.
+SERVER_TERM_S = 3.0
 
 
 class LaunchError(RuntimeError):
@@ -107,11 +119,85 @@ def write_config(config: dict) -> str:
     return path
 
 
+class Servers:
+    """The reduction servers of one run, each ``python -m fairring_py.server``
+    in a session of its own (a stop reaches ``ip netns exec``'s child too)."""
+
+    def __init__(self):
+        self.procs: List[subprocess.Popen] = []
+
+    @property
+    def pids(self) -> List[int]:
+        return [p.pid for p in self.procs]
+
+    def start(self, count: int, store: str, env: dict, cluster=None, connect_timeout_s: float = 300.0,
+              threads: int = 1) -> None:
+        """Start ``count`` servers that join the job whose store is at
+        ``store`` (HOST:PORT; it may come up later), with ``threads``
+        reduction threads each (one per rail: a rank per node).  In a
+        cluster, server j runs in its namespace on its link; else on
+        loopback, where every simulated node reaches it."""
+        if cluster is not None and len(cluster.server_ns) < count:
+            raise LaunchError(f"{count} reduction servers need a netns.Cluster made with servers={count}")
+        for j in range(count):
+            ifname = "lo" if cluster is None else cluster.ifname
+            cmd = [sys.executable, "-m", SERVER, "--store", store, "--ifname", ifname, "--threads", str(threads),
+                   "--connect-timeout", f"{connect_timeout_s:g}"]
+            if cluster is not None:
+                cmd = cluster.server_exec_prefix(j) + cmd
+            self.procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
+
+    def failed(self) -> dict:
+        """{server: exit status} of those that exited non-zero (or by a
+        signal): a server only exits 0 on its own, once the job has ended."""
+        return {j: p.poll() for j, p in enumerate(self.procs) if p.poll() not in (None, 0)}
+
+    def expect_exit(self, timeout_s: float) -> None:
+        """The job has ended: every server should exit by itself, status 0,
+        within ``timeout_s``.  Says so on stderr when one does not (it is
+        then stopped); the run's results stand."""
+        deadline = time.monotonic() + timeout_s
+        for p in self.procs:
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        alive = [j for j, p in enumerate(self.procs) if p.poll() is None]
+        bad = self.failed()
+        if alive:
+            print(f"fairring bench: reduction server process(es) {alive} still running {timeout_s:g} s after "
+                  "the job ended (a server should exit once the job's store is gone); stopping them",
+                  file=sys.stderr, flush=True)
+        if bad:
+            print(f"fairring bench: reduction server process(es) exited with status {bad}", file=sys.stderr,
+                  flush=True)
+
+    def stop(self) -> None:
+        """SIGTERM to every server still running, SIGKILL after SERVER_TERM_S; reap them all."""
+        running = [p for p in self.procs if p.poll() is None]
+        for sig, grace in ((signal.SIGTERM, SERVER_TERM_S), (signal.SIGKILL, REAP_S)):
+            for p in running:
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + grace
+            for p in running:
+                try:
+                    p.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+            running = [p for p in running if p.poll() is None]
+            if not running:
+                return
+
+
 def run_ranks(config: dict, nodes: int, ranks_per_node: int, timeout_s: float,
               cluster=None, extra_env: Optional[dict] = None) -> None:
     """Run the job described by ``config`` on nodes x ranks_per_node local
-    processes; raise LaunchError unless every rank exits 0 before the deadline.
-    Ranks write to this process's stdout/stderr (rank 0 prints the report)."""
+    processes, and its ``servers`` reduction servers if it names some; raise
+    LaunchError unless every rank exits 0 before the deadline.  Ranks and
+    servers write to this process's stdout/stderr (rank 0 prints the report)."""
     world = nodes * ranks_per_node
     if cluster is not None:
         master_addr = cluster.address(0)
@@ -119,10 +205,16 @@ def run_ranks(config: dict, nodes: int, ranks_per_node: int, timeout_s: float,
     else:
         master_addr = "127.0.0.1"
         port = free_port()
-    config_path = write_config(config)
     env0 = base_env(extra_env)
     procs = _ranks.RankProcs()
+    servers = Servers()
+    config_path = None
     try:
+        # Servers first: they wait for the store, and the ranks' config
+        # carries their pids (rank 0 reads their CPU time around each sample).
+        servers.start(int(config.get("servers") or 0), f"{master_addr}:{port}", env0, cluster,
+                      connect_timeout_s=min(timeout_s, 300.0), threads=ranks_per_node)
+        config_path = write_config(dict(config, server_pids=servers.pids) if servers.procs else config)
         for r in range(world):
             env = _ranks.environment(rank_env(r, world, ranks_per_node, master_addr, port), base=env0)
             cmd = [sys.executable, "-m", WORKER, config_path]
@@ -131,16 +223,28 @@ def run_ranks(config: dict, nodes: int, ranks_per_node: int, timeout_s: float,
                 env.update(cluster.rank_env(node))
                 cmd = cluster.exec_prefix(node) + cmd
             procs.spawn(cmd, env)
-        _wait(procs, timeout_s)
+        _wait(procs, timeout_s, servers)
+        servers.expect_exit(SERVER_EXIT_S)
     finally:
         procs.stop()
-        os.unlink(config_path)
+        servers.stop()
+        if config_path is not None:
+            os.unlink(config_path)
 
 
-def _wait(procs: _ranks.RankProcs, timeout_s: float) -> None:
+def _wait(procs: _ranks.RankProcs, timeout_s: float, servers: Optional[Servers] = None) -> None:
     """Raise LaunchError unless every rank exits 0 within ``timeout_s``; kill
-    the rest FAILURE_GRACE_S after one fails."""
-    why = procs.wait(time.monotonic() + timeout_s, failure_grace_s=FAILURE_GRACE_S)
+    the rest FAILURE_GRACE_S after one fails, or at once when a reduction
+    server fails (the ranks would wait for it up to their group timeout)."""
+    def done():
+        return all(c is not None for c in procs.exitcodes()) or bool(servers and servers.failed())
+
+    why = procs.wait(time.monotonic() + timeout_s, done=done, failure_grace_s=FAILURE_GRACE_S)
+    if servers and servers.failed() and procs.running():
+        alive = procs.running()
+        procs.stop()
+        raise LaunchError(f"reduction server process(es) exited with status {servers.failed()} before the job "
+                          f"ended (see their output above); ranks {alive} killed")
     if why is not None:
         alive = procs.running()
         procs.stop()
@@ -215,10 +319,18 @@ class Ranks:
         # Compressed rails (--wire-dtype): one more fairring group per wire dtype.
         self.wire_groups = []
         for w in config.get("wire_dtypes") or []:
-            import fairring_py
-
             g = dist.new_group(backend="fairring", timeout=timeout, pg_options=fairring_py.Options(wire_dtype=w))
             self.wire_groups.append((w, g))
+        # Reduction servers (--servers M): the plain group and each wire
+        # dtype's again, their all-reduces between nodes through the servers
+        # (None: the plain group's wire dtype).
+        self.server_groups = []
+        m = int(config.get("servers") or 0)
+        if m:
+            for w in [None] + list(config.get("wire_dtypes") or []):
+                g = dist.new_group(backend="fairring", timeout=timeout,
+                                   pg_options=fairring_py.Options(wire_dtype=w, reduction_servers=m))
+                self.server_groups.append((w, g))
 
     def _from_mpi(self, config: dict) -> None:
         try:
@@ -240,6 +352,11 @@ class Ranks:
     def max_over_ranks(self, values: List[float]) -> List[float]:
         t = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.control)
+        return t.tolist()
+
+    def sum_floats_over_ranks(self, values: List[float]) -> List[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, group=self.control)
         return t.tolist()
 
     def sum_over_ranks(self, value: int) -> int:
@@ -269,7 +386,7 @@ def run_job(cfg: dict, rank_main, nodes: int, ranks_per_node: int, timeout_s: fl
     try:
         if use_netns:
             netns.check_usable(link_rate=bool(link_rate))
-            with netns.Cluster(nodes, link_rate) as cluster:
+            with netns.Cluster(nodes, link_rate, servers=int(cfg.get("servers") or 0)) as cluster:
                 run_ranks(cfg, nodes, ranks_per_node, timeout_s, cluster=cluster)
         else:
             run_ranks(cfg, nodes, ranks_per_node, timeout_s)

@@ -129,7 +129,7 @@ def busbw(nbytes: float, seconds: float, world_size: int, collective: str = "all
 
 
 def link_bound_s(nbytes: float, nodes: int, rate_bytes_per_s: float, collective: str = "all_reduce",
-                 ranks_per_node: int = 1) -> float:
+                 ranks_per_node: int = 1, servers: int = 0) -> float:
     """Least time to all-reduce ``nbytes`` across ``nodes`` nodes, each with one
     full-duplex link of the given rate: each node must send (and receive)
     2(N-1)/N of the data, whatever the algorithm.  For reduce_scatter and
@@ -142,9 +142,15 @@ def link_bound_s(nbytes: float, nodes: int, rate_bytes_per_s: float, collective:
     ``nbytes`` per rank, K ranks per node: every rank's blocks for the other
     nodes, K x (N-1)/N x nbytes, leave each node (and as much comes in).
     Gather and scatter of a root's list of ``nbytes``: (N-1)/N of it crosses
-    the root's node's link.  0 for a single node."""
+    the root's node's link.  0 for a single node.
+
+    An all-reduce through ``servers`` M dedicated reduction servers (each
+    with a link of the same rate) moves S out and S in on every node's link,
+    and N x S / M on every server's: the bound is max(1, N / M) x S / rate."""
     if nodes <= 1:
         return 0.0
+    if servers and collective == "all_reduce":
+        return max(1.0, nodes / servers) * nbytes / rate_bytes_per_s
     if collective == "all_to_all":
         return ranks_per_node * (nodes - 1) / nodes * nbytes / rate_bytes_per_s
     if collective in ("broadcast", "reduce"):

@@ -6,11 +6,12 @@ the host's network.  Addresses come from 198.18.0.0/24 (RFC 2544's range for
 benchmarks), used only inside these namespaces.  With a link rate, a tbf qdisc
 caps both directions of every node's link (node side: what it sends; switch
 side: what it receives).  Intra-node traffic (shared memory, loopback) is not
-capped.
+capped.  Reduction servers (``servers``) are hosts like the nodes: a namespace
+each, a link of the same rate, the addresses after the nodes'.
 
 Everything lives inside the namespaces, so deleting them removes it all.
-Names carry the launcher's pid (``fairring-bench-<pid>-sw``, ``-n<i>``), and
-``cleanup_leftovers()`` removes those whose launcher is gone.
+Names carry the launcher's pid (``fairring-bench-<pid>-sw``, ``-n<i>``,
+``-s<j>``), and ``cleanup_leftovers()`` removes those whose launcher is gone.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ PREFIX = "fairring-bench-"
 NODE_IF = "fbr0"  # the node's interface, inside its namespace
 SUBNET = "198.18.0"
 MAX_NODES = 200
+# Nodes and servers together (their addresses .1 to .250 of the /24).
+MAX_HOSTS = 250
 
 
 class NetnsError(RuntimeError):
@@ -94,23 +97,36 @@ def tbf_args(rate_bytes_per_s: float) -> List[str]:
 
 class Cluster:
     """``with Cluster(nodes, rate) as c:`` creates the namespaces and links,
-    and deletes them on exit, whatever happened."""
+    and deletes them on exit, whatever happened.  ``servers``: that many more
+    hosts for reduction servers (server j: ``server_ns[j]``, ``server_address(j)``)."""
 
-    def __init__(self, nodes: int, link_rate_bytes_per_s: Optional[float] = None, pid: Optional[int] = None):
+    ifname = NODE_IF  # every host's link, inside its namespace
+
+    def __init__(self, nodes: int, link_rate_bytes_per_s: Optional[float] = None, pid: Optional[int] = None,
+                 servers: int = 0):
         if not 1 <= nodes <= MAX_NODES:
             raise NetnsError(f"--netns supports 1 to {MAX_NODES} nodes, got {nodes}")
+        if servers < 0 or nodes + servers > MAX_HOSTS:
+            raise NetnsError(f"--netns supports up to {MAX_HOSTS} nodes and servers together, got {nodes} + {servers}")
         self.nodes = nodes
         self.rate = link_rate_bytes_per_s
         tag = f"{PREFIX}{pid if pid is not None else os.getpid()}"
         self.switch = f"{tag}-sw"
         self.node_ns = [f"{tag}-n{i}" for i in range(nodes)]
+        self.server_ns = [f"{tag}-s{j}" for j in range(servers)]
         self._created: List[str] = []
 
     def address(self, node: int) -> str:
         return f"{SUBNET}.{node + 1}"
 
+    def server_address(self, server: int) -> str:
+        return f"{SUBNET}.{self.nodes + server + 1}"
+
     def exec_prefix(self, node: int) -> List[str]:
         return ["ip", "netns", "exec", self.node_ns[node]]
+
+    def server_exec_prefix(self, server: int) -> List[str]:
+        return ["ip", "netns", "exec", self.server_ns[server]]
 
     def rank_env(self, node: int) -> dict:
         # Both Fairring and gloo must use the node's link, not the (absent)
@@ -124,18 +140,24 @@ class Cluster:
         _run(["ip", "-n", sw, "link", "set", "br0", "up"])
         _run(["ip", "-n", sw, "link", "set", "lo", "up"])
         for i, ns in enumerate(self.node_ns):
-            self._add_ns(ns)
-            port = f"p{i}"
-            # Created inside the switch namespace, the peer straight in the node's:
-            # neither end ever exists in the host's namespace.
-            _run(["ip", "-n", sw, "link", "add", port, "type", "veth", "peer", "name", NODE_IF, "netns", ns])
-            _run(["ip", "-n", sw, "link", "set", port, "master", "br0", "up"])
-            _run(["ip", "-n", ns, "link", "set", "lo", "up"])
-            _run(["ip", "-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", NODE_IF])
-            _run(["ip", "-n", ns, "link", "set", NODE_IF, "up"])
-            if self.rate:
-                _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", NODE_IF, "root"] + tbf_args(self.rate))
-                _run(["ip", "netns", "exec", sw, "tc", "qdisc", "add", "dev", port, "root"] + tbf_args(self.rate))
+            self._add_host(ns, f"p{i}", self.address(i))
+        for j, ns in enumerate(self.server_ns):
+            self._add_host(ns, f"s{j}", self.server_address(j))
+
+    def _add_host(self, ns: str, port: str, address: str) -> None:
+        """A namespace whose NODE_IF is a port of the switch's bridge, at ``address``."""
+        sw = self.switch
+        self._add_ns(ns)
+        # Created inside the switch namespace, the peer straight in ``ns``:
+        # neither end ever exists in the machine's own namespace.
+        _run(["ip", "-n", sw, "link", "add", port, "type", "veth", "peer", "name", NODE_IF, "netns", ns])
+        _run(["ip", "-n", sw, "link", "set", port, "master", "br0", "up"])
+        _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        _run(["ip", "-n", ns, "addr", "add", f"{address}/24", "dev", NODE_IF])
+        _run(["ip", "-n", ns, "link", "set", NODE_IF, "up"])
+        if self.rate:
+            _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", NODE_IF, "root"] + tbf_args(self.rate))
+            _run(["ip", "netns", "exec", sw, "tc", "qdisc", "add", "dev", port, "root"] + tbf_args(self.rate))
 
     def _add_ns(self, name: str) -> None:
         _run(["ip", "netns", "add", name])

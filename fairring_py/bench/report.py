@@ -14,7 +14,8 @@ from . import metrics
 GB = 1e9
 CSV_FIELDS = ["size_bytes", "backend", "inflight", "reps", "samples", "median_s", "p10_s", "p90_s", "min_s",
               "max_s", "algbw_GBps", "busbw_GBps", "busbw_of_memcpy", "speedup_vs_baseline", "link_bound_s",
-              "bound_over_time", "max_rel_err", "faults_per_op", "cpu_per_op_s"]
+              "bound_over_time", "max_rel_err", "faults_per_op", "cpu_per_op_s", "servers", "cpu_ranks_per_op_s",
+              "cpu_servers_per_op_s", "busy_cores", "host_busy_cores"]
 
 
 def summarize_run(meta: dict, memcpy: dict, backends: List[str], results: List[dict],
@@ -27,16 +28,19 @@ def summarize_run(meta: dict, memcpy: dict, backends: List[str], results: List[d
     # nccl-tests' conventions: busbw = algbw x 2(P-1)/P for all_reduce, (P-1)/P for
     # reduce_scatter and all_gather (size: the full buffer), 1 for broadcast.
     collective = meta.get("collective") or "all_reduce"
+    # --servers: the backends whose all-reduces go through the reduction servers.
+    with_servers = meta.get("with_servers") or {}
     rows = []
     for res in results:
         nbytes = res["size"] * meta["inflight"]  # one timed unit: `inflight` operations
         stats = [metrics.summarize(ts) for ts in res["times"]]
         base_median = stats[backends.index(baseline)]["median"]
-        bound = (metrics.link_bound_s(nbytes, nodes, rate, collective, world // nodes) if rate else None)
         rel = res.get("max_rel_err") or [None] * len(backends)
         faults = res.get("faults_per_op") or [None] * len(backends)
         cpus = res.get("cpu_per_op_s") or [None] * len(backends)
-        for name, st, reps, err, flt, cpu in zip(backends, stats, res["reps"], rel, faults, cpus):
+        for k, (name, st, reps, err, flt, cpu) in enumerate(zip(backends, stats, res["reps"], rel, faults, cpus)):
+            servers = meta.get("servers", 0) if name in with_servers else 0
+            bound = (metrics.link_bound_s(nbytes, nodes, rate, collective, world // nodes, servers) if rate else None)
             bus = metrics.busbw(nbytes, st["median"], world, collective)
             rows.append({
                 "size_bytes": res["size"], "backend": name, "inflight": meta["inflight"],
@@ -57,16 +61,31 @@ def summarize_run(meta: dict, memcpy: dict, backends: List[str], results: List[d
                 "faults_per_op": flt,
                 # CPU seconds per op, all threads of the rank that used most.
                 "cpu_per_op_s": cpu,
+                # Reduction servers this backend's all-reduces go through.
+                "servers": servers,
+                **_load(res, k),
             })
     checked = sum(r["checked"] for r in results)
     return {
         "meta": meta, "memcpy": memcpy, "backends": backends, "baseline": baseline, "rows": rows,
+        "servers": server_pairs(meta, rows),
         "check": {"ok": checks_failed_ranks == 0, "failed_ranks": checks_failed_ranks,
                   "results_checked_per_rank": checked,
                   "errors": [r["error"] for r in results if r["error"]]},
         "raw": [{"size_bytes": r["size"], "reps": dict(zip(backends, r["reps"])), "times_s": dict(zip(backends, r["times"]))}
                 for r in results],
     }
+
+
+def _load(res: dict, k: int) -> dict:
+    """Backend k's CPU load in a size's results (worker.cpu_load), None
+    where the run did not record it."""
+    keys = ("cpu_ranks_per_op_s", "cpu_servers_per_op_s", "cpu_per_server_per_op_s", "busy_cores", "host_busy_cores")
+    return {key: (res[key][k] if res.get(key) else None) for key in keys}
+
+
+def _num(v, scale: float = 1.0, width: int = 10, digits: int = 1) -> str:
+    return f"{v * scale:>{width}.{digits}f}" if v is not None else f"{'-':>{width}}"
 
 
 def table(summary: dict) -> str:
@@ -108,21 +127,34 @@ def table(summary: dict) -> str:
          else "outputs: reused (warm) buffers")
         + f"; transparent huge pages: {m.get('thp', 'unknown')}; faults/op = minor page faults per op"
         " (getrusage, the rank with most); cpu us/op = CPU time per op of all of a rank's threads (the rank"
-        " with most; a busy-waiting backend shows it here)",
+        " with most; a busy-waiting backend shows it here); cores = CPU seconds per second of all ranks (and"
+        " servers) during the samples, host = the whole machine's (/proc/stat, the kernel's network work"
+        f" included): near {m.get('cpus')} (this machine's CPUs), the CPU, not the network, is the limit",
     ]
+    servers = m.get("servers") or 0
+    if servers:
+        out.append(f"+srv: the same fairring group through {servers} dedicated reduction server(s) (Options("
+                   f"reduction_servers={servers})), each on a link like a node's; srv cpu us/op = CPU time per op of"
+                   " all servers together")
     if m.get("link_rate_Bps"):
         share = {"reduce_scatter": "(N-1)/N x ", "all_gather": "(N-1)/N x ", "broadcast": "",
                  "reduce": "", "all_to_all": "K x (N-1)/N x ", "gather": "(N-1)/N x ",
                  "scatter": "(N-1)/N x ", "send_recv": "2 x "}.get(collective, "2(N-1)/N x ")
-        out.append(f"link bound = {share}bytes / link rate; TCP over 1500-byte frames carries at most "
-                   f"{metrics.tcp_payload_fraction() * 100:.1f}% of the rate as payload, so bound/time stays below that")
+        out.append(f"link bound = {share}bytes / link rate"
+                   + (f" (+srv: max(1, N/M) x bytes / link rate, M = {servers} servers)" if servers else "")
+                   + f"; TCP over 1500-byte frames carries at most {metrics.tcp_payload_fraction() * 100:.1f}% "
+                   "of the rate as payload, so bound/time stays below that")
     compressed = any(r.get("max_rel_err") is not None for r in summary["rows"])
     if compressed:
         out.append("fairring-bf16/-fp16: compressed rails (FAIRRING_WIRE_DTYPE); their busbw counts the float32 "
                    "bytes (uncompressed-equivalent), their results are not exact: max rel err = max over elements "
                    "and ranks of |result - exact| / sum over ranks of |input| (docs/COMPRESSED_RAILS.md)")
-    hdr = f"{'size':>9}  {'backend':<14}{'median ms':>11}{'p10-p90 ms':>19}{'algbw GB/s':>12}{'busbw GB/s':>12}" \
+    wide = 18 if servers else 14  # "fairring-bf16+srv"
+    hdr = f"{'size':>9}  {'backend':<{wide}}{'median ms':>11}{'p10-p90 ms':>19}{'algbw GB/s':>12}{'busbw GB/s':>12}" \
           f"{'busbw%cpy':>10}{'vs ' + base:>9}{'faults/op':>10}{'cpu us/op':>10}"
+    if servers:
+        hdr += f"{'srv cpu us/op':>14}"
+    hdr += f"{'cores':>7}{'host':>6}"
     if bounded:
         hdr += f"{'bound ms':>10}{'bound/time':>11}"
     if compressed:
@@ -133,10 +165,13 @@ def table(summary: dict) -> str:
         size = metrics.fmt_size(r["size_bytes"]) if r["size_bytes"] != last else ""
         last = r["size_bytes"]
         spread = f"{r['p10_s'] * 1e3:.3f}-{r['p90_s'] * 1e3:.3f}"
-        line = (f"{size:>9}  {r['backend']:<14}{r['median_s'] * 1e3:>11.3f}{spread:>19}{r['algbw_GBps']:>12.3f}"
+        line = (f"{size:>9}  {r['backend']:<{wide}}{r['median_s'] * 1e3:>11.3f}{spread:>19}{r['algbw_GBps']:>12.3f}"
                 f"{r['busbw_GBps']:>12.3f}{r['busbw_of_memcpy'] * 100:>9.1f}%{r['speedup_vs_baseline']:>8.2f}x"
                 f"{r['faults_per_op'] if r.get('faults_per_op') is not None else float('nan'):>10.0f}"
                 f"{r['cpu_per_op_s'] * 1e6 if r.get('cpu_per_op_s') is not None else float('nan'):>10.1f}")
+        if servers:
+            line += _num(r.get("cpu_servers_per_op_s"), 1e6, 14)
+        line += _num(r.get("busy_cores"), 1, 7, 2) + _num(r.get("host_busy_cores"), 1, 6, 2)
         if bounded:
             line += f"{r['link_bound_s'] * 1e3:>10.3f}{r['bound_over_time'] * 100:>10.1f}%"
         if compressed and r.get("max_rel_err") is not None:
@@ -147,6 +182,79 @@ def table(summary: dict) -> str:
                + (", but those of compressed rails" if compressed else "") + ")" if c["ok"]
                else f"check: FAILED on {c['failed_ranks']} rank(s): {'; '.join(c['errors'][:3])}")
     return "\n".join(out)
+
+
+# ---------------------------------------------------------------- reduction servers
+
+SERVERS_FIELDS = ["nodes", "servers", "size_bytes", "backend", "workers_median_s", "workers_bound_s",
+                  "workers_bound_over_time", "servers_median_s", "servers_bound_s", "servers_bound_over_time",
+                  "speedup", "bound_speedup", "vs_fairring", "workers_busy_cores", "servers_busy_cores",
+                  "workers_host_busy_cores", "servers_host_busy_cores", "cpu_ranks_per_op_s",
+                  "cpu_servers_per_op_s"]
+
+
+def server_pairs(meta: dict, rows: List[dict]) -> List[dict]:
+    """--servers: per size, each fairring group that went through the
+    reduction servers next to its workers-only twin of the same run: the two
+    times and link bounds, the speedup (and the bounds' ratio, the most it
+    can be), the speedup over plain workers-only fairring, and the CPU load
+    of both.  Empty without servers."""
+    with_servers = meta.get("with_servers") or {}
+    by = {(r["size_bytes"], r["backend"]): r for r in rows}
+    out = []
+    for r in rows:
+        twin = with_servers.get(r["backend"])
+        if twin is None:
+            continue
+        w, plain = by[(r["size_bytes"], twin)], by[(r["size_bytes"], "fairring")]
+        bounds = w["link_bound_s"] and r["link_bound_s"]
+        out.append({
+            "nodes": meta.get("nodes"), "servers": meta.get("servers"), "size_bytes": r["size_bytes"],
+            "backend": twin,
+            "workers_median_s": w["median_s"], "workers_bound_s": w["link_bound_s"],
+            "workers_bound_over_time": w["bound_over_time"],
+            "servers_median_s": r["median_s"], "servers_bound_s": r["link_bound_s"],
+            "servers_bound_over_time": r["bound_over_time"],
+            "speedup": w["median_s"] / r["median_s"],
+            "bound_speedup": w["link_bound_s"] / r["link_bound_s"] if bounds else None,
+            "vs_fairring": plain["median_s"] / r["median_s"],
+            "workers_busy_cores": w.get("busy_cores"), "servers_busy_cores": r.get("busy_cores"),
+            "workers_host_busy_cores": w.get("host_busy_cores"), "servers_host_busy_cores": r.get("host_busy_cores"),
+            "cpu_ranks_per_op_s": r.get("cpu_ranks_per_op_s"), "cpu_servers_per_op_s": r.get("cpu_servers_per_op_s"),
+        })
+    return out
+
+
+def servers_table(pairs: List[dict]) -> str:
+    """The rows of server_pairs (one run's or a scaling's), side by side."""
+    out = ["reduction servers: each fairring group with M servers (+srv) next to the same group without (workers "
+           "only), same run; speedup = workers-only time / +srv time (bound: the bounds' ratio, the most it can "
+           "be); vs fairring = plain fairring's time / +srv time; cores = CPU seconds per second of all ranks and "
+           "servers, host = the whole machine's",
+           f"{'nodes':>5}{'M':>4}{'size':>9}  {'group':<14}{'workers ms':>11}{'bound':>8}{'b/t':>7}"
+           f"{'+srv ms':>9}{'bound':>8}{'b/t':>7}{'speedup':>9}{'(bound)':>8}{'vs fairring':>12}"
+           f"{'cores':>7}{'+srv':>6}{'host':>6}{'+srv':>6}"]
+    for p in pairs:
+        out.append(
+            f"{p['nodes'] or '-':>5}{p['servers']:>4}{metrics.fmt_size(p['size_bytes']):>9}  {p['backend']:<14}"
+            f"{_ms(p['workers_median_s']):>11}" + _num(p["workers_bound_s"], 1e3, 8)
+            + _pct(p["workers_bound_over_time"])
+            + f"{_ms(p['servers_median_s']):>9}" + _num(p["servers_bound_s"], 1e3, 8)
+            + _pct(p["servers_bound_over_time"])
+            + f"{p['speedup']:>8.2f}x" + (f"{p['bound_speedup']:>7.2f}x" if p["bound_speedup"] else f"{'-':>8}")
+            + f"{p['vs_fairring']:>11.2f}x"
+            + _num(p["workers_busy_cores"], 1, 7, 2) + _num(p["servers_busy_cores"], 1, 6, 2)
+            + _num(p["workers_host_busy_cores"], 1, 6, 2) + _num(p["servers_host_busy_cores"], 1, 6, 2))
+    return "\n".join(out)
+
+
+def _ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    return f"{ms:.1f}" if ms >= 10 else f"{ms:.3f}"
+
+
+def _pct(v) -> str:
+    return f"{v * 100:>6.1f}%" if v is not None else f"{'-':>7}"
 
 
 def write_csv(path: str, rows: List[dict], fields: List[str]) -> None:
@@ -199,14 +307,19 @@ def plot_busbw(summary: dict, path: str) -> Optional[str]:
 
 
 def emit(summary: dict, out_dir: Optional[str]) -> None:
-    """Print the table; with out_dir, write results.json, results.csv, busbw.png."""
+    """Print the table; with out_dir, write results.json, results.csv, busbw.png
+    (and with reduction servers servers.csv: server_pairs)."""
     print(table(summary), flush=True)
+    if summary.get("servers"):
+        print(servers_table(summary["servers"]), flush=True)
     if not out_dir:
         return
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump(summary, f, indent=1)
     write_csv(os.path.join(out_dir, "results.csv"), summary["rows"], CSV_FIELDS)
+    if summary.get("servers"):
+        write_csv(os.path.join(out_dir, "servers.csv"), summary["servers"], SERVERS_FIELDS)
     png = plot_busbw(summary, os.path.join(out_dir, "busbw.png"))
     note = f", {png}" if png else " (plot skipped: matplotlib is not installed; pip install matplotlib)"
     print(f"wrote {os.path.join(out_dir, 'results.json')}, {os.path.join(out_dir, 'results.csv')}{note}",
@@ -216,7 +329,7 @@ def emit(summary: dict, out_dir: Optional[str]) -> None:
 # ---------------------------------------------------------------- scaling mode
 
 SCALING_FIELDS = ["nodes", "size_bytes", "backend", "median_s", "ns_per_byte", "link_bound_s",
-                  "bound_ns_per_byte", "bound_over_time"]
+                  "bound_ns_per_byte", "bound_over_time", "servers", "busy_cores", "host_busy_cores"]
 
 
 def scaling_rows(runs: List[dict]) -> List[dict]:
@@ -232,16 +345,19 @@ def scaling_rows(runs: List[dict]) -> List[dict]:
                 "link_bound_s": r["link_bound_s"],
                 "bound_ns_per_byte": (r["link_bound_s"] / nbytes * 1e9) if r["link_bound_s"] else None,
                 "bound_over_time": r["bound_over_time"],
+                "servers": r.get("servers", 0), "busy_cores": r.get("busy_cores"),
+                "host_busy_cores": r.get("host_busy_cores"),
             })
     return rows
 
 
 def scaling_table(rows: List[dict]) -> str:
-    out = [f"{'nodes':>5}  {'size':>9}  {'backend':<9}{'median ms':>11}{'ns/byte':>10}{'bound ns/B':>11}"
+    wide = max([9] + [len(r["backend"]) + 1 for r in rows])
+    out = [f"{'nodes':>5}  {'size':>9}  {'backend':<{wide}}{'median ms':>11}{'ns/byte':>10}{'bound ns/B':>11}"
            f"{'bound/time':>11}"]
     for r in rows:
         b = r["bound_ns_per_byte"]
-        out.append(f"{r['nodes']:>5}  {metrics.fmt_size(r['size_bytes']):>9}  {r['backend']:<9}"
+        out.append(f"{r['nodes']:>5}  {metrics.fmt_size(r['size_bytes']):>9}  {r['backend']:<{wide}}"
                    f"{r['median_s'] * 1e3:>11.3f}{r['ns_per_byte']:>10.3f}"
                    + (f"{b:>11.3f}{r['bound_over_time'] * 100:>10.1f}%" if b else f"{'-':>11}{'-':>11}"))
     return "\n".join(out)
@@ -257,13 +373,14 @@ def plot_scaling(rows: List[dict], path: str, title: str = "", collective: str =
             pts = [r for r in rows if r["backend"] == name and r["size_bytes"] == size]
             ax.plot([r["nodes"] for r in pts], [r["ns_per_byte"] for r in pts], marker="o",
                     label=f"{name} {metrics.fmt_size(size)}")
-        pts = [r for r in rows if r["size_bytes"] == size and r["bound_ns_per_byte"]]
-        seen = {}
-        for r in pts:
-            seen[r["nodes"]] = r["bound_ns_per_byte"]
-        if seen:
-            ax.plot(list(seen), list(seen.values()), color="gray", linestyle="--",
-                    label=f"link bound {metrics.fmt_size(size)}")
+        for through_servers, style in ((False, "--"), (True, ":")):
+            seen = {}
+            for r in rows:
+                if r["size_bytes"] == size and r["bound_ns_per_byte"] and bool(r.get("servers")) == through_servers:
+                    seen[r["nodes"]] = r["bound_ns_per_byte"]
+            if seen:
+                ax.plot(list(seen), list(seen.values()), color="gray", linestyle=style,
+                        label=f"link bound{' with servers' if through_servers else ''} {metrics.fmt_size(size)}")
     nodes = sorted({r["nodes"] for r in rows})
     ax.set_xticks(nodes, [str(n) for n in nodes])
     ax.set_xlabel("nodes")
@@ -278,12 +395,19 @@ def plot_scaling(rows: List[dict], path: str, title: str = "", collective: str =
 
 
 def emit_scaling(runs: List[dict], out_dir: str) -> None:
+    """The scaling report (with reduction servers also their side-by-side
+    table, scaling_servers.csv and "servers" in scaling.json)."""
     rows = scaling_rows(runs)
+    pairs = [p for s in runs for p in s.get("servers") or []]
     print("scaling: time per byte vs nodes\n" + scaling_table(rows), flush=True)
+    if pairs:
+        print(servers_table(pairs), flush=True)
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "scaling.json"), "w") as f:
-        json.dump({"rows": rows, "runs": [s["meta"] for s in runs]}, f, indent=1)
+        json.dump({"rows": rows, "servers": pairs, "runs": [s["meta"] for s in runs]}, f, indent=1)
     write_csv(os.path.join(out_dir, "scaling.csv"), rows, SCALING_FIELDS)
+    if pairs:
+        write_csv(os.path.join(out_dir, "scaling_servers.csv"), pairs, SERVERS_FIELDS)
     m = runs[0]["meta"]
     title = f", {m['ranks_per_node']} rank(s)/node" + (
         f", {m['link_rate_Bps'] * 8 / 1e9:g} Gbit/s links" if m.get("link_rate_Bps") else "")

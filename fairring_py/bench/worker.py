@@ -27,6 +27,11 @@ each rank's input (a block of size / P to every rank); ``gather`` and
 is not a multiple of 4 x P bytes is rounded down to one (the report gives the
 bytes actually moved).  The outputs are filled with NaN before every timed
 group, so an operation that writes nothing fails the check.
+
+With ``--servers M`` every fairring group is timed twice: as is and as
+"<name>+srv", the same group with Options(reduction_servers=M) (the launcher
+starts the servers).  Around each sample rank 0 also reads the servers' CPU
+time and the machine's (OutsideCpu), so a CPU-bound run shows as such.
 """
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ import os
 import resource
 import sys
 import time
-from typing import Dict
+from typing import Dict, List
 
 import torch
 import torch.distributed as dist
@@ -44,6 +49,10 @@ from . import ddp, fsdp, metrics, moe, pipeline, report
 from .launch import Ranks, run_meta, run_rank
 
 SEED = 1234
+# A backend's name with dedicated reduction servers: "fairring+srv".
+SERVERS_SUFFIX = "+srv"
+# The machine's busy CPU is reported over at least this much sample time.
+HOST_CPU_MIN_S = 0.5
 # Memory-copy bandwidth probe: bytes per copy, copies per measurement.
 MEMCPY_BYTES = 64 * metrics.MiB
 MEMCPY_REPS = 5
@@ -382,17 +391,54 @@ def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def time_once(ranks, backend, bufs, prepared, work, inflight, fresh=False):
-    """Seconds for one sample, the minor page faults it took and this process's
-    CPU seconds in it (every thread: the caller's and the backend's).  ``fresh``:
-    every op gets a new output (torch.empty inside the timed region, as a
-    trainer allocates it each step); returns the outputs, to be checked."""
+class OutsideCpu:
+    """CPU seconds spent outside the ranks, read by rank 0 around each timed
+    sample: each reduction server's (all its threads, /proc/PID/stat; the
+    launcher gives their pids) and the whole machine's busy time (/proc/stat:
+    also the kernel's network work in softirq context, and anything else
+    running on the machine).  NaN where a figure cannot be read."""
+
+    TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+    def __init__(self, server_pids):
+        self.pids = list(server_pids)
+
+    def read(self) -> List[float]:
+        """Seconds so far: one per server, then the machine's busy total."""
+        return [self._process(pid) for pid in self.pids] + [self._machine()]
+
+    def _process(self, pid: int) -> float:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return float("nan")
+        return (int(fields[11]) + int(fields[12])) * self.TICK_S  # utime, stime
+
+    def _machine(self) -> float:
+        try:
+            with open("/proc/stat") as f:
+                ticks = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return float("nan")
+        # user nice system idle iowait irq softirq steal (guest is in user)
+        return (sum(ticks[:8]) - ticks[3] - ticks[4]) * self.TICK_S
+
+
+def time_once(ranks, backend, bufs, prepared, work, inflight, fresh=False, outside=None):
+    """Seconds for one sample, the minor page faults it took, this process's
+    CPU seconds in it (every thread: the caller's and the backend's) and,
+    with ``outside`` (an OutsideCpu), the CPU seconds of what it reads.
+    ``fresh``: every op gets a new output (torch.empty inside the timed
+    region, as a trainer allocates it each step); returns the outputs, to be
+    checked."""
     if not fresh:
         for b in bufs:
             work.reset(b)
     ranks.sync()
     ranks.barrier()
     faults = minor_faults()
+    o0 = outside.read() if outside else []
     c0 = time.process_time()
     t0 = time.perf_counter()
     if fresh:
@@ -401,7 +447,9 @@ def time_once(ranks, backend, bufs, prepared, work, inflight, fresh=False):
     backend.run(prepared, inflight)
     ranks.sync()
     t = time.perf_counter() - t0
-    return t, minor_faults() - faults, time.process_time() - c0, bufs
+    cpu = time.process_time() - c0
+    o = [b - a for a, b in zip(o0, outside.read())] if outside else []
+    return t, minor_faults() - faults, cpu, o, bufs
 
 
 def sweep_size(ranks, backends, size, cfg) -> dict:
@@ -429,7 +477,7 @@ def sweep_size(ranks, backends, size, cfg) -> dict:
     for _ in range(2):
         first = []
         for i, be in enumerate(backends):
-            t, _, _, out = time_once(ranks, be, bufs, be.prepare(bufs, work), work, inflight, fresh)
+            t, _, _, _, out = time_once(ranks, be, bufs, be.prepare(bufs, work), work, inflight, fresh)
             first.append(t)
             verify(i, out)
     slowest = ranks.max_over_ranks(first)
@@ -446,29 +494,55 @@ def sweep_size(ranks, backends, size, cfg) -> dict:
     times = [[] for _ in backends]
     faults = [0 for _ in backends]
     cpu = [0.0 for _ in backends]
+    wall = [0.0 for _ in backends]  # this rank's, of the samples
+    outside = OutsideCpu(cfg.get("server_pids") or []) if ranks.rank == 0 else None
+    away = [[0.0] * (len(outside.pids) + 1) if outside else [] for _ in backends]
     checked = 2 * len(backends) * inflight
     for s in range(samples):
         for j in range(len(backends)):
             i = (j + s) % len(backends)  # rotate the order every sample
-            t, f, c, out = time_once(ranks, backends[i], mine[i], prepared[i], work, inflight, fresh)
+            t, f, c, o, out = time_once(ranks, backends[i], mine[i], prepared[i], work, inflight, fresh, outside)
             times[i].append(t / reps[i])
             faults[i] += f
             cpu[i] += c
+            wall[i] += t
+            away[i] = [a + b for a, b in zip(away[i], o)]
             verify(i, out)
             checked += len(out)
             del out  # a fresh sample's outputs go back before the next one
     flat = ranks.max_over_ranks([t for ts in times for t in ts])
     times = [flat[i * samples:(i + 1) * samples] for i in range(len(backends))]
+    ops = [samples * reps[i] * inflight for i in range(len(backends))]
     # Minor page faults per op, the most of any rank.
-    faults = ranks.max_over_ranks([f / (samples * reps[i] * inflight) for i, f in enumerate(faults)])
+    faults = ranks.max_over_ranks([f / ops[i] for i, f in enumerate(faults)])
     # CPU seconds per op (all of a rank's threads), the most of any rank: a
     # fast op that keeps the cores busy takes them from the trainer.
-    cpu = ranks.max_over_ranks([c / (samples * reps[i] * inflight) for i, c in enumerate(cpu)])
+    cpu_max = ranks.max_over_ranks([c / ops[i] for i, c in enumerate(cpu)])
     error = next((e for e in errors if e), "")
     rel_err = ranks.max_over_ranks(rel_err)
     return {"size": size, "reps": reps, "samples": samples, "times": times, "error": error,
-            "checked": checked, "faults_per_op": faults, "cpu_per_op_s": cpu,
-            "max_rel_err": [None if be.exact else r for be, r in zip(backends, rel_err)]}
+            "checked": checked, "faults_per_op": faults, "cpu_per_op_s": cpu_max,
+            "max_rel_err": [None if be.exact else r for be, r in zip(backends, rel_err)],
+            **cpu_load(ranks, cpu, wall, away, ops)}
+
+
+def cpu_load(ranks, cpu, wall, away, ops) -> dict:
+    """What the CPU did during each backend's samples: every rank's CPU
+    seconds per op summed, the servers' (rank 0's OutsideCpu; all of them
+    summed, and each), and how many cores were busy on average: all ranks
+    and servers together, and the whole machine (/proc/stat).  On a machine
+    of C cores, C busy says the CPU, not the network, was the limit."""
+    total = ranks.sum_floats_over_ranks(cpu)
+    out = {"cpu_ranks_per_op_s": [c / n for c, n in zip(total, ops)],
+           "cpu_servers_per_op_s": [], "cpu_per_server_per_op_s": [], "busy_cores": [], "host_busy_cores": []}
+    for i, n in enumerate(ops):
+        servers, machine = away[i][:-1], away[i][-1] if away[i] else float("nan")
+        out["cpu_servers_per_op_s"].append(sum(servers) / n if servers else None)
+        out["cpu_per_server_per_op_s"].append([c / n for c in servers])
+        out["busy_cores"].append((total[i] + sum(servers)) / wall[i] if wall[i] > 0 else float("nan"))
+        # /proc/stat counts 10 ms ticks: over less than half a second it says little.
+        out["host_busy_cores"].append(machine / wall[i] if wall[i] >= HOST_CPU_MIN_S else None)
+    return out
 
 
 def run_allreduce(ranks: Ranks, cfg: dict) -> int:
@@ -480,6 +554,13 @@ def run_allreduce(ranks: Ranks, cfg: dict) -> int:
                 TorchBackend(ranks.baseline_name, ranks.baseline, collective)]
     # After the baseline (backends[1], the reference of every ratio).
     backends += [TorchBackend(f"fairring-{w}", g, collective, exact=False) for w, g in ranks.wire_groups]
+    # --servers: each fairring group above again, through the reduction
+    # servers ("+srv"), in the same run as its workers-only twin.
+    with_servers = {}
+    for w, g in ranks.server_groups:
+        twin = "fairring" if w is None else f"fairring-{w}"
+        with_servers[twin + SERVERS_SUFFIX] = twin
+        backends.append(TorchBackend(twin + SERVERS_SUFFIX, g, collective, exact=w is None and plain_wire == "none"))
     if ranks.mpi_comm is not None:
         if ranks.device.type != "cpu":
             raise SystemExit("fairring bench: --mpi measures CPU tensors only")
@@ -521,6 +602,8 @@ def run_allreduce(ranks: Ranks, cfg: dict) -> int:
             timing="per sample: barrier, reps groups back to back, max over ranks of the per-rank time / reps",
             fresh_buffers=bool(cfg.get("fresh_buffers")),
             thp=thp_setting(),
+            servers=int(cfg.get("servers") or 0),
+            with_servers=with_servers,
         )
         summary = report.summarize_run(meta, memcpy, [be.name for be in backends], results,
                                        checks_failed_ranks=failed)
