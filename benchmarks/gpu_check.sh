@@ -140,6 +140,8 @@ session review 40 "${PYTEST[@]}" tests/test_gpu_allreduce.py \
 session watchdog 45 "${PYTEST[@]}" tests/test_gpu_allreduce.py -k "watchdog or killed_with"
 # Compressed rails (FAIRRING_WIRE_DTYPE) on both transports, and their memory budget.
 session wire 40 "${PYTEST[@]}" tests/test_gpu_allreduce.py -k "compressed or budget"
+# The staged TCP rail through dedicated reduction servers (3 nodes, 2 servers).
+session servers 40 "${PYTEST[@]}" tests/test_reduction_servers.py -k "cuda"
 session timings 25 "$PY" benchmarks/gpu_bench.py --quick --json "$OUT/gpu_bench.json"
 # Last: memcheck slows every kernel and copy down a lot (a few cases only),
 # and without the caching allocator it sees each buffer's real bounds.

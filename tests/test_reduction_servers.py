@@ -12,6 +12,7 @@ import pytest
 import launch
 import rank_checks
 import rank_servers
+from gpu_support import requires_gpu
 from servers import Servers
 import test_wire_dtype
 
@@ -80,15 +81,31 @@ def test_compressed_rails_through_servers(topo, fmt):
     res, servers, codes = _run(ids, count, test_wire_dtype.wire_session, args=(fmt, len(set(ids))),
                                env={"FAIRRING_WIRE_DTYPE": fmt})
     with servers:
-        problems = [f"rank {r.rank}: {f}" for r in res for f in r.value["failures"]]
-        first = res[0].value["digests"]
-        for r in res[1:]:
-            diff = [k for k in first if r.value["digests"][k] != first[k]]
-            if diff:
-                problems.append(f"rank {r.rank}: bits differ from rank 0 in {diff[:5]}")
-        assert not problems, "\n".join(problems[:40])
+        test_wire_dtype.assert_session_ok(res)
         assert all(n > 0 for n in servers.served().values()), servers.outputs()
         assert codes == [0] * count
+
+
+@requires_gpu
+@pytest.mark.parametrize("fmt", ["none", "bf16"])
+def test_cuda_allreduce_through_servers(fmt):
+    """CUDA tensors on the staged TCP rail (pinned host copies of the
+    chunks) through the servers: rank_gpu_checks' references, every rank
+    the same bits (benchmarks/gpu_check.sh runs it on a lent GPU)."""
+    import rank_gpu_checks
+
+    ids = ["a", "b", "c"]
+    section = "correctness" if fmt == "none" else "wire"
+    cfg = {"sizes": [1, 13, 1031, 65537, 300_007], "nodes": 3}
+    res, servers, codes = _run(ids, 2, rank_gpu_checks.session, args=([section], cfg), timeout_s=60,
+                               pg_timeout_s=20, env={"FAIRRING_WIRE_DTYPE": fmt})
+    with servers:
+        out = [r.value[section] for r in res]
+        for rank, o in enumerate(out):
+            assert not o["failures"], f"rank {rank}: " + "\n".join(o["failures"])
+        first = out[0]["digests"]
+        assert first and all(o["digests"] == first for o in out[1:])
+        assert all(n > 0 for n in servers.served().values()), servers.outputs()
 
 
 def test_rogue_client_is_refused():

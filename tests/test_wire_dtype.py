@@ -279,11 +279,9 @@ CASES = [("1x2", "bf16", {}), ("2x1", "bf16", {}), ("2x2", "bf16", {}), ("3x1", 
          ("3x1", "fp16", {}), ("2x2", "bf16", SMALL)]
 
 
-@pytest.mark.parametrize("topo,fmt,env", CASES, ids=[f"{t}-{f}" + ("-small-slices" if e else "") for t, f, e in CASES])
-def test_compressed_collectives(topo, fmt, env):
-    ids = TOPOS[topo]
-    res = launch.run_ranks(wire_session, ids, args=(fmt, len(set(ids))), env={"FAIRRING_WIRE_DTYPE": fmt, **env},
-                           timeout_s=150)
+def assert_session_ok(res):
+    """wire_session's results: no rank's own check failed, and every rank
+    has rank 0's bits."""
     problems = [f"rank {r.rank}: {f}" for r in res for f in r.value["failures"]]
     first = res[0].value["digests"]
     for r in res[1:]:
@@ -291,6 +289,14 @@ def test_compressed_collectives(topo, fmt, env):
         if diff:
             problems.append(f"rank {r.rank}: bits differ from rank 0 in {diff[:5]}")
     assert not problems, "\n".join(problems[:40])
+
+
+@pytest.mark.parametrize("topo,fmt,env", CASES, ids=[f"{t}-{f}" + ("-small-slices" if e else "") for t, f, e in CASES])
+def test_compressed_collectives(topo, fmt, env):
+    ids = TOPOS[topo]
+    res = launch.run_ranks(wire_session, ids, args=(fmt, len(set(ids))), env={"FAIRRING_WIRE_DTYPE": fmt, **env},
+                           timeout_s=150)
+    assert_session_ok(res)
 
 
 def test_mismatched_wire_dtype_fails_group_creation():
