@@ -20,11 +20,22 @@ def _root_store():
 
 def rogue_then_allreduce(rank, world):
     """Rank 0 connects to server 0 with a wrong greeting, which must be
-    closed without an answer; then every rank all-reduces as usual."""
+    closed without an answer; then every rank all-reduces as usual.  And
+    while a client that says nothing holds a connection to the server, a
+    new group's ranks are admitted without waiting for it."""
     refused = None
+    addr = _root_store().get("fairring/servers/0").decode()
+    host, port = addr.rsplit(":", 1)
+    silent = socket.create_connection((host, int(port)), timeout=10) if rank == 0 else None
+    dist.barrier()
+    t0 = time.monotonic()
+    g = dist.new_group(backend="fairring")
+    y = torch.ones(70_001)
+    dist.all_reduce(y, group=g)
+    new_group_s = time.monotonic() - t0
+    if silent is not None:
+        silent.close()
     if rank == 0:
-        addr = _root_store().get("fairring/servers/0").decode()
-        host, port = addr.rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=10) as s:
             s.sendall(b"FRSERV01" + b"\0" * 120)  # the right magic, a wrong secret
             s.settimeout(10)
@@ -35,7 +46,8 @@ def rogue_then_allreduce(rank, world):
     x = torch.full((100_003,), float(rank + 1))
     dist.all_reduce(x)
     want = world * (world + 1) / 2
-    return {"refused": refused, "ok": bool((x == want).all())}
+    return {"refused": refused, "ok": bool((x == want).all()) and bool((y == world).all()),
+            "new_group_s": new_group_s}
 
 
 def killed_mid_op(rank, world, victim_pid, stop_instead):

@@ -113,6 +113,8 @@ def test_rogue_client_is_refused():
     with servers:
         assert res[0].value["refused"] is True
         assert all(r.value["ok"] for r in res)
+        # A silent client is dropped after 5 s; the ranks did not wait behind it.
+        assert max(r.value["new_group_s"] for r in res) < 4, [r.value for r in res]
         assert "refused a connection" in servers.output(0) and "not a rank of this job" in servers.output(0)
 
 

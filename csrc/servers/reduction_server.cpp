@@ -28,6 +28,7 @@ constexpr int kPollMs = 40;
 // 120 ms): a server that is alive but waits for a late rank is not blamed.
 constexpr auto kHeartbeatEvery = std::chrono::milliseconds(40);
 constexpr auto kGreetingTimeout = std::chrono::seconds(5);
+constexpr size_t kMaxPendingGreetings = 256;
 constexpr auto kAbortFlush = std::chrono::milliseconds(500);
 // Refused connections logged one by one; past this, one line per 100.
 constexpr uint64_t kRefusalLines = 10;
@@ -346,28 +347,71 @@ void ReductionServer::finish(const std::string& why) {
 
 void ReductionServer::accept_loop() {
   pthread_setname_np(pthread_self(), "fairring-srvacc");
+  // Greetings are read from many connections at once, each with its own
+  // deadline, so that a client that connects and stays silent holds up no
+  // rank's admission.
+  struct Pending {
+    Socket socket;
+    std::string from;
+    Clock::time_point deadline;
+    ServerHello hello{};
+    size_t got = 0;
+  };
+  std::vector<Pending> pending;
+  std::vector<struct pollfd> fds;
   auto next_check = Clock::now() + options_.store_poll;
   uint64_t refused = 0;
+  auto refuse = [&](const std::string& why) {
+    if (++refused <= kRefusalLines || refused % 100 == 0) {
+      SERVER_LOG(index_, "refused a connection (%llu so far): %s", static_cast<unsigned long long>(refused),
+                 why.c_str());
+    }
+  };
   while (!stop_) {
-    struct pollfd p{listener_.fd(), POLLIN, 0};
-    poll(&p, 1, 100);
-    if (p.revents & POLLIN) {
-      Socket s(accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC));
-      if (s.valid()) {
-        std::string why;
-        try {
-          admit(std::move(s));
-        } catch (const std::exception& e) {
-          why = error_of(e).what();
+    fds.assign(1, {listener_.fd(), POLLIN, 0});
+    for (const auto& p : pending) fds.push_back({p.socket.fd(), POLLIN, 0});
+    poll(fds.data(), fds.size(), 100);
+    const auto now = Clock::now();
+    std::vector<Pending> still;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      Pending& p = pending[i];
+      if (fds[i + 1].revents != 0) {
+        const ssize_t r =
+            recv(p.socket.fd(), reinterpret_cast<char*>(&p.hello) + p.got, sizeof(p.hello) - p.got, MSG_DONTWAIT);
+        if (r > 0) p.got += static_cast<size_t>(r);
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+          refuse(p.from + " closed the connection before its greeting");
+          continue;
         }
-        if (!why.empty() && (++refused <= kRefusalLines || refused % 100 == 0)) {
-          SERVER_LOG(index_, "refused a connection (%llu so far): %s", static_cast<unsigned long long>(refused),
-                     why.c_str());
+      }
+      if (p.got == sizeof(p.hello)) {
+        try {
+          admit(std::move(p.socket), p.hello);
+        } catch (const std::exception& e) {
+          refuse(error_of(e).what());
+        }
+        continue;
+      }
+      if (now > p.deadline) {
+        refuse(p.from + " sent no greeting within " + std::to_string(kGreetingTimeout.count()) + " s");
+        continue;
+      }
+      still.push_back(std::move(p));
+    }
+    pending.swap(still);
+    if (fds[0].revents & POLLIN) {
+      Socket s(accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+      if (s.valid()) {
+        std::string from = s.peer_name();
+        if (pending.size() >= kMaxPendingGreetings) {
+          refuse(from + ": too many connections waiting to greet");
+        } else {
+          pending.push_back({std::move(s), std::move(from), now + kGreetingTimeout});
         }
       }
     }
-    if (Clock::now() >= next_check) {
-      next_check = Clock::now() + options_.store_poll;
+    if (now >= next_check) {
+      next_check = now + options_.store_poll;
       try {
         root_->check({server_count_key()});
       } catch (const std::exception&) {
@@ -380,15 +424,10 @@ void ReductionServer::accept_loop() {
   }
 }
 
-void ReductionServer::admit(Socket socket) {
+void ReductionServer::admit(Socket socket, const ServerHello& hello_in) {
   const std::string from = socket.peer_name();
   const auto deadline = Clock::now() + kGreetingTimeout;
-  ServerHello hello{};
-  try {
-    socket.recv_all(&hello, sizeof(hello), deadline);
-  } catch (const std::exception& e) {
-    throw Error(ErrorKind::kBackend, from + " sent no greeting: " + error_of(e).what());
-  }
+  ServerHello hello = hello_in;
   if (std::memcmp(hello.magic, kServerHelloMagic, sizeof(kServerHelloMagic)) != 0 ||
       !same_secret(hello.secret, secret_.data())) {
     throw Error(ErrorKind::kBackend, from + " is not a rank of this job (wrong greeting or secret)");

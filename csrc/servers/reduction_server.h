@@ -31,6 +31,8 @@ class Store;
 
 namespace fairring {
 
+struct ServerHello;
+
 struct ServerOptions {
   std::string ifname;  // listen on this interface's address ("": the hostname's)
   int threads = 1;     // reduction threads (a rail's session runs on one)
@@ -64,9 +66,9 @@ class ReductionServer {
 
  private:
   void accept_loop();
-  // Reads a connection's greeting; admits it to its rail's session and
-  // hands it to the session's thread, or throws why not.
-  void admit(Socket socket);
+  // A connection that sent this greeting: admits it to its rail's session
+  // and hands it to the session's thread, or throws why not.
+  void admit(Socket socket, const ServerHello& hello);
   void serve(Worker& w);
   void finish(const std::string& why);
 
