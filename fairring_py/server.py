@@ -66,7 +66,8 @@ def main(argv=None) -> int:
           f"{args.threads} reduction thread(s)", file=sys.stderr, flush=True)
 
     def on_signal(signum, _frame):
-        running.stop(f"it received {signal.Signals(signum).name}")
+        if running is not None:
+            running.stop(f"it received {signal.Signals(signum).name}")
 
     running = server
     signal.signal(signal.SIGTERM, on_signal)
@@ -75,7 +76,8 @@ def main(argv=None) -> int:
         pass
     print(f"fairring server {server.index}: exiting: {server.stop_reason}; served {server.reductions} reductions "
           f"({server.bytes_in} bytes in) for {server.sessions} rail session(s)", file=sys.stderr, flush=True)
-    del server
+    # Joins its threads now (they send the last aborts), not at interpreter exit.
+    running = server = None  # noqa: F841
     return 0
 
 

@@ -153,35 +153,12 @@ RailStage::~RailStage() {
 }
 
 void RailStage::close_gracefully() {
-  // Closing a socket that holds unread bytes (a peer's heartbeat) resets the
-  // connection, and a reset throws away what the peer has not read yet: our
-  // last message of an op it is still finishing.  So every channel sends
-  // its end of stream first, then reads (and drops) what still comes until
-  // the peer's end of stream (it stops its heartbeats once it sees ours),
-  // for at most kCloseDrain.
-  std::vector<int> open;
-  for (Channel* ch : all_channels()) {
-    if (::shutdown(ch->fd(), SHUT_WR) == 0) open.push_back(ch->fd());
-  }
-  const auto until = Clock::now() + kCloseDrain;
-  std::vector<char> scratch(64 << 10);
-  while (!open.empty() && Clock::now() < until) {
-    std::vector<struct pollfd> fds;
-    for (int fd : open) fds.push_back({fd, POLLIN, 0});
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
-    if (poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(left, 1))) <= 0) continue;
-    std::vector<int> still;
-    for (const auto& p : fds) {
-      if (p.revents == 0) {
-        still.push_back(p.fd);
-        continue;
-      }
-      const ssize_t r = recv(p.fd, scratch.data(), scratch.size(), MSG_DONTWAIT);
-      if (r > 0 || (r < 0 && (errno == EAGAIN || errno == EINTR))) still.push_back(p.fd);
-      // 0: the peer's end of stream; < 0: the connection is gone anyway.
-    }
-    open.swap(still);
-  }
+  // Every channel ends its stream and reads what its peer still sends (it
+  // stops its heartbeats once it sees our end), for at most kCloseDrain: our
+  // last message of an op the peer is still finishing must not be reset away.
+  std::vector<int> fds;
+  for (Channel* ch : all_channels()) fds.push_back(ch->fd());
+  end_streams(fds, Clock::now() + kCloseDrain);
 }
 
 std::vector<Channel*> RailStage::all_channels() const {
@@ -585,8 +562,10 @@ std::unique_ptr<RailStage> connect_rail(const c10::intrusive_ptr<c10d::Store>& s
   const WireDtype wire = wire_dtype_from_name(config.wire_dtype);
   ServerLinks servers;
   if (uses_reduction_servers(config, topo)) {
-    servers.channels = connect_reduction_servers(store, topo, config, wire);
     servers.max_chunk_bytes = max_shard_bytes(params, topo.ranks_per_node, 1);
+    servers.channels = connect_reduction_servers(
+        store, topo, config, wire,
+        max_server_piece_bytes(servers.max_chunk_bytes, int64_t{config.reduction_servers} * kPiecesPerServer));
   }
   return std::make_unique<RailStage>(topo, *mesh, reduce_cpu, std::move(callbacks), config.timeout, config.parallelism,
                                      max_shard_bytes(params, topo.ranks_per_node, topo.num_nodes), wire,

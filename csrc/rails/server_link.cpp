@@ -22,7 +22,7 @@ bool uses_reduction_servers(const Config& config, const Topology& topo) {
 
 std::vector<std::unique_ptr<Channel>> connect_reduction_servers(const c10::intrusive_ptr<c10d::Store>& store,
                                                                 const Topology& topo, const Config& config,
-                                                                WireDtype wire) {
+                                                                WireDtype wire, int64_t max_message_bytes) {
   const int wanted = config.reduction_servers;
   const auto root = root_store(store);
   const Secret secret = job_server_secret(*root);
@@ -53,8 +53,9 @@ std::vector<std::unique_ptr<Channel>> connect_reduction_servers(const c10::intru
       }
       throw Error(ErrorKind::kBackend,
                   "fairring: this group uses " + std::to_string(wanted) +
-                      " reduction servers (FAIRRING_REDUCTION_SERVERS / Options.reduction_servers), but " +
-                      std::to_string(joined) + " joined the job within " +
+                      " reduction servers (FAIRRING_REDUCTION_SERVERS / Options.reduction_servers), but server " +
+                      std::to_string(m) + " has not joined the job (" + std::to_string(joined) +
+                      " joined, counting any that exited since) within " +
                       std::to_string(std::chrono::duration_cast<std::chrono::seconds>(join_wait).count()) +
                       " s: start them next to the job with `python -m fairring_py.server --store <host:port of the "
                       "job's store>`");
@@ -77,10 +78,16 @@ std::vector<std::unique_ptr<Channel>> connect_reduction_servers(const c10::intru
       hello.group_size = topo.size;
       hello.wire = static_cast<uint32_t>(wire);
       hello.server = m;
+      hello.header_bytes = sizeof(WireHeader);
+      hello.max_message_bytes = max_message_bytes;
       s.send_all(&hello, sizeof(hello), deadline);
       s.recv_all(&welcome, sizeof(welcome), deadline);
     } catch (const std::exception& e) {
       throw Error(ErrorKind::kBackend, "fairring: could not reach " + name + ": " + error_of(e).what());
+    }
+    if (std::memcmp(welcome.magic, kServerHelloMagic, sizeof(kServerHelloMagic)) != 0) {
+      throw Error(ErrorKind::kBackend,
+                  "fairring: " + name + " did not answer as a reduction server of this Fairring version does");
     }
     if (welcome.status != 0) {
       welcome.message[sizeof(welcome.message) - 1] = '\0';

@@ -34,8 +34,10 @@ bool uses_reduction_servers(const Config& config, const Topology& topo);
 // that have not joined yet up to min(timeout, 2 minutes), then fails with an
 // error that says how many joined and how to start them.  Collective over
 // the rank's rail.
+// `max_message_bytes`: the largest contribution the rank will send (the
+// server refuses larger ones).
 std::vector<std::unique_ptr<Channel>> connect_reduction_servers(const c10::intrusive_ptr<c10d::Store>& store,
                                                                 const Topology& topo, const Config& config,
-                                                                WireDtype wire);
+                                                                WireDtype wire, int64_t max_message_bytes);
 
 }  // namespace fairring

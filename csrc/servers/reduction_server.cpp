@@ -30,6 +30,7 @@ constexpr auto kHeartbeatEvery = std::chrono::milliseconds(40);
 constexpr auto kGreetingTimeout = std::chrono::seconds(5);
 constexpr size_t kMaxPendingGreetings = 256;
 constexpr auto kAbortFlush = std::chrono::milliseconds(500);
+constexpr auto kCloseDrain = std::chrono::milliseconds(500);
 // Refused connections logged one by one; past this, one line per 100.
 constexpr uint64_t kRefusalLines = 10;
 // Buffers a session keeps for reuse (a few slices' worth).
@@ -87,6 +88,7 @@ struct ReductionServer::Session {
   int num_nodes = 0;
   int group_size = 0;
   WireDtype wire = WireDtype::kNone;
+  int64_t max_message_bytes = 0;  // larger contributions are refused
   Worker* worker = nullptr;
   std::vector<bool> joined;  // under the server's mu_
 
@@ -133,11 +135,17 @@ using Session = ReductionServer::Session;
 void receive_next(Session& s, Session::Conn& c) {
   Session::Conn* cp = &c;
   BufferPool* pool = &s.pool;
-  c.ch->post_recv({[cp, pool](const WireHeader& h) -> void* {
+  const uint64_t most = static_cast<uint64_t>(s.max_message_bytes);
+  c.ch->post_recv({[cp, pool, most](const WireHeader& h) -> void* {
                      if (static_cast<WireKind>(h.kind) != WireKind::kContribution) {
                        throw Error(ErrorKind::kBackend, "fairring: unexpected message from rank " +
                                                             std::to_string(cp->rank) + " (kind " +
                                                             std::to_string(h.kind) + ")");
+                     }
+                     if (h.bytes > most) {
+                       throw Error(ErrorKind::kBackend, "fairring: rank " + std::to_string(cp->rank) + " sent " +
+                                                            std::to_string(h.bytes) + " bytes, more than the " +
+                                                            std::to_string(most) + " it said it would");
                      }
                      cp->incoming = h;
                      cp->incoming_buf = pool->take(h.bytes);
@@ -243,6 +251,17 @@ std::pair<uint64_t, uint64_t> reduce_ready(Session& s) {
   }
 }
 
+// Ends our stream on every connection of a failed session and drops what
+// the ranks still send until they close, or until `until`.
+void drain_and_close(Session& s, Clock::time_point until) {
+  std::vector<int> fds;
+  for (auto& c : s.conns) {
+    if (c.ch) fds.push_back(c.ch->fd());
+  }
+  end_streams(fds, until);
+  for (auto& c : s.conns) c.ch.reset();
+}
+
 // Moves a session on: headers that wait for a receive get one, complete
 // reductions go out, closed connections end it (cleanly, or as a failure
 // if work was left for them).
@@ -303,13 +322,15 @@ ReductionServer::ReductionServer(c10::intrusive_ptr<c10d::Store> root, ServerOpt
     if (w->wake_fd < 0) throw Error(ErrorKind::kBackend, "fairring: eventfd failed");
     workers_.push_back(std::move(w));
   }
+  // Published before the threads start (a rank that connects meanwhile
+  // waits in the listen backlog), so that a store that fails here leaves no
+  // thread to join.
+  root_->set(server_addr_key(index_), std::vector<uint8_t>(address_.begin(), address_.end()));
   for (auto& w : workers_) {
     Worker* wp = w.get();
     wp->thread = std::thread([this, wp] { serve(*wp); });
   }
   acceptor_ = std::thread([this] { accept_loop(); });
-  // Published last: a worker that reads the address finds us listening.
-  root_->set(server_addr_key(index_), std::vector<uint8_t>(address_.begin(), address_.end()));
 }
 
 ReductionServer::~ReductionServer() {
@@ -404,10 +425,12 @@ void ReductionServer::accept_loop() {
       if (s.valid()) {
         std::string from = s.peer_name();
         if (pending.size() >= kMaxPendingGreetings) {
-          refuse(from + ": too many connections waiting to greet");
-        } else {
-          pending.push_back({std::move(s), std::move(from), now + kGreetingTimeout});
+          // The oldest goes: a flood of silent connections cannot keep a
+          // rank that greets at once out.
+          refuse(pending.front().from + ": dropped, too many connections waiting to greet");
+          pending.erase(pending.begin());
         }
+        pending.push_back({std::move(s), std::move(from), now + kGreetingTimeout});
       }
     }
     if (now >= next_check) {
@@ -438,25 +461,33 @@ void ReductionServer::admit(Socket socket, const ServerHello& hello_in) {
   std::shared_ptr<Session> session;
   if (hello.server != index_) {
     refusal = "it asked for server " + std::to_string(hello.server) + ", this is server " + std::to_string(index_);
-  } else if (hello.num_nodes < 2 || hello.node < 0 || hello.node >= hello.num_nodes || hello.group_size < 1 ||
-             hello.wire > static_cast<uint32_t>(WireDtype::kFp16)) {
+  } else if (hello.header_bytes != sizeof(WireHeader)) {
+    refusal = "its messages' headers are " + std::to_string(hello.header_bytes) + " bytes, this server's " +
+              std::to_string(sizeof(WireHeader)) + ": another build of Fairring";
+  } else if (hello.num_nodes < 2 || hello.num_nodes > kMaxServerNodes || hello.node < 0 ||
+             hello.node >= hello.num_nodes || hello.group_size < 1 || hello.group_size > kMaxServerGroupSize ||
+             hello.wire > static_cast<uint32_t>(WireDtype::kFp16) || hello.max_message_bytes < 0 ||
+             hello.max_message_bytes > (int64_t{1} << 40)) {
     refusal = "malformed greeting (node " + std::to_string(hello.node) + " of " + std::to_string(hello.num_nodes) + ")";
   } else {
+    // Built whole before it is visible to the next greeting.
+    auto fresh = std::make_shared<Session>();
+    fresh->id = id;
+    fresh->num_nodes = hello.num_nodes;
+    fresh->group_size = hello.group_size;
+    fresh->wire = static_cast<WireDtype>(hello.wire);
+    fresh->max_message_bytes = hello.max_message_bytes;
+    fresh->joined.assign(hello.num_nodes, false);
+    fresh->conns.resize(hello.num_nodes);
     std::lock_guard<std::mutex> lock(mu_);
     auto& slot = sessions_[id];
     if (!slot) {
-      slot = std::make_shared<Session>();
-      slot->id = id;
-      slot->num_nodes = hello.num_nodes;
-      slot->group_size = hello.group_size;
-      slot->wire = static_cast<WireDtype>(hello.wire);
-      slot->worker = workers_[next_worker_++ % workers_.size()].get();
-      slot->joined.assign(hello.num_nodes, false);
-      slot->conns.resize(hello.num_nodes);
+      fresh->worker = workers_[next_worker_++ % workers_.size()].get();
+      slot = std::move(fresh);
       ++sessions_admitted_;
     }
     if (slot->num_nodes != hello.num_nodes || slot->group_size != hello.group_size ||
-        slot->wire != static_cast<WireDtype>(hello.wire)) {
+        slot->wire != static_cast<WireDtype>(hello.wire) || slot->max_message_bytes != hello.max_message_bytes) {
       refusal = "its rail disagrees with the ranks that joined before it (nodes, group size or wire dtype)";
     } else if (slot->joined[hello.node]) {
       refusal = "node " + std::to_string(hello.node) + " of its rail has joined already";
@@ -497,6 +528,10 @@ void ReductionServer::serve(Worker& w) {
     for (auto& c : s.conns) {
       if (c.ch) c.ch->flush_abort(until);
     }
+    // Closing a socket with unread bytes (a rank's contributions) resets it,
+    // which can discard the abort before the rank reads it: end our stream
+    // and read what still comes until the rank closes, for a moment.
+    drain_and_close(s, Clock::now() + kCloseDrain);
     s.done = true;
   };
   std::vector<struct pollfd> fds;
@@ -583,7 +618,22 @@ void ReductionServer::serve(Worker& w) {
         if (fds[i].revents & (POLLIN | POLLERR | POLLHUP)) ch.progress_recv();
         if (fds[i].revents & (POLLOUT | POLLERR | POLLHUP)) ch.progress_send();
       } catch (const std::exception& e) {
-        fail(s, e);
+        // A rank that has finished may go with a reset rather than an end
+        // of stream (it exited with our heartbeat unread).  With nothing of
+        // it arrived or on its way, that is its end, as a clean close is
+        // (pump() fails the session if the rail still needed it).
+        Session::Conn* c = nullptr;
+        for (auto& x : s.conns) {
+          if (x.ch.get() == &ch) c = &x;
+        }
+        const bool idle = c != nullptr && c->arrived.empty() && !ch.parked() && !ch.mid_message() &&
+                          !ch.has_pending_recv() && !ch.data_pending();
+        if (idle && dynamic_cast<const PeerAborted*>(&e) == nullptr && error_of(e).kind() == ErrorKind::kNetwork) {
+          c->ch.reset();
+          c->ended = true;
+        } else {
+          fail(s, e);
+        }
       }
     }
   }

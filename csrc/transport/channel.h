@@ -81,6 +81,8 @@ class Channel {
   bool parked() const { return parked_; }
   // The peer ended its stream between messages (see wants_read).
   bool peer_closed() const { return peer_closed_; }
+  // Part of a message (its header, or header and some payload) is in.
+  bool mid_message() const { return header_got_ > 0; }
   bool wants_write() const { return !sendq_.empty(); }
   // Data (not heartbeats) waiting to be taken by the socket.
   bool data_pending() const { return data_sends_ > 0; }

@@ -24,8 +24,13 @@ class Store;
 
 namespace fairring {
 
-constexpr char kServerHelloMagic[8] = {'F', 'R', 'S', 'E', 'R', 'V', '0', '1'};
+// The magic names the protocol's version: a server and ranks of different
+// builds refuse each other instead of misreading each other's messages.
+constexpr char kServerHelloMagic[8] = {'F', 'R', 'S', 'E', 'R', 'V', '0', '2'};
 constexpr int kSessionIdBytes = 24;
+// Bounds a server holds a greeting to (a rank's own are far below).
+constexpr int32_t kMaxServerNodes = 1 << 16;
+constexpr int32_t kMaxServerGroupSize = 1 << 24;
 
 struct ServerHello {
   char magic[8];
@@ -34,12 +39,14 @@ struct ServerHello {
   // group's engine), NUL-terminated.  A server reduces the messages of the
   // connections of one session with each other.
   char session[kSessionIdBytes];
-  int32_t rank;        // the worker's rank in its group (for messages)
-  int32_t node;        // its node: the place of its piece in the reduction order
-  int32_t num_nodes;   // contributions per reduction
-  int32_t group_size;  // AVG's divisor
-  uint32_t wire;       // WireDtype of the group's compressed rails
-  int32_t server;      // the index the worker knows the server by
+  int32_t rank;               // the worker's rank in its group (for messages)
+  int32_t node;               // its node: the place of its piece in the reduction order
+  int32_t num_nodes;          // contributions per reduction
+  int32_t group_size;         // AVG's divisor
+  uint32_t wire;              // WireDtype of the group's compressed rails
+  int32_t server;             // the index the worker knows the server by
+  uint32_t header_bytes;      // sizeof(WireHeader) in the rank's build
+  int64_t max_message_bytes;  // no contribution of the rank is larger
 };
 
 struct ServerWelcome {

@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -215,6 +216,31 @@ Socket connect_to(const std::string& addr_port, Clock::time_point deadline) {
   const size_t colon = addr_port.rfind(':');
   if (colon == std::string::npos) throw Error(ErrorKind::kBackend, "fairring: malformed address " + addr_port);
   return connect_to(addr_port.substr(0, colon), std::stoi(addr_port.substr(colon + 1)), deadline);
+}
+
+void end_streams(const std::vector<int>& fds, Clock::time_point until) {
+  std::vector<int> open;
+  for (int fd : fds) {
+    if (::shutdown(fd, SHUT_WR) == 0) open.push_back(fd);
+  }
+  std::vector<char> scratch(64 << 10);
+  while (!open.empty() && Clock::now() < until) {
+    std::vector<struct pollfd> pfds;
+    for (int fd : open) pfds.push_back({fd, POLLIN, 0});
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+    if (poll(pfds.data(), pfds.size(), static_cast<int>(std::max<long long>(left, 1))) <= 0) continue;
+    std::vector<int> still;
+    for (const auto& p : pfds) {
+      if (p.revents == 0) {
+        still.push_back(p.fd);
+        continue;
+      }
+      const ssize_t r = recv(p.fd, scratch.data(), scratch.size(), MSG_DONTWAIT);
+      if (r > 0 || (r < 0 && (errno == EAGAIN || errno == EINTR))) still.push_back(p.fd);
+      // 0: the peer's end of stream; < 0: the connection is gone anyway.
+    }
+    open.swap(still);
+  }
 }
 
 }  // namespace fairring

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fairring {
 
@@ -52,6 +53,12 @@ std::string default_address();
 Socket listen_on(const std::string& addr, int* port_out);
 // Connects, retrying while the peer is not listening yet, until the deadline.
 Socket connect_to(const std::string& addr, int port, Clock::time_point deadline);
+// Closing a socket that holds unread bytes resets the connection, and a reset
+// throws away what the peer has not read yet (our last message, an abort).
+// So: end our stream on each of `fds`, then read and drop what still comes
+// until each peer ends its own, or until `until`.  The caller closes them.
+void end_streams(const std::vector<int>& fds, Clock::time_point until);
+
 // The same for an "ip:port" string (as listeners publish theirs).
 Socket connect_to(const std::string& addr_port, Clock::time_point deadline);
 
