@@ -77,3 +77,23 @@ def mismatched_sizes(rank, world):
 
 def nothing(rank, world):
     return None
+
+
+def stalled_rank(rank, world):
+    """Rank 0 stops rank 2 (SIGSTOP) while all-reduces go through the server
+    and resumes it once the others have given up.  Returns each rank's error."""
+    import threading
+
+    pids = [None] * world
+    dist.all_gather_object(pids, os.getpid())
+    if rank == 0:
+        threading.Timer(0.3, os.kill, (pids[2], signal.SIGSTOP)).start()
+        threading.Timer(6.5, os.kill, (pids[2], signal.SIGCONT)).start()
+    x = torch.ones(1 << 16)
+    for _ in range(1_000_000):
+        try:
+            dist.all_reduce(x)
+        except Exception as e:  # noqa: BLE001
+            return {"error": f"{type(e).__name__}: {e}"}
+        x.fill_(1.0)
+    return {"error": None}

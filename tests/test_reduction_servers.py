@@ -129,7 +129,7 @@ def test_server_lost_mid_op(how):
         # second process, whichever index it got; its name is in its log.
         victim = servers.procs[1].pid
         res = launch.run_ranks(rank_servers.killed_mid_op, ["a", "b", "c"], args=(victim, stopped), store_port=port,
-                               env={"FAIRRING_REDUCTION_SERVERS": "2"}, pg_timeout_s=4 if stopped else 60,
+                               env={"FAIRRING_REDUCTION_SERVERS": "2"}, pg_timeout_s=3 if stopped else 60,
                                timeout_s=120)
         if stopped:
             servers.procs[1].send_signal(18)  # SIGCONT, so that it can be killed and its log read
@@ -143,6 +143,18 @@ def test_server_lost_mid_op(how):
                 assert "Timed out" in err, f"rank {r.rank}: {err}"
             else:
                 assert "DistNetworkError" in err or "closed" in err, f"rank {r.rank}: {err}"
+
+
+def test_stalled_rank_behind_a_server_is_named():
+    """A rank stopped while its rail's all-reduces go through a server: the
+    server (alive) waits for it, and the others' timeout names the rank whose
+    heartbeats stopped, not only the server."""
+    res, servers, codes = _run(["a", "b", "c"], 1, rank_servers.stalled_rank, pg_timeout_s=3, timeout_s=90)
+    with servers:
+        for r in res[:2]:
+            err = r.value["error"] or ""
+            assert "Timed out: reduction server 0" in err and "rank 2 has sent no heartbeat" in err, f"rank {r.rank}: {err}"
+        assert res[2].value["error"], "the stopped rank's op did not fail once it resumed"
 
 
 def test_mismatch_reported_by_the_server():

@@ -161,6 +161,20 @@ void RailStage::close_gracefully() {
   end_streams(fds, Clock::now() + kCloseDrain);
 }
 
+std::string RailStage::silent_rail_peers(Clock::time_point now, std::chrono::milliseconds alive_window) const {
+  // While the servers reduce, the rail's own connections carry only
+  // heartbeats: a rank whose heartbeats stopped is the one the server waits for.
+  std::string silent;
+  for (const auto& ch : clients_) {
+    if (!ch || now - ch->last_peer_alive < alive_window) continue;
+    const bool never = ch->last_peer_alive == Clock::time_point{};
+    silent += std::string(silent.empty() ? "" : "; ") + ch->peer_name() + " has sent no heartbeat " +
+              (never ? "at all" : "for " + seconds(std::chrono::duration<double>(now - ch->last_peer_alive).count()));
+  }
+  return silent.empty() ? "every rank of this rail is alive: has one of them not issued the collective?"
+                        : silent + ": is it stalled, or its machine gone?";
+}
+
 std::vector<Channel*> RailStage::all_channels() const {
   std::vector<Channel*> out;
   for (auto* list : {&clients_, &servers_, &reduction_servers_}) {
@@ -499,11 +513,12 @@ void RailStage::loop() {
         const bool alive = now - ch->last_peer_alive < alive_window;
         const auto deadline = remote_timeout + (alive ? alive_grace : std::chrono::milliseconds(0));
         // Alive but silent: what it is waiting for is elsewhere.
-        const std::string why_alive =
-            !alive ? ""
-            : ch->peer_noun() == "server"
-                ? " (the server is alive: it waits for another rank of this rail, which may be late or stuck)"
-                : " (its rail is alive: has it issued the collective, or is it waiting for another rank?)";
+        const std::string why_alive = !alive ? ""
+                                      : ch->peer_noun() == "server"
+                                          ? " (the server is alive: it waits for another rank of this rail; " +
+                                                silent_rail_peers(now, alive_window) + ")"
+                                          : " (its rail is alive: has it issued the collective, or is it waiting for "
+                                            "another rank?)";
         if (ch->has_pending_recv() && now - ch->last_recv_progress > deadline) {
           throw Error(ErrorKind::kBackend,
                       "Timed out: " + peer + " sent nothing for " +

@@ -118,6 +118,9 @@ class RailStage : public RailExchange {
   std::vector<std::vector<std::vector<char>>> server_out_, server_in_;
   // Every channel, for polling, heartbeats, aborts and closing.
   std::vector<Channel*> all_channels() const;
+  // For a timeout on a reduction server that is alive: the rail's ranks
+  // whose heartbeats stopped, by name, or that none did.
+  std::string silent_rail_peers(Clock::time_point now, std::chrono::milliseconds alive_window) const;
   char* wire_buf(std::vector<std::vector<std::vector<char>>>& bufs, const RailTask& t, int node) {
     return bufs[t.slice_seq % bufs.size()][node].data();
   }
