@@ -40,10 +40,13 @@ class Servers:
         return "\n".join(f"--- server process {i}:\n{self.output(i)}" for i in range(len(self.procs)))
 
     def wait_exit(self, timeout_s: float):
-        """Exit codes once every server has exited, or None for those that
-        did not within timeout_s."""
+        """Exit codes once every server that joined the job has exited, or
+        None for those that did not within timeout_s.  (Called once the job
+        has ended: a server that has not joined by then never will.)"""
         deadline = time.monotonic() + timeout_s
-        for p in self.procs:
+        for i, p in enumerate(self.procs):
+            if "listening on" not in self.output(i):
+                continue
             try:
                 p.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:

@@ -24,7 +24,8 @@ TOPOLOGIES = {
     "1x2+2": (["a", "a"], 2, ["correctness"]),
     # Two nodes: the servers would save no link bytes, so they are not used.
     "2x2+1": (["a", "a", "b", "b"], 1, ["correctness"]),
-    "3x2+2": (["a", "a", "b", "b", "c", "c"], 2, ["correctness", "noncontig", "async", "collectives", "subgroups"]),
+    # (all-gather and reduce-scatter, which do not use the servers, are left to their own tests)
+    "3x2+2": (["a", "a", "b", "b", "c", "c"], 2, ["correctness", "noncontig", "async", "subgroups"]),
     "3x1+3": (["a", "b", "c"], 3, ["correctness", "async"]),
     # Unequal nodes: the flat schedule, every rank its own node (3 here).
     "uneven+2": (["a", "a", "b"], 2, ["correctness"]),
@@ -51,7 +52,10 @@ def _run(ids, count, fn, args=(), env=None, **kw):
 @pytest.mark.parametrize("topo", list(TOPOLOGIES))
 def test_allreduce_through_servers(topo):
     ids, count, sections = TOPOLOGIES[topo]
-    cfg = {"sizes": FEW_SIZES, "local_ranks": min(ids.count(n) for n in ids)}
+    # Unequal nodes are flattened: every rank its own node.
+    nodes = len(set(ids)) if min(ids.count(n) for n in ids) == max(ids.count(n) for n in ids) else len(ids)
+    # Where no server is used, a few sizes show it.
+    cfg = {"sizes": FEW_SIZES if nodes >= MIN_NODES else [1, 13, 4099], "local_ranks": min(ids.count(n) for n in ids)}
     res, servers, codes = _run(ids, count, rank_checks.session, args=(sections, cfg))
     with servers:
         problems = [f"rank {r.rank} {sec}: {f}" for r in res for sec, v in r.value.items() for f in v["failures"]]
@@ -61,13 +65,17 @@ def test_allreduce_through_servers(topo):
             if diff:
                 problems.append(f"rank {r.rank}: bits differ from rank 0 in {diff[:5]}")
         assert not problems, "\n".join(problems[:40])
-        assert codes == [0] * count, f"servers did not exit with the job: {codes}\n{servers.outputs()}"
         served = servers.served()
-        assert sorted(served) == list(range(count)), servers.outputs()
-        nodes = len(set(ids)) if min(ids.count(n) for n in ids) == max(ids.count(n) for n in ids) else len(ids)
         if nodes < MIN_NODES:
+            # The job needs no server, so it may end before a server has even
+            # reached its store (that one then waits out --connect-timeout):
+            # those that joined left with it, and none reduced anything.
+            joined = [i for i in range(count) if "listening on" in servers.output(i)]
+            assert all(codes[i] == 0 for i in joined), f"servers did not exit with the job: {codes}"
             assert all(n == 0 for n in served.values()), f"{nodes} node(s), yet servers reduced: {served}"
         else:
+            assert codes == [0] * count, f"servers did not exit with the job: {codes}\n{servers.outputs()}"
+            assert sorted(served) == list(range(count)), servers.outputs()
             # Every server took part (pieces rotate over the servers).
             assert all(n > 0 for n in served.values()), f"some server reduced nothing: {served}"
 
