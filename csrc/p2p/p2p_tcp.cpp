@@ -32,12 +32,6 @@ constexpr std::chrono::milliseconds kConnectTimeout{5000};
 // full, small enough to serve several peers in turn.
 constexpr size_t kChunk = 4 << 20;
 
-bool same_secret(const uint8_t* a, const uint8_t* b) {
-  uint8_t diff = 0;
-  for (int i = 0; i < 32; ++i) diff |= static_cast<uint8_t>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 }  // namespace
 
 void P2pEngine::wake_net() {

@@ -68,12 +68,6 @@ class BufferPool {
   std::vector<Buffer> free_;
 };
 
-bool same_secret(const uint8_t* a, const uint8_t* b) {
-  uint8_t diff = 0;
-  for (int i = 0; i < 32; ++i) diff |= static_cast<uint8_t>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 std::string without_prefix(std::string what) {
   const std::string prefix = "fairring: ";
   if (what.rfind(prefix, 0) == 0) what.erase(0, prefix.size());

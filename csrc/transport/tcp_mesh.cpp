@@ -25,13 +25,6 @@ constexpr auto kRejectionLogWindow = std::chrono::seconds(1);
 // The accepting thread wakes this often to see whether it should stop.
 constexpr int kAcceptPollMs = 100;
 
-// Constant-time comparison: a wrong guess takes as long as a near miss.
-bool same_secret(const uint8_t* a, const uint8_t* b) {
-  uint8_t diff = 0;
-  for (int i = 0; i < 32; ++i) diff |= static_cast<uint8_t>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 std::string addr_key(int rank) { return "fairring/addr/" + std::to_string(rank); }
 
 }  // namespace
@@ -46,6 +39,12 @@ void random_bytes(uint8_t* out, size_t len) {
   }
 }
 }  // namespace
+
+bool same_secret(const uint8_t* a, const uint8_t* b) {
+  uint8_t diff = 0;
+  for (int i = 0; i < 32; ++i) diff |= static_cast<uint8_t>(a[i] ^ b[i]);
+  return diff == 0;
+}
 
 Secret random_secret() {
   Secret s;

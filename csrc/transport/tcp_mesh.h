@@ -84,6 +84,10 @@ class TcpMesh {
   std::map<int, Socket> clients_;
 };
 
+// Whether two 32-byte secrets are equal, in constant time: a wrong guess
+// takes as long as a near miss.
+bool same_secret(const uint8_t* a, const uint8_t* b);
+
 // A random secret (from the kernel's generator).
 Secret random_secret();
 // A random id of `bytes` bytes as hex, for names that must not collide
