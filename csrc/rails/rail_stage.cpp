@@ -557,7 +557,7 @@ int64_t rail_stage_bytes_per_slot(const Config& config, const PlanParams& params
   if (num_nodes < 2) return 0;
   const int64_t shard = max_shard_bytes(params, ranks_per_node, num_nodes);
   int64_t servers = 0;  // the wire buffers to and from reduction servers (the constructor's bound)
-  if (config.reduction_servers > 0 && num_nodes >= kMinNodesForServers && config.wire_dtype != "none") {
+  if (uses_reduction_servers(config, num_nodes) && config.wire_dtype != "none") {
     const int64_t chunk = max_shard_bytes(params, ranks_per_node, 1);
     const int64_t pieces = int64_t{config.reduction_servers} * kPiecesPerServer;
     servers = 2 * pieces * WireCodec::buffer_bytes(max_server_piece_bytes(chunk, pieces));
@@ -576,7 +576,7 @@ std::unique_ptr<RailStage> connect_rail(const c10::intrusive_ptr<c10d::Store>& s
   mesh->connect();
   const WireDtype wire = wire_dtype_from_name(config.wire_dtype);
   ServerLinks servers;
-  if (uses_reduction_servers(config, topo)) {
+  if (uses_reduction_servers(config, topo.num_nodes)) {
     servers.max_chunk_bytes = max_shard_bytes(params, topo.ranks_per_node, 1);
     servers.channels = connect_reduction_servers(
         store, topo, config, wire,

@@ -16,8 +16,8 @@ namespace {
 constexpr auto kServerJoinWait = std::chrono::minutes(2);
 }  // namespace
 
-bool uses_reduction_servers(const Config& config, const Topology& topo) {
-  return config.reduction_servers > 0 && topo.num_nodes >= kMinNodesForServers;
+bool uses_reduction_servers(const Config& config, int num_nodes) {
+  return config.reduction_servers > 0 && num_nodes >= kMinNodesForServers;
 }
 
 std::vector<std::unique_ptr<Channel>> connect_reduction_servers(const c10::intrusive_ptr<c10d::Store>& store,

@@ -26,7 +26,7 @@ struct Config;
 // and the hop through a server only adds latency (measured 5-6% slower at
 // 25 MiB, 1 Gbit/s: BENCHMARKS.md).
 constexpr int kMinNodesForServers = 3;
-bool uses_reduction_servers(const Config& config, const Topology& topo);
+bool uses_reduction_servers(const Config& config, int num_nodes);
 
 // Connects this rank to servers 0..config.reduction_servers-1.  `store` is
 // the group's (engine's) store: the rail's session id is agreed in it, the

@@ -153,17 +153,11 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
     param_diff = [(p - params[0]).abs().max().item() / scale for p in params]
     if ranks.rank == 0:
         global_batch = cfg["batch"] * ranks.world
-        rows = []
-        for name, ts in zip(names, times):
-            st = metrics.summarize(ts)
-            rows.append({"backend": name, "median_step_s": st["median"], "p10_step_s": st["p10"],
-                         "p90_step_s": st["p90"], "samples_per_s": global_batch / st["median"]})
+        rows = metrics.step_rows(names, times, global_batch, "samples_per_s")
         for r, l, d in zip(rows, final_loss, param_diff):
             r["final_loss"] = l
             r["loss_rel_vs_fairring"] = abs(l - final_loss[0]) / abs(final_loss[0]) if final_loss[0] else None
             r["param_max_rel_diff_vs_fairring"] = d
-        for r in rows:
-            r["speedup_vs_baseline"] = r["samples_per_s"] / rows[1]["samples_per_s"]
         rate, nodes = cfg.get("link_rate_Bps"), cfg.get("nodes") or 1
         # Least time per step to all-reduce the gradients over the capped links
         # (compute and overlap aside): a floor, not a prediction.

@@ -81,6 +81,13 @@ def compute_only_group():
     return dist.new_group(backend="fake")
 
 
+def compared_groups(ranks, cfg: dict):
+    """The names and groups a training bench times: Fairring, the baseline,
+    and torch's fake group when ``cfg["compute_only"]`` (and torch has it)."""
+    names, groups = compared_groups(ranks, cfg)
+    return names, groups
+
+
 def local_shards(model) -> torch.Tensor:
     """This rank's part of the parameters, flattened (a DTensor's local shard for
     FSDP2, the flat-parameter view for FSDP1; identical layouts over both groups)."""
@@ -149,13 +156,7 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
         checks[variant] = {"ok": ok, "loss_max_rel_diff": loss_rel, "param_max_rel_diff": param_rel,
                            "rtol": cfg["rtol"], "final_loss": {nm: ls[-1] for nm, ls in zip(names[:2], losses)}}
         global_batch = cfg["batch"] * ranks.world
-        rows = []
-        for name, ts in zip(names, times):
-            st = metrics.summarize(ts)
-            rows.append({"variant": variant, "backend": name, "median_step_s": st["median"], "p10_step_s": st["p10"],
-                         "p90_step_s": st["p90"], "samples_per_s": global_batch / st["median"]})
-        for r in rows:
-            r["speedup_vs_baseline"] = r["samples_per_s"] / rows[1]["samples_per_s"]
+        rows = metrics.step_rows(names, times, global_batch, "samples_per_s", variant=variant)
         summary_rows += rows
         del replicas, opts
     if ranks.rank == 0:

@@ -190,6 +190,21 @@ def summarize(samples: Sequence[float]) -> Dict[str, float]:
     }
 
 
+def step_rows(names: Sequence[str], times: Sequence[Sequence[float]], units_per_step: float, rate_key: str,
+              **extra) -> List[Dict]:
+    """One row per backend of a training bench: step-time percentiles, the
+    throughput ``units_per_step / median`` under ``rate_key`` and its ratio to
+    the baseline (the second row).  ``extra`` is copied into every row."""
+    rows = []
+    for name, ts in zip(names, times):
+        st = summarize(ts)
+        rows.append({**extra, "backend": name, "median_step_s": st["median"], "p10_step_s": st["p10"],
+                     "p90_step_s": st["p90"], rate_key: units_per_step / st["median"]})
+    for r in rows:
+        r["speedup_vs_baseline"] = r[rate_key] / rows[1][rate_key]
+    return rows
+
+
 def choose_reps(op_seconds: float, target_seconds: float, max_reps: int, nbytes: int,
                 buffer_budget: int) -> int:
     """How many operations one timed sample runs back to back: enough that the

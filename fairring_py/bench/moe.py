@@ -141,12 +141,7 @@ class _Stepper(torch.optim.SGD):
 
 def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
     dev = ranks.device
-    names = ["fairring", ranks.baseline_name]
-    groups = [ranks.fairring, ranks.baseline]
-    fake = fsdp.compute_only_group() if cfg["compute_only"] else None
-    if fake is not None:
-        names.append("compute only")
-        groups.append(fake)
+    names, groups = fsdp.compared_groups(ranks, cfg)
     cfg = dict(cfg, model="transformer")  # batches of [batch, seq, width]
     replicas = [MoEModel(cfg, ranks.world, ranks.rank, g).to(dev) for g in groups]
     opts = [_Stepper(m, cfg["lr"]) for m in replicas]
@@ -157,13 +152,7 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
     (loss_rel,) = ranks.max_over_ranks([loss_rel])
     ok = loss_rel <= cfg["rtol"] and all(torch.isfinite(torch.tensor(ls)).all() for ls in losses[:2])
     tokens = cfg["batch"] * cfg["seq"] * ranks.world
-    rows = []
-    for name, ts in zip(names, times):
-        st = metrics.summarize(ts)
-        rows.append({"backend": name, "median_step_s": st["median"], "p10_step_s": st["p10"], "p90_step_s": st["p90"],
-                     "tokens_per_s": tokens / st["median"]})
-    for r in rows:
-        r["speedup_vs_baseline"] = r["tokens_per_s"] / rows[1]["tokens_per_s"]
+    rows = metrics.step_rows(names, times, tokens, "tokens_per_s")
     if ranks.rank == 0:
         params = sum(p.numel() for p in replicas[0].parameters())
         summary = {

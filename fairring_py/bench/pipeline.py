@@ -109,12 +109,7 @@ def one_f_one_b(stage: Stage, group, rank: int, world: int, x, y, cfg: dict) -> 
 
 def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
     dev = ranks.device
-    names = ["fairring", ranks.baseline_name]
-    groups = [ranks.fairring, ranks.baseline]
-    fake = fsdp.compute_only_group() if cfg["compute_only"] else None
-    if fake is not None:
-        names.append("compute only")
-        groups.append(fake)
+    names, groups = fsdp.compared_groups(ranks, cfg)
     stages = [Stage(cfg["width"], cfg["depth"], ranks.rank).to(dev) for _ in groups]
     opts = [torch.optim.SGD(s.parameters(), lr=cfg["lr"]) for s in stages]
     seq0 = fsdp.last_seq()
@@ -143,13 +138,7 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
     (loss_rel,) = ranks.max_over_ranks([loss_rel])
     ok = loss_rel <= cfg["rtol"]
     samples = cfg["microbatches"] * cfg["batch"]
-    rows = []
-    for name, ts in zip(names, times):
-        st = metrics.summarize(ts)
-        rows.append({"backend": name, "median_step_s": st["median"], "p10_step_s": st["p10"], "p90_step_s": st["p90"],
-                     "samples_per_s": samples / st["median"]})
-    for r in rows:
-        r["speedup_vs_baseline"] = r["samples_per_s"] / rows[1]["samples_per_s"]
+    rows = metrics.step_rows(names, times, samples, "samples_per_s")
     final = ranks.max_over_ranks([losses[0][-1], losses[1][-1]])  # the last stage's (others: 0)
     if ranks.rank == 0:
         summary = {
