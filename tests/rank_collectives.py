@@ -134,6 +134,37 @@ def rs_case(rank, world, seed, dtype, op, n, ck, form="tensor", group=None, memb
     return out
 
 
+def _rs_uneven(rank, world, ck, seed):
+    """The list form with blocks of unequal sizes (zeros, ones, primes; random
+    per case, the same on every rank), every dtype and op: this rank's block
+    against the float64 reference, the inputs unchanged."""
+    import random
+    for ci, (dtype, op) in enumerate(refs.matrix()):
+        rnd = random.Random(seed + ci)
+        sizes = [rnd.choice([0, 1, 2, 3, 13, 1031, 4099]) for _ in range(world)]
+        if ci % 5 == 0:
+            sizes[rnd.randrange(world)] = 65537  # several slices for one block, one for the others
+        total = sum(sizes)
+        inputs = [make_input(seed + ci, r, total, dtype, op) for r in range(world)]
+        at = sum(sizes[:rank])
+        mine = [x[at:at + sizes[rank]] for x in inputs]
+        name = _case_name(dtype, op, sizes[rank], f"/uneven {sizes}")
+        blocks = list(inputs[rank].clone().split(sizes))
+        out = torch.full((sizes[rank],), 7, dtype=dtype) if dtype != torch.bool else \
+            torch.zeros(sizes[rank], dtype=torch.bool)
+        try:
+            dist.reduce_scatter(out, blocks, op=op_of(op))
+        except Exception as e:  # noqa: BLE001
+            ck.add(f"reduce_scatter {name}: raised {type(e).__name__}: {str(e)[:300]}", dtype)
+            continue
+        ref = reference(inputs, dtype, op)[at:at + sizes[rank]]
+        err = compare(out, mine, ref, dtype, op)
+        if err:
+            ck.add(f"reduce_scatter {name}: {err}", dtype)
+        if not torch.equal(torch.cat(blocks), inputs[rank]):
+            ck.add(f"reduce_scatter {name}: the input tensors were modified", dtype)
+
+
 def _rs_noncontig(rank, world, ck, seed):
     """Strided / transposed / offset input and output views: the result is the
     logical (row-major) chunk; nothing outside the output view changes."""
@@ -260,6 +291,7 @@ def sec_reduce_scatter(rank, world, cfg):
     _rs_noncontig(rank, world, ck, seed + 20000)
     _rs_coalesced(rank, world, ck, seed + 30000)
     _rs_in_place(rank, world, ck, seed + 35000)
+    _rs_uneven(rank, world, ck, seed + 37000)
     # Empty tensors: nothing to do, and the group still works afterwards.
     try:
         dist.reduce_scatter_tensor(torch.empty(0), torch.empty(0))
@@ -596,7 +628,7 @@ def sec_inflight(rank, world, cfg):
 def sec_native(rank, world, cfg):
     """Each call's records in dump_recent: equal-size forms must be Fairring's own
     ("reduce_scatter" / "all_gather"), the uneven all_gather list pairwise, the
-    uneven reduce_scatter list on gloo.  Every
+    uneven reduce_scatter list too (padded).  Every
     finding of the native forms goes to native_only (they are delegated until
     issue 9's C++ lands); a wrong kind for the uneven ones is a failure."""
     ck = Checker()
@@ -652,9 +684,11 @@ def sec_native(rank, world, cfg):
         ("all_gather_into_tensor in place", lambda: _in_place_ag(rank, world), True, NATIVE_AG),
         ("reduce_scatter_tensor in place", lambda: _in_place_rs(rank, world), True, NATIVE_RS),
         ("allgather_coalesced", lambda: _all_gather_coalesced(world), True, NATIVE_AG),
-        # Uneven list forms stay on gloo (documented delegation).
+        # Uneven list forms: all_gather pairwise, reduce_scatter padded.
         ("all_gather list, uneven sizes", lambda: _uneven_ag(rank, world), True, "all_gather (pairwise)"),
-        ("reduce_scatter list, uneven sizes", lambda: _uneven_rs(rank, world, ck), False, None),
+        ("reduce_scatter list, uneven sizes", lambda: _uneven_rs(rank, world, ck), True, NATIVE_RS),
+        ("reduce_scatter list, uneven strided", lambda: _uneven_rs(rank, world, ck, strided=True), True,
+         NATIVE_RS),
     ]
     for label, fn, want_native, kind in cases:
         expect(label, fn, want_native, kind)
@@ -702,9 +736,11 @@ def _uneven_ag(rank, world):
             raise AssertionError(f"uneven all_gather: from rank {r} got {o.tolist()}")
 
 
-def _uneven_rs(rank, world, ck):
+def _uneven_rs(rank, world, ck, strided=False):
     # Rank j's output has j + 1 elements.
     inputs = [torch.full((j + 1,), float(rank + 1)) for j in range(world)]
+    if strided:
+        inputs = [torch.full((2 * (j + 1),), float(rank + 1))[::2] for j in range(world)]
     out = torch.empty(rank + 1)
     dist.reduce_scatter(out, inputs)
     want = torch.full((rank + 1,), float(world * (world + 1) // 2))
@@ -715,7 +751,7 @@ def _uneven_rs(rank, world, ck):
 # --------------------------------------------------------------------------
 # mismatches between ranks (a launch of their own: see the module docstring)
 
-MISMATCHES = ["rs_size", "rs_dtype", "rs_op", "ag_size", "ag_dtype", "rs_vs_ag", "rs_vs_allreduce"]
+MISMATCHES = ["rs_size", "rs_dtype", "rs_op", "ag_size", "ag_dtype", "rs_vs_ag", "rs_vs_allreduce", "rs_uneven_cut"]
 
 
 def _mismatch_call(which, rank, world, g):
@@ -740,6 +776,14 @@ def _mismatch_call(which, rank, world, g):
             dist.all_gather_into_tensor(torch.empty(100 * world), torch.ones(100), group=g)
         else:
             dist.reduce_scatter_tensor(torch.empty(100), torch.ones(100 * world), group=g)
+    elif which == "rs_uneven_cut":
+        # The same total and largest block, cut differently: rank 0's first two
+        # blocks are 2 and 3 elements, the odd one's 3 and 2 (each rank's own
+        # output fits its own list).  Summed as they are, rank 0's two
+        # elements would be added to the odd one's first two of three.
+        sizes = [3, 2] if other else [2, 3]
+        sizes += [3] * (world - 2)
+        dist.reduce_scatter(torch.empty(sizes[rank]), [torch.ones(n) for n in sizes], group=g)
     elif which == "rs_vs_allreduce":
         if other:
             dist.all_reduce(torch.ones(100 * world), group=g)

@@ -68,10 +68,109 @@ def sequence_numbers(rank, world):
     return failures
 
 
+def _sparse_case(seed, rank, shape, sparse_dim, dtype, nnz):
+    """Rank `rank`'s uncoalesced COO tensor for a case (duplicates included)."""
+    g = torch.Generator().manual_seed(seed * 131 + rank)
+    idx = torch.stack([torch.randint(0, shape[d], (nnz,), generator=g) for d in range(sparse_dim)]) \
+        if nnz else torch.zeros(sparse_dim, 0, dtype=torch.long)
+    vshape = (nnz, *shape[sparse_dim:])
+    if dtype.is_complex:
+        vals = torch.randn(vshape, generator=g, dtype=torch.complex128).to(dtype)
+    elif dtype.is_floating_point:
+        vals = (torch.rand(vshape, generator=g, dtype=torch.float64) * 2 - 1).to(dtype)
+    else:
+        vals = torch.randint(-1000, 1000, vshape, generator=g).to(dtype)
+    return torch.sparse_coo_tensor(idx, vals, shape)
+
+
+def _sparse_cases(world):
+    """(seed, shape, sparse_dim, dtype, nnz per rank): 1-D, hybrid (dense
+    rows) and 2 sparse dimensions; empty on some ranks; every rank empty."""
+    cases = []
+    # Not complex: torch's all_reduce hands a backend view_as_real() of the
+    # tensor, which for a sparse one is a copy, so no backend's result
+    # reaches the caller's tensor (gloo's neither).
+    dtypes = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32]
+    shapes = [((1009,), 1), ((997, 7), 1), ((31, 17, 3), 2)]
+    for i, dt in enumerate(dtypes):
+        for j, (shape, sd) in enumerate(shapes):
+            seed = 100 * i + j
+            nnz = [(seed * 7 + 13 * r) % 300 if (seed + r) % 4 else 0 for r in range(world)]
+            cases.append((seed, shape, sd, dt, nnz))
+    cases.append((999, (50, 4), 1, torch.float32, [0] * world))
+    return cases
+
+
+def _sparse_tol(dtype):
+    return {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-5, torch.complex64: 1e-5}.get(dtype, 0.0)
+
+
 def sparse_allreduce(rank, world):
-    """Sparse tensors are delegated (gloo merges their indices); DDP with a
-    sparse embedding trains the same on every rank."""
+    """Sparse all-reduce (native for CPU COO tensors with SUM) against a
+    float64 / exact reference and gloo, every rank's result the same bits;
+    async and in flight with dense ops; the same tensor twice in a row;
+    a shape that differs between ranks is a mismatch error everywhere and
+    the group goes on; DDP with a sparse embedding trains the same on every
+    rank."""
     failures = []
+    gloo = dist.new_group(backend="gloo")
+    for seed, shape, sd, dt, nnz in _sparse_cases(world):
+        name = f"{dt} shape {shape} sparse_dim {sd} nnz {nnz}"
+        ins = [_sparse_case(seed, r, shape, sd, dt, nnz[r]) for r in range(world)]
+        wide = torch.complex128 if dt.is_complex else torch.float64 if dt.is_floating_point else torch.int64
+        ref = sum(x.to_dense().to(wide) for x in ins)
+        s = ins[rank].clone()
+        try:
+            dist.all_reduce(s)
+        except Exception as e:  # noqa: BLE001
+            failures.append(f"{name}: raised {type(e).__name__}: {str(e)[:300]}")
+            continue
+        if not s.is_sparse or s.dtype != dt or tuple(s.shape) != shape:
+            failures.append(f"{name}: result is {s.layout} {s.dtype} {tuple(s.shape)}")
+            continue
+        got = s.to_dense().to(wide)
+        tol = _sparse_tol(dt)
+        mag = sum(x.to_dense().to(wide).abs() for x in ins)
+        if not bool(((got - ref).abs() <= tol * mag + tol).all()):
+            failures.append(f"{name}: off the reference by {float((got - ref).abs().max())}")
+        digests = [None] * world
+        dist.all_gather_object(digests, hash(s.coalesce().values().to(wide).numpy().tobytes()), group=gloo)
+        if len(set(digests)) != 1:
+            failures.append(f"{name}: ranks' results differ")
+        if sd == 1 and dt == torch.float32:
+            viag = ins[rank].clone()
+            dist.all_reduce(viag, group=gloo)
+            if not torch.allclose(viag.to_dense(), s.to_dense(), rtol=1e-5, atol=1e-5):
+                failures.append(f"{name}: differs from gloo's result")
+
+    # Async, with dense ops issued while it runs; then the same tensor twice.
+    s = _sparse_case(7, rank, (513, 5), 1, torch.float32, 200)
+    want = sum(_sparse_case(7, r, (513, 5), 1, torch.float32, 200).to_dense() for r in range(world))
+    dense = torch.full((4099,), float(rank + 1))
+    w = dist.all_reduce(s, async_op=True)
+    dist.all_reduce(dense)
+    w.wait()
+    if not torch.allclose(s.to_dense(), want, rtol=1e-5, atol=1e-5):
+        failures.append("async sparse all_reduce with a dense one in flight: wrong result")
+    if not torch.all(dense == sum(range(1, world + 1))):
+        failures.append("dense all_reduce issued during a sparse one: wrong result")
+    dist.all_reduce(s)  # every rank holds `want`: the sum is world x want
+    if not torch.allclose(s.to_dense(), want * world, rtol=1e-5, atol=1e-4):
+        failures.append("a second sparse all_reduce of the same tensor did not start from the first's result")
+
+    # A shape that differs on the last rank: every rank fails, the group goes on.
+    bad = torch.sparse_coo_tensor([[0]], [1.0], (10 if rank == world - 1 else 11,))
+    try:
+        dist.all_reduce(bad)
+        failures.append("sparse all_reduce of different shapes: no error")
+    except RuntimeError as e:
+        if "mismatch" not in str(e) or "sizes" not in str(e):
+            failures.append(f"sparse all_reduce of different shapes: unclear error {str(e)[:300]}")
+    after = torch.ones(100)
+    dist.all_reduce(after)
+    if not torch.all(after == world):
+        failures.append("the group did not work after a sparse mismatch")
+
     i = torch.tensor([[rank, world + rank]])
     v = torch.tensor([1.0 + rank, 2.0])
     s = torch.sparse_coo_tensor(i, v, (2 * world + 1,))
@@ -242,8 +341,8 @@ def recent_ops(rank, world):
     send = dist.isend(torch.ones(2), (rank + 1) % world)
     dist.recv(torch.empty(2), (rank - 1) % world)
     send.wait()
-    # A delegated one: a sparse all-reduce.
-    dist.all_reduce(torch.sparse_coo_tensor([[rank % 2]], [1.0], (2,)))
+    # A delegated one.
+    dist.group.WORLD.monitored_barrier()
     w = dist.all_reduce(torch.ones(5, dtype=torch.float64), op=dist.ReduceOp.MAX, async_op=True)
     w.wait()
     buf = io.StringIO()
@@ -251,7 +350,7 @@ def recent_ops(rank, world):
     failures = []
     kinds = [r["kind"] for r in recs]
     if kinds[:3] != ["all_reduce", "broadcast", "all_gather"] or kinds[-1] != "all_reduce" or \
-            sorted(kinds[3:5]) != ["recv", "send"] or kinds[5] != "allreduce (gloo)":
+            sorted(kinds[3:5]) != ["recv", "send"] or kinds[5] != "monitoredBarrier (gloo)":
         failures.append(f"recorded kinds {kinds}")
     else:
         if recs[0]["bytes"] != 4000 or recs[0]["state"] != "done" or recs[0]["duration_ms"] is None:
@@ -265,7 +364,7 @@ def recent_ops(rank, world):
         seqs = [r["seq"] for r in recs]
         if seqs != sorted(seqs) or len(set(seqs)) != 7:
             failures.append(f"sequence numbers {seqs}")
-    if "allreduce (gloo)" not in buf.getvalue() or "send of tag 0" not in buf.getvalue():
+    if "monitoredBarrier (gloo)" not in buf.getvalue() or "send of tag 0" not in buf.getvalue():
         failures.append(f"printed dump: {buf.getvalue()[:300]!r}")
     return failures
 

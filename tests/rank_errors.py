@@ -460,6 +460,12 @@ def bad_tensors(rank, world):
         return None if x.shape == (10,) and x.is_meta else f"meta tensor became {x}"
     case("meta", meta)
 
+    def rs_uneven_wrong_output():
+        # Blocks of unequal sizes, every rank's output one element too long.
+        dist.reduce_scatter(torch.empty(rank + 2), [torch.ones(j + 1) for j in range(world)])
+        return "no error"
+    case("rs-uneven-wrong-output", rs_uneven_wrong_output)
+
     x = torch.full((4099,), float(rank + 1))
     dist.all_reduce(x)
     out["after"] = ("ok" if torch.all(x == want) else "wrong", None)
@@ -751,16 +757,14 @@ def killed_during_init(rank, world, sync_dir, kill_after_s):
 
 def numbers_agree(rank, world, timeout_s):
     """The op number an error names is the one dump_recent and the logs give
-    it: the group's count, delegated ops included (here a gloo all_reduce
-    of a sparse tensor, #0), not the engine's own (which would call the
-    failing op #1)."""
+    it: the group's count, delegated ops included (here gloo's monitored
+    barrier, #0), not the engine's own (which would call the failing op #1)."""
     import io
 
     import fairring_py
 
     g = dist.new_group(list(range(world)), backend="fairring", timeout=timedelta(seconds=timeout_s))
-    # A sparse all-reduce: delegated.
-    dist.all_reduce(torch.sparse_coo_tensor([[rank % 4]], [1.0], (4,)), group=g)  # delegated: #0
+    g.monitored_barrier()  # delegated: #0
     t = torch.ones(100)
     dist.all_reduce(t, group=g)  # #1
     n = 101 if rank == world - 1 else 100

@@ -28,9 +28,9 @@ def test_sequence_numbers(topo):
     _run(rank_conformance.sequence_numbers, TOPOLOGIES[topo])
 
 
-@pytest.mark.parametrize("topo", TOPOLOGIES)
-def test_sparse_allreduce_delegated(topo):
-    _run(rank_conformance.sparse_allreduce, TOPOLOGIES[topo])
+@pytest.mark.parametrize("topo", [*TOPOLOGIES, "3x1"])
+def test_sparse_allreduce(topo):
+    _run(rank_conformance.sparse_allreduce, {**TOPOLOGIES, "3x1": ["a", "b", "c"]}[topo])
 
 
 def test_monitored_barrier_delegated():

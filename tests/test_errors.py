@@ -496,6 +496,9 @@ def test_bad_tensors_give_right_results_or_clear_errors():
         for case in ("overlapping-view", "0-dim", "empty", "requires-grad-leaf", "meta", "after"):
             if v[case][0] != "ok":
                 problems.append(f"rank {r.rank} [{case}]: expected a right result, got {v[case]}")
+        outcome, detail = v["rs-uneven-wrong-output"]
+        if outcome != "error" or "its block of the input list" not in detail:
+            problems.append(f"rank {r.rank} [rs-uneven-wrong-output]: expected fairring's clear error, got {detail}")
         outcome, detail = v["expanded-stride0"]
         if outcome != "error" or "share memory" not in detail or "fairring" not in detail:
             problems.append(f"rank {r.rank} [expanded-stride0]: expected fairring's clear error, got {v['expanded-stride0']}")

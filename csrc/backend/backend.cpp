@@ -314,8 +314,9 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce(std::vector<at::Tensor
                                                           const c10d::AllreduceOptions& opts) {
   TORCH_CHECK(!tensors.empty(), "fairring: all_reduce got an empty list of tensors");
   check_same_process("all_reduce");
-  // Sparse gradients (nn.Embedding(sparse=True)) are gloo's: it knows how to
-  // merge their indices.  Ordered after the all-reduces issued before.
+  // Sparse gradients (nn.Embedding(sparse=True)): sparse_all_reduce.cpp, or
+  // gloo for what that does not take.  Ordered after the ops issued before.
+  if (sparse_native(tensors, opts)) return allreduce_sparse_cpu(tensors[0]);
   if (tensors[0].layout() != c10::kStrided) {
     return run_delegated("allreduce", touched(tensors),
                          [&](c10d::Backend& gloo) { return gloo.allreduce(tensors, opts); });
@@ -394,7 +395,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_cpu(std::shared_ptr<HostO
 c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective collective,
                                                                  const std::vector<at::Tensor>& inputs,
                                                                  const std::vector<at::Tensor>& outputs,
-                                                                 const c10d::ReduceOp& reduce_op, c10d::OpType type) {
+                                                                 const c10d::ReduceOp& reduce_op, c10d::OpType type,
+                                                                 const Padded* padded) {
   const bool scatter = collective == Collective::kReduceScatter;
   const char* kind = collective_name(collective);
   check_same_process(kind);
@@ -423,7 +425,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
                 in.numel, " and the output ", out_numel, " (real elements)");
   }
   const int64_t big = scatter || exchange ? in.numel : out_numel;
-  const int64_t small = exchange ? in.numel / world : scatter ? out_numel : in.numel;
+  const int64_t reals = in.buffer.is_complex() ? 2 : 1;
+  const int64_t small = exchange ? in.numel / world : scatter ? (padded ? padded->block * reals : out_numel) : in.numel;
   TORCH_CHECK(big == small * world, "fairring: ", kind, " on ", world, " ranks needs ",
               scatter ? "an input of world size times the output's elements"
                       : "an output of world size times the input's elements",
@@ -439,6 +442,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
   op->dtype = in.dtype;
   op->op = scatter ? redop : RedOp::kSum;
   op->numel = small;
+  op->layout = padded ? padded->layout : 0;
   op->stage = stage_of(in, std::move(scale));
   for (const at::Tensor& t : inputs) op->footprint.read(t);
   for (const at::Tensor& t : outputs) op->footprint.write(t);
@@ -462,12 +466,13 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
     const bool in_place = r == getRank() && outputs[r].data_ptr() == op->buffer.data_ptr();
     if (outputs[r].is_alias_of(op->buffer) && !in_place) blocks_apart = false;
   }
-  if (plain && (!out.is_alias_of(op->buffer) || own_block)) {
+  if (!padded && plain && (!out.is_alias_of(op->buffer) || own_block)) {
     op->output = out;
-  } else if (blocks_apart) {
+  } else if (!padded && blocks_apart) {
     op->output_blocks = outputs;
   } else {
-    op->output = at::empty({out_numel / (out.is_complex() ? 2 : 1)}, out.options());
+    // A padded block's first elements are the caller's (copy_to_users).
+    op->output = at::empty({(padded ? small : out_numel) / reals}, out.options());
     op->users = outputs;
   }
   if (!op->buffer.is_cpu()) return submit_device(std::move(op), type, outputs, kind);
@@ -812,15 +817,46 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter(std::vector<at::T
                                                                std::vector<std::vector<at::Tensor>>& inputs,
                                                                const c10d::ReduceScatterOptions& opts) {
   // inputs[0][r] is reduced into rank r's output: one reduce-scatter of the
-  // inputs flattened.  Uneven lists go to gloo.
-  if (outputs.size() != 1 || inputs.size() != 1 || !native_tensors(both(inputs[0], outputs)) ||
-      static_cast<int>(inputs[0].size()) != getSize() ||
-      !std::all_of(inputs[0].begin(), inputs[0].end(),
-                   [&](const at::Tensor& t) { return t.numel() == outputs[0].numel(); })) {
-    return run_delegated("reduce_scatter", touched(outputs, inputs),
-                         [&](c10d::Backend& gloo) { return gloo.reduce_scatter(outputs, inputs, opts); });
+  // inputs flattened; blocks of unequal sizes padded (CPU).  Other lists
+  // (several outputs, device tensors of unequal sizes) go to gloo.
+  const auto same_size = [&](const at::Tensor& t) { return t.numel() == outputs[0].numel(); };
+  const bool native = outputs.size() == 1 && inputs.size() == 1 && native_tensors(both(inputs[0], outputs)) &&
+                      static_cast<int>(inputs[0].size()) == getSize();
+  const bool equal = native && std::all_of(inputs[0].begin(), inputs[0].end(), same_size);
+  if (equal) {
+    return submit_blockwise(Collective::kReduceScatter, inputs[0], outputs, opts.reduceOp,
+                            c10d::OpType::REDUCE_SCATTER);
   }
-  return submit_blockwise(Collective::kReduceScatter, inputs[0], outputs, opts.reduceOp, c10d::OpType::REDUCE_SCATTER);
+  if (native && outputs[0].is_cpu()) return reduce_scatter_uneven(outputs[0], inputs[0], opts.reduceOp);
+  return run_delegated("reduce_scatter", touched(outputs, inputs),
+                       [&](c10d::Backend& gloo) { return gloo.reduce_scatter(outputs, inputs, opts); });
+}
+
+// Each block padded with zeros to the largest, the padded blocks reduced
+// and scattered as equal ones, the first elements of ours copied out.  The
+// padding costs (largest - own) elements of copy per block and the same
+// extra traffic; the layout in the op's key makes ranks that cut their
+// lists differently fail with a mismatch (same total, other cuts included).
+c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter_uneven(const at::Tensor& output,
+                                                                      const std::vector<at::Tensor>& inputs,
+                                                                      const c10d::ReduceOp& op) {
+  const int world = getSize();
+  std::vector<int64_t> sizes;
+  for (const at::Tensor& t : inputs) sizes.push_back(t.numel());
+  const int64_t block = *std::max_element(sizes.begin(), sizes.end());
+  TORCH_CHECK_VALUE(output.numel() == sizes[getRank()], "fairring: reduce_scatter: this rank's output has ",
+                    output.numel(), " element(s), but its block of the input list (tensor ", getRank(), ") has ",
+                    sizes[getRank()]);
+  // The caller's blocks, each followed by its zeros: flattened in order by
+  // the op's stage, when the issue order lets it read them.
+  std::vector<at::Tensor> padded_inputs;
+  for (const at::Tensor& t : inputs) {
+    padded_inputs.push_back(t);
+    if (t.numel() < block) padded_inputs.push_back(at::zeros({block - t.numel()}, t.options()));
+  }
+  const Padded padded{block, block_layout(sizes.data(), world)};
+  return submit_blockwise(Collective::kReduceScatter, padded_inputs, {output}, op, c10d::OpType::REDUCE_SCATTER,
+                          &padded);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                      const c10d::ReduceScatterOptions& opts) {
@@ -1116,6 +1152,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::barrier(const c10d::BarrierOptio
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                                  const c10d::AllreduceOptions& opts) {
+  if (sparse_native(tensors, opts)) return allreduce_sparse_cpu(tensors[0]);
   return run_delegated("allreduce_sparse", touched(tensors),
                        [&](c10d::Backend& gloo) { return gloo.allreduce_sparse(tensors, opts); });
 }

@@ -162,10 +162,23 @@ class FairringBackend : public c10d::Backend {
                                                std::function<void(at::Tensor&)> scale);
   // Reduce-scatter, all-gather or all-to-all (plan.h "blockwise") of
   // native_tensors: `inputs` flattened are read, `outputs` flattened receive
-  // the result.
+  // the result.  `padded`: the blocks of `inputs` hold `padded->block`
+  // elements each (a list of unequal blocks, each followed by zeros), and
+  // `outputs` receive the first elements of this rank's block.
+  struct Padded {
+    int64_t block = 0;    // elements of a padded block (the largest block)
+    uint32_t layout = 0;  // OpKey::layout of the unpadded sizes
+  };
   c10::intrusive_ptr<c10d::Work> submit_blockwise(Collective collective, const std::vector<at::Tensor>& inputs,
                                                   const std::vector<at::Tensor>& outputs, const c10d::ReduceOp& op,
-                                                  c10d::OpType type);
+                                                  c10d::OpType type, const Padded* padded = nullptr);
+  // Sparse all-reduce (sparse_all_reduce.cpp): native for one CPU COO tensor
+  // with SUM (not bool); the rest goes to gloo.
+  static bool sparse_native(const std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse_cpu(at::Tensor& t);
+  // The list form of reduce_scatter with blocks of unequal sizes (CPU).
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_uneven(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                                                       const c10d::ReduceOp& op);
   // Gather or scatter of CPU tensors (blockwise): `one` is this rank's
   // tensor (gather: read, scatter: written), `blocks` the root's list of one
   // tensor per rank (gather: written, scatter: read; empty elsewhere).

@@ -98,7 +98,7 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
 const CollectiveDef& reduce_scatter_def() {
   static const ScriptedCollective def(
       Collective::kReduceScatter,
-      {"reduce_scatter", [](const OpKey& k) { return elements_of(k) + " per rank" + with_op(k); }}, Cut::kBlockwise,
+      {"reduce_scatter", [](const OpKey& k) { return elements_of(k) + per_rank(k) + with_op(k); }}, Cut::kBlockwise,
       Script{{{"acquire", step_acquire},
               {"stage-blocks", stage_blocks},
               {"reduce-blocks", reduce_blocks},

@@ -2,6 +2,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <cstdio>
 #include <stdexcept>
 
 #include "common/dtype_name.h"
@@ -39,11 +40,27 @@ const char* collective_name(Collective c) {
   return unknown.c_str();
 }
 
+uint32_t block_layout(const int64_t* sizes, int n) {
+  uint32_t h = 2166136261u;  // FNV-1a over the sizes' bytes
+  for (int i = 0; i < n; ++i) {
+    uint64_t v = static_cast<uint64_t>(sizes[i]);
+    for (int b = 0; b < 8; ++b, v >>= 8) h = (h ^ (v & 0xff)) * 16777619u;
+  }
+  return h == 0 ? 1 : h;
+}
+
 std::string elements_of(const OpKey& k) {
   return std::to_string(k.numel) + " elements of " + dtype_name(static_cast<c10::ScalarType>(k.dtype));
 }
 
 std::string with_op(const OpKey& k) { return std::string(" with ") + redop_name(static_cast<RedOp>(k.op)); }
+
+std::string per_rank(const OpKey& k) {
+  if (k.layout == 0) return " per rank";
+  char hex[16];
+  std::snprintf(hex, sizeof(hex), "%08x", k.layout);
+  return std::string(" per rank at most (blocks of unequal sizes, layout ") + hex + ")";
+}
 
 std::string describe_args(const OpKey& k) {
   const CollectiveText* t = text_of(static_cast<Collective>(k.collective));

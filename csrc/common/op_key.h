@@ -53,13 +53,21 @@ struct OpKey {
   int32_t collective = 0;
   int32_t dtype = 0;  // c10::ScalarType
   int32_t op = 0;     // RedOp
-  int32_t root = 0;   // a broadcast's or reduce's root rank; 0 otherwise (also the struct's padding)
+  int32_t root = 0;   // a broadcast's or reduce's root rank; 0 otherwise
+  // A blockwise list of blocks of unequal sizes, padded to the largest: a
+  // hash of every block's size (block_layout), so that ranks that cut their
+  // lists differently get a mismatch, not misaligned sums; 0 otherwise.
+  uint32_t layout = 0;
+  uint32_t reserved = 0;  // the struct's padding, always 0
 };
+
+// The layout of blocks of these sizes (elements): never 0.
+uint32_t block_layout(const int64_t* sizes, int n);
 
 // The same op on both sides (`number` is not compared).
 inline bool operator==(const OpKey& a, const OpKey& b) {
   return a.op_seq == b.op_seq && a.numel == b.numel && a.collective == b.collective && a.dtype == b.dtype &&
-         a.op == b.op && a.root == b.root;
+         a.op == b.op && a.root == b.root && a.layout == b.layout;
 }
 inline bool operator!=(const OpKey& a, const OpKey& b) { return !(a == b); }
 
@@ -72,6 +80,9 @@ std::string describe_args(const OpKey& k);
 // float32" and " with SUM".
 std::string elements_of(const OpKey& k);
 std::string with_op(const OpKey& k);
+// " per rank", or for unequal blocks " per rank at most (blocks of unequal
+// sizes, layout 1f2e3d4c)".
+std::string per_rank(const OpKey& k);
 
 // Throws the error users see when ranks issued different collectives: rank
 // `self` has `mine`, rank `peer` has `theirs`.  `device`: "" or "CUDA ".
