@@ -3,6 +3,7 @@ one (csrc/backend/sparse_all_reduce.cpp) against gloo's, in the same
 processes; results compared.
 
     torchrun --nproc_per_node=2 benchmarks/sparse_allreduce.py
+    K=2 torchrun --nproc_per_node=4 benchmarks/sparse_allreduce.py     # 2 simulated nodes x 2
     ROWS=100000 DIM=128 BATCH=4096 torchrun --nproc_per_node=2 benchmarks/sparse_allreduce.py
 
 Each rank's gradient is that of an embedding table of ROWS x DIM float32 looked
@@ -30,6 +31,8 @@ import torch.distributed as dist
 
 import fairring_py  # noqa: F401  registers "fairring"
 
+if os.environ.get("K"):  # simulated nodes of K ranks
+    os.environ["FAIRRING_NODE_ID"] = str(int(os.environ["RANK"]) // int(os.environ["K"]))
 dist.init_process_group("fairring")
 r, w = dist.get_rank(), dist.get_world_size()
 gloo = dist.new_group(backend="gloo")

@@ -7,11 +7,12 @@
 //      only step that blocks the caller (until every rank has reached the
 //      call), and where ranks with tensors of different shapes all fail
 //      with a mismatch, before anything else moves;
-//   3. every rank's indices and values, padded to the largest row count,
-//      all-gathered (two native ops, in issue order with the group's other
-//      ops, not waited for);
-//   4. when both are done: the ranks' rows concatenated in rank order and
-//      coalesced once (duplicates summed), copied into the caller's tensor.
+//   3. every rank's indices and values all-gathered straight into one
+//      buffer of all ranks' rows in rank order (two pairwise uneven
+//      all-gathers on the point-to-point engine, numbered like the group's
+//      other ops, not waited for);
+//   4. when both are done: those rows coalesced once (duplicates summed),
+//      copied into the caller's tensor.
 //
 // Every rank merges the same bytes the same way, so the result is the same
 // on every rank.  Measured against gloo's (which gathers the same data and
@@ -120,42 +121,42 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_sparse_cpu(at::Tensor&
     most = std::max(most, counts[r]);
   }
 
-  if (most == 0) {  // every rank's tensor is empty: so is the sum
+  if (most == 0 || world == 1) {  // the sum is this rank's tensor (every one is empty, or it is alone)
     at::NoGradGuard no_grad;
     t.copy_(local);
     finish(nullptr);
     return work;
   }
 
-  // 3. Indices and values, each rank's padded to `most` rows.
-  at::Tensor my_indices = at::zeros({sparse_dim * most}, at::kLong);
-  my_indices.view({sparse_dim, most}).narrow(1, 0, nnz).copy_(indices);
-  at::Tensor my_values = at::zeros({most * dense_row}, values.options());
-  my_values.narrow(0, 0, nnz * dense_row).copy_(values.reshape({-1}));
-  at::Tensor all_indices = at::empty({world * sparse_dim * most}, at::kLong);
-  at::Tensor all_values = at::empty({world * most * dense_row}, values.options());
-  auto wi = _allgather_base(all_indices, my_indices, ag);
-  auto wv = _allgather_base(all_values, my_values, ag);
+  // 3. Indices and values: every rank's rows straight into their place in
+  // one buffer of all the ranks' rows, in rank order (the pairwise uneven
+  // all-gather: no padding, nothing copied together afterwards).
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  std::vector<int64_t> value_shape(t.sizes().begin() + sparse_dim, t.sizes().end());
+  value_shape.insert(value_shape.begin(), total);
+  at::Tensor all_values = at::empty(value_shape, values.options());
+  at::Tensor all_rows = at::empty({total, sparse_dim}, at::kLong);  // row i: the indices of value row i
+  std::vector<at::Tensor> value_blocks, row_blocks;
+  for (int r = 0, at = 0; r < world; at += counts[r], ++r) {
+    value_blocks.push_back(all_values.narrow(0, at, counts[r]));
+    row_blocks.push_back(all_rows.narrow(0, at, counts[r]));
+  }
+  const at::Tensor my_rows = indices.t().contiguous();
+  auto wi = exchange_blocks(std::vector<at::Tensor>(world, my_rows), row_blocks, {all_rows}, c10d::OpType::ALLGATHER,
+                            "all_gather (pairwise)");
+  auto wv = exchange_blocks(std::vector<at::Tensor>(world, values), value_blocks, {all_values}, c10d::OpType::ALLGATHER,
+                            "all_gather (pairwise)");
 
   // 4. The merge, once both have arrived (on whichever thread completes
   // the second: a completion worker, or this one if both are done).
-  std::vector<int64_t> value_shape(t.sizes().begin() + sparse_dim, t.sizes().end());
-  value_shape.insert(value_shape.begin(), most);
-  auto merge = [t, counts, sparse_dim, most, dense_row, value_shape, all_indices, all_values, finish, world]() mutable {
+  auto merge = [t, all_rows, all_values, finish]() mutable {
     std::exception_ptr error;
     try {
       at::NoGradGuard no_grad;
-      std::vector<at::Tensor> is, vs;
-      for (int r = 0; r < world; ++r) {
-        is.push_back(all_indices.narrow(0, r * sparse_dim * most, sparse_dim * most)
-                         .view({sparse_dim, most})
-                         .narrow(1, 0, counts[r]));
-        vs.push_back(
-            all_values.narrow(0, r * most * dense_row, most * dense_row).view(value_shape).narrow(0, 0, counts[r]));
-      }
-      at::Tensor sum =
-          at::_sparse_coo_tensor_unsafe(at::cat(is, 1), at::cat(vs, 0), t.sizes(), t.options().layout(c10::kSparse))
-              .coalesce();
+      at::Tensor sum = at::_sparse_coo_tensor_unsafe(all_rows.t().contiguous(), all_values, t.sizes(),
+                                                     t.options().layout(c10::kSparse))
+                           .coalesce();
       t.copy_(sum);
     } catch (const std::exception& e) {
       error = std::make_exception_ptr(error_of(e));
