@@ -84,7 +84,12 @@ def compute_only_group():
 def compared_groups(ranks, cfg: dict):
     """The names and groups a training bench times: Fairring, the baseline,
     and torch's fake group when ``cfg["compute_only"]`` (and torch has it)."""
-    names, groups = compared_groups(ranks, cfg)
+    names = ["fairring", ranks.baseline_name]
+    groups = [ranks.fairring, ranks.baseline]
+    fake = compute_only_group() if cfg["compute_only"] else None
+    if fake is not None:
+        names.append("compute only")
+        groups.append(fake)
     return names, groups
 
 
@@ -124,12 +129,7 @@ def fairring_kinds(since: int, group=None) -> dict:
 
 def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
     dev = ranks.device
-    names = ["fairring", ranks.baseline_name]
-    groups = [ranks.fairring, ranks.baseline]
-    fake = compute_only_group() if cfg["compute_only"] else None
-    if fake is not None:
-        names.append("compute only")
-        groups.append(fake)
+    names, groups = compared_groups(ranks, cfg)
     cfg = dict(cfg, model="transformer")
     summary_rows, checks, kinds = [], {}, {}
     all_ok = True
