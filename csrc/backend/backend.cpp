@@ -13,6 +13,7 @@
 #include "devices/host_op.h"
 #include "backend/init_store.h"
 #include "backend/reduce_input.h"
+#include "backend/stand_in.h"
 #include "backend/torch_error.h"
 #include "common/log.h"
 #include "backend/work.h"
@@ -472,7 +473,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
     op->output_blocks = outputs;
   } else {
     // A padded block's first elements are the caller's (copy_to_users).
-    op->output = at::empty({(padded ? small : out_numel) / reals}, out.options());
+    op->output = stand_in((padded ? small : out_numel) / reals, out.options());
     op->users = outputs;
   }
   if (!op->buffer.is_cpu()) return submit_device(std::move(op), type, outputs, kind);
@@ -582,7 +583,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor
   if (t.is_contiguous()) {
     op->buffer = t;
   } else {
-    op->buffer = at::empty({t.numel()}, t.options());
+    op->buffer = stand_in(t.numel(), t.options());
     if (root) {
       op->stage = [buffer = op->buffer, t] { buffer.view(t.sizes()).copy_(t); };  // only read
     } else {
@@ -636,7 +637,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::reduce(std::vector<at::Tensor>& 
     // On a node of one rank the sums this rank serves need memory of their
     // own (reduce.cpp): never the caller's tensor.
     if (topo_.ranks_per_node == 1 && topo_.num_nodes > 1)
-      op->output = at::empty({in.numel}, in.buffer.options().dtype(in.dtype));
+      op->output = stand_in(in.numel, in.buffer.options().dtype(in.dtype));
   }
   return submit_cpu(std::move(op), c10d::OpType::REDUCE, tensors, "reduce", "fairring:reduce");
 }
@@ -772,7 +773,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_rooted(Collective collect
       if (std::all_of(blocks.begin(), blocks.end(), plain_tensor)) {
         op->output_blocks = blocks;
       } else {
-        op->output = at::empty({world * one.numel()}, one.options().memory_format(at::MemoryFormat::Contiguous));
+        op->output = stand_in(world * one.numel(), one.options());
         op->users = blocks;
       }
       for (const at::Tensor& b : blocks) op->footprint.write(b);
@@ -800,7 +801,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_rooted(Collective collect
     if (plain_tensor(one) && !aliased) {
       op->output = one;
     } else {
-      op->output = at::empty({one.numel()}, one.options().memory_format(at::MemoryFormat::Contiguous));
+      op->output = stand_in(one.numel(), one.options());
       op->users = {one};
     }
     if (!is_root) op->buffer = op->output;  // not read: only the root's input is
@@ -990,7 +991,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const a
   order_p2p(fp);
   // The engine moves contiguous bytes: a strided tensor goes through a copy.
   const bool contiguous = t.is_contiguous();
-  at::Tensor buffer = contiguous ? t : is_send ? t.contiguous() : at::empty(t.sizes(), t.options());
+  at::Tensor buffer = contiguous ? t : is_send ? t.contiguous() : stand_in(t.numel(), t.options()).view(t.sizes());
   const auto type = is_send              ? c10d::OpType::SEND
                     : peer == kAnySource ? c10d::OpType::RECVANYSOURCE
                                          : c10d::OpType::RECV;
@@ -1068,7 +1069,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::exchange_blocks(const std::vecto
   std::vector<at::Tensor> landing(world);
   for (int j = 0; j < world; ++j) {
     if (j == me) continue;
-    landing[j] = recvs[j].is_contiguous() ? recvs[j] : at::empty(recvs[j].sizes(), recvs[j].options());
+    landing[j] =
+        recvs[j].is_contiguous() ? recvs[j] : stand_in(recvs[j].numel(), recvs[j].options()).view(recvs[j].sizes());
     if (!recvs[j].is_contiguous()) st->copy_back.emplace_back(recvs[j], landing[j]);
   }
   st->left = 2 * (world - 1) + 1;  // + 1: this call, until everything is posted

@@ -12,6 +12,7 @@
 #include "backend/init_store.h"
 #include "common/config.h"
 #include "common/error.h"
+#include "backend/stand_in.h"
 #include "pipeline/pipeline.h"
 #include "servers/reduction_server.h"
 #include "topology/topology.h"
@@ -202,6 +203,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("_topology_for_test",
         [](const std::vector<std::string>& keys, int rank) { return topology_dict(build_topology(keys, rank)); });
+  m.def(
+      "_stand_in_for_test", [](int64_t numel, const at::Tensor& like) { return stand_in(numel, like.options()); },
+      "stand_in (backend/stand_in.h) of `like`'s dtype and device: from the block cache on CPU.");
+  m.def("_stand_in_cached_bytes_for_test", &stand_in_cached_bytes, "Bytes the stand-in block cache holds now.");
   register_kernel_bindings(m);
   register_cuda_kernel_bindings(m);
   register_held_ops_bindings(m);

@@ -3,6 +3,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/grad_mode.h>
 
+#include "backend/stand_in.h"
 #include "common/dtype_name.h"
 #include "kernels/reduce_cpu.h"
 
@@ -35,7 +36,7 @@ ReduceInput prepare_input(const std::vector<at::Tensor>& tensors, const char* ki
     in.buffer = first;
   } else {
     // Only allocated here: the caller's tensors are read when the stage runs.
-    in.buffer = at::empty({total}, first.options().memory_format(at::MemoryFormat::Contiguous));
+    in.buffer = stand_in(total, first.options());
     in.fill = [buffer = in.buffer, tensors] {
       at::NoGradGuard no_grad;
       int64_t offset = 0;

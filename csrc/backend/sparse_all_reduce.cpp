@@ -20,6 +20,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "backend/backend.h"
+#include "backend/stand_in.h"
 #include "backend/torch_error.h"
 #include "common/dtype_name.h"
 #include "common/error.h"
@@ -135,12 +136,14 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_sparse_cpu(at::Tensor&
   for (int64_t c : counts) total += c;
   std::vector<int64_t> value_shape(t.sizes().begin() + sparse_dim, t.sizes().end());
   value_shape.insert(value_shape.begin(), total);
-  at::Tensor all_values = at::empty(value_shape, values.options());
-  at::Tensor all_rows = at::empty({total, sparse_dim}, at::kLong);  // row i: the indices of value row i
+  at::Tensor all_values = stand_in(total * dense_row, values.options()).view(value_shape);
+  // Row i of all_rows: the indices of value row i.
+  at::Tensor all_rows = stand_in(total * sparse_dim, values.options().dtype(at::kLong)).view({total, sparse_dim});
   std::vector<at::Tensor> value_blocks, row_blocks;
-  for (int r = 0, at = 0; r < world; at += counts[r], ++r) {
-    value_blocks.push_back(all_values.narrow(0, at, counts[r]));
-    row_blocks.push_back(all_rows.narrow(0, at, counts[r]));
+  int64_t offset = 0;
+  for (int r = 0; r < world; offset += counts[r], ++r) {
+    value_blocks.push_back(all_values.narrow(0, offset, counts[r]));
+    row_blocks.push_back(all_rows.narrow(0, offset, counts[r]));
   }
   const at::Tensor my_rows = indices.t().contiguous();
   auto wi = exchange_blocks(std::vector<at::Tensor>(world, my_rows), row_blocks, {all_rows}, c10d::OpType::ALLGATHER,
