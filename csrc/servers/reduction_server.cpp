@@ -18,6 +18,7 @@
 #include "rails/wire_codec.h"
 #include "transport/server_protocol.h"
 #include "transport/channel.h"
+#include "transport/greetings.h"
 
 namespace fairring {
 
@@ -362,19 +363,6 @@ void ReductionServer::finish(const std::string& why) {
 
 void ReductionServer::accept_loop() {
   pthread_setname_np(pthread_self(), "fairring-srvacc");
-  // Greetings are read from many connections at once, each with its own
-  // deadline, so that a client that connects and stays silent holds up no
-  // rank's admission.
-  struct Pending {
-    Socket socket;
-    std::string from;
-    Clock::time_point deadline;
-    ServerHello hello{};
-    size_t got = 0;
-  };
-  std::vector<Pending> pending;
-  std::vector<struct pollfd> fds;
-  auto next_check = Clock::now() + options_.store_poll;
   uint64_t refused = 0;
   auto refuse = [&](const std::string& why) {
     if (++refused <= kRefusalLines || refused % 100 == 0) {
@@ -382,51 +370,23 @@ void ReductionServer::accept_loop() {
                  why.c_str());
     }
   };
-  while (!stop_) {
-    fds.assign(1, {listener_.fd(), POLLIN, 0});
-    for (const auto& p : pending) fds.push_back({p.socket.fd(), POLLIN, 0});
-    poll(fds.data(), fds.size(), 100);
-    const auto now = Clock::now();
-    std::vector<Pending> still;
-    for (size_t i = 0; i < pending.size(); ++i) {
-      Pending& p = pending[i];
-      if (fds[i + 1].revents != 0) {
-        const ssize_t r =
-            recv(p.socket.fd(), reinterpret_cast<char*>(&p.hello) + p.got, sizeof(p.hello) - p.got, MSG_DONTWAIT);
-        if (r > 0) p.got += static_cast<size_t>(r);
-        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
-          refuse(p.from + " closed the connection before its greeting");
-          continue;
-        }
-      }
-      if (p.got == sizeof(p.hello)) {
+  GreetingReader<ServerHello> greetings(
+      kMaxPendingGreetings, kGreetingTimeout,
+      [&](Socket socket, const ServerHello& hello, const std::string&) {
         try {
-          admit(std::move(p.socket), p.hello);
+          admit(std::move(socket), hello);
         } catch (const std::exception& e) {
           refuse(error_of(e).what());
         }
-        continue;
-      }
-      if (now > p.deadline) {
-        refuse(p.from + " sent no greeting within " + std::to_string(kGreetingTimeout.count()) + " s");
-        continue;
-      }
-      still.push_back(std::move(p));
-    }
-    pending.swap(still);
-    if (fds[0].revents & POLLIN) {
-      Socket s(accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-      if (s.valid()) {
-        std::string from = s.peer_name();
-        if (pending.size() >= kMaxPendingGreetings) {
-          // The oldest goes: a flood of silent connections cannot keep a
-          // rank that greets at once out.
-          refuse(pending.front().from + ": dropped, too many connections waiting to greet");
-          pending.erase(pending.begin());
-        }
-        pending.push_back({std::move(s), std::move(from), now + kGreetingTimeout});
-      }
-    }
+      },
+      [&](const std::string& from, const std::string& why) { refuse(from + " " + why); });
+  std::vector<struct pollfd> fds;
+  auto next_check = Clock::now() + options_.store_poll;
+  while (!stop_) {
+    greetings.fill(fds, listener_.fd());
+    poll(fds.data(), fds.size(), 100);
+    const auto now = Clock::now();
+    greetings.step(fds, listener_.fd());
     if (now >= next_check) {
       next_check = now + options_.store_poll;
       try {

@@ -12,6 +12,7 @@
 
 #include "common/log.h"
 #include "common/error.h"
+#include "transport/greetings.h"
 
 namespace fairring {
 
@@ -81,61 +82,16 @@ TcpMesh::~TcpMesh() {
 
 void TcpMesh::accept_loop() {
   pthread_setname_np(pthread_self(), "fairring-accept");
-  // Greetings are read from many connections at once, each with its own
-  // deadline, so a client that connects and stays silent cannot hold up the
-  // real peers.
-  struct Pending {
-    Socket socket;
-    std::string from;
-    Clock::time_point deadline;
-    Hello hello{};
-    size_t got = 0;
-  };
-  constexpr size_t kMaxPending = 64;
-  constexpr auto kGreetingTimeout = std::chrono::seconds(5);
-  std::vector<Pending> pending;
+  GreetingReader<Hello> greetings(
+      /*max_pending=*/64, std::chrono::seconds(5),
+      [this](Socket socket, const Hello& hello, const std::string& from) { admit(std::move(socket), hello, from); },
+      [this](const std::string& from, const std::string& why) { log_rejection(from, why); });
   std::vector<struct pollfd> fds;
   while (!stop_) {
-    fds.assign(1, {listener_.fd(), POLLIN, 0});
-    for (auto& p : pending) fds.push_back({p.socket.fd(), POLLIN, 0});
+    greetings.fill(fds, listener_.fd());
     if (poll(fds.data(), fds.size(), kAcceptPollMs) < 0 && errno != EINTR) break;
-    const auto now = Clock::now();
     log_suppressed(false);
-
-    std::vector<Pending> keep;
-    for (size_t i = 0; i < pending.size(); ++i) {
-      Pending& p = pending[i];
-      bool drop = false;
-      if (fds[i + 1].revents != 0) {
-        ssize_t n = recv(p.socket.fd(), reinterpret_cast<char*>(&p.hello) + p.got, sizeof(Hello) - p.got, MSG_DONTWAIT);
-        if (n > 0) {
-          p.got += static_cast<size_t>(n);
-        } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-          log_rejection(p.from, "closed before its greeting");
-          drop = true;
-        }
-      }
-      if (!drop && p.got == sizeof(Hello)) {
-        admit(std::move(p.socket), p.hello, p.from);
-        drop = true;
-      } else if (!drop && now > p.deadline) {
-        log_rejection(p.from, "no greeting within 5 s");
-        drop = true;
-      }
-      if (!drop) keep.push_back(std::move(p));
-    }
-    pending.swap(keep);
-
-    if (fds[0].revents & POLLIN) {
-      Socket s(accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-      if (!s.valid()) continue;
-      std::string from = s.peer_name();
-      if (pending.size() >= kMaxPending) {
-        log_rejection(from, "too many connections awaiting their greeting");
-        continue;
-      }
-      pending.push_back(Pending{std::move(s), std::move(from), now + kGreetingTimeout});
-    }
+    greetings.step(fds, listener_.fd());
   }
   log_suppressed(true);
 }
