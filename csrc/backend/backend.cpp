@@ -841,7 +841,6 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter(std::vector<at::T
 c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter_uneven(const at::Tensor& output,
                                                                       const std::vector<at::Tensor>& inputs,
                                                                       const c10d::ReduceOp& op) {
-  const int world = getSize();
   std::vector<int64_t> sizes;
   for (const at::Tensor& t : inputs) sizes.push_back(t.numel());
   const int64_t block = *std::max_element(sizes.begin(), sizes.end());
@@ -855,7 +854,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter_uneven(const at::
     padded_inputs.push_back(t);
     if (t.numel() < block) padded_inputs.push_back(at::zeros({block - t.numel()}, t.options()));
   }
-  const Padded padded{block, block_layout(sizes.data(), world)};
+  const Padded padded{block, block_layout(sizes.data(), static_cast<int>(sizes.size()))};
   return submit_blockwise(Collective::kReduceScatter, padded_inputs, {output}, op, c10d::OpType::REDUCE_SCATTER,
                           &padded);
 }

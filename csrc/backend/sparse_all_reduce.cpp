@@ -25,22 +25,19 @@
 #include "common/dtype_name.h"
 #include "common/error.h"
 #include "common/gil.h"
+#include "common/op_key.h"
 #include "devices/host_engine.h"
 
 namespace fairring {
 
 namespace {
-// A tensor's shape as ranks compare it: sizes, sparse dimensions, dtype
-// (FNV-1a; 0 never occurs).
+// A tensor's shape as ranks compare it: sizes, sparse dimensions, dtype,
+// hashed as the blockwise lists' layouts are (common/op_key.h).
 int64_t shape_key(const at::Tensor& t) {
-  uint64_t h = 1469598103934665603ull;
-  const auto mix = [&](int64_t v) {
-    for (int b = 0; b < 8; ++b, v >>= 8) h = (h ^ static_cast<uint64_t>(v & 0xff)) * 1099511628211ull;
-  };
-  for (int64_t s : t.sizes()) mix(s);
-  mix(t.sparse_dim());
-  mix(static_cast<int64_t>(t.scalar_type()));
-  return static_cast<int64_t>(h == 0 ? 1 : h);
+  std::vector<int64_t> v(t.sizes().begin(), t.sizes().end());
+  v.push_back(t.sparse_dim());
+  v.push_back(static_cast<int64_t>(t.scalar_type()));
+  return block_layout(v.data(), static_cast<int>(v.size()));
 }
 }  // namespace
 
@@ -103,7 +100,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_sparse_cpu(at::Tensor&
     throw;
   }
   const int64_t* m = metas.const_data_ptr<int64_t>();
-  int64_t most = 0;
+  int64_t total = 0;  // rows of all ranks
   std::vector<int64_t> counts(world);
   for (int r = 0; r < world; ++r) {
     if (m[2 * r + 1] != m[2 * me + 1]) {
@@ -119,10 +116,10 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_sparse_cpu(at::Tensor&
       std::rethrow_exception(why);
     }
     counts[r] = m[2 * r];
-    most = std::max(most, counts[r]);
+    total += counts[r];
   }
 
-  if (most == 0 || world == 1) {  // the sum is this rank's tensor (every one is empty, or it is alone)
+  if (total == 0 || world == 1) {  // the sum is this rank's tensor (every one is empty, or it is alone)
     at::NoGradGuard no_grad;
     t.copy_(local);
     finish(nullptr);
@@ -132,8 +129,6 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_sparse_cpu(at::Tensor&
   // 3. Indices and values: every rank's rows straight into their place in
   // one buffer of all the ranks' rows, in rank order (the pairwise uneven
   // all-gather: no padding, nothing copied together afterwards).
-  int64_t total = 0;
-  for (int64_t c : counts) total += c;
   std::vector<int64_t> value_shape(t.sizes().begin() + sparse_dim, t.sizes().end());
   value_shape.insert(value_shape.begin(), total);
   at::Tensor all_values = stand_in(total * dense_row, values.options()).view(value_shape);

@@ -1,6 +1,5 @@
 #include "backend/stand_in.h"
 
-#include <c10/core/CPUAllocator.h>
 #include <c10/core/Storage.h>
 
 #include <cstdlib>
