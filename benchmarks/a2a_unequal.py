@@ -10,19 +10,12 @@ Rank r sends rank d about MB/world MiB, give or take 1000 elements
 ops (after 2 warm-up), each after a barrier, slowest rank.
 """
 import os
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
+from torchrun_common import init, slowest_median
 
-import fairring_py  # noqa: F401  registers "fairring"
-
-if os.environ.get("K"):  # simulated nodes of K ranks
-    os.environ["FAIRRING_NODE_ID"] = str(int(os.environ["RANK"]) // int(os.environ["K"]))
-dist.init_process_group("fairring")
-r, w = dist.get_rank(), dist.get_world_size()
-gloo = dist.new_group(backend="gloo")
+r, w, gloo = init()
 mb = int(os.environ.get("MB", "25"))
 base = mb * 1024 * 1024 // 4 // w
 send = [base + (r + d) % 3 * 1000 - 1000 for d in range(w)]
@@ -31,15 +24,8 @@ x = torch.randn(sum(send))
 outs = {"fairring": torch.empty(sum(recv)), "gloo": torch.empty(sum(recv))}
 res = {}
 for name, g in (("fairring", None), ("gloo", gloo)):
-    ts = []
-    for _ in range(12):
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_to_all_single(outs[name], x, recv, send, group=g)
-        ts.append(time.perf_counter() - t0)
-    t = torch.tensor([statistics.median(ts[2:])])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    res[name] = t.item()
+    res[name] = slowest_median(lambda: dist.all_to_all_single(outs[name], x, recv, send, group=g), gloo,
+                               barrier_group=dist.group.WORLD)
 assert torch.equal(outs["fairring"], outs["gloo"]), "fairring and gloo disagree"
 if r == 0:
     print(f"{mb} MiB/rank unequal all_to_all_single, {w} ranks: fairring {res['fairring'] * 1e3:.2f} ms, "

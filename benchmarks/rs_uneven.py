@@ -12,19 +12,12 @@ off, so the blocks differ.  Time: the median of 10 ops (after 2 warm-up),
 each after a barrier, slowest rank.
 """
 import os
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
+from torchrun_common import init, slowest_median
 
-import fairring_py  # noqa: F401  registers "fairring"
-
-if os.environ.get("K"):  # simulated nodes of K ranks
-    os.environ["FAIRRING_NODE_ID"] = str(int(os.environ["RANK"]) // int(os.environ["K"]))
-dist.init_process_group("fairring")
-r, w = dist.get_rank(), dist.get_world_size()
-gloo = dist.new_group(backend="gloo")
+r, w, gloo = init()
 mb = float(os.environ.get("MB", "25"))
 base = int(mb * 1024 * 1024) // 4 // w
 sizes = [base + (j % 3 - 1) * 1000 for j in range(w)]
@@ -32,15 +25,7 @@ blocks = list(torch.randn(sum(sizes), generator=torch.Generator().manual_seed(r)
 outs = {"fairring": torch.empty(sizes[r]), "gloo": torch.empty(sizes[r])}
 res = {}
 for name, g in (("fairring", None), ("gloo", gloo)):
-    ts = []
-    for _ in range(12):
-        dist.barrier(group=gloo)
-        t0 = time.perf_counter()
-        dist.reduce_scatter(outs[name], blocks, group=g)
-        ts.append(time.perf_counter() - t0)
-    t = torch.tensor([statistics.median(ts[2:])])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
-    res[name] = t.item()
+    res[name] = slowest_median(lambda: dist.reduce_scatter(outs[name], blocks, group=g), gloo)
 assert torch.allclose(outs["fairring"], outs["gloo"], rtol=1e-5, atol=1e-5), "fairring and gloo disagree"
 if r == 0:
     print(f"{mb:g} MiB/rank reduce_scatter, blocks of {sizes} elements, {w} ranks: fairring "

@@ -23,19 +23,12 @@ The results of the two groups are compared (equal within float rounding:
 the merges add duplicates in different orders).
 """
 import os
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
+from torchrun_common import init, slowest_median
 
-import fairring_py  # noqa: F401  registers "fairring"
-
-if os.environ.get("K"):  # simulated nodes of K ranks
-    os.environ["FAIRRING_NODE_ID"] = str(int(os.environ["RANK"]) // int(os.environ["K"]))
-dist.init_process_group("fairring")
-r, w = dist.get_rank(), dist.get_world_size()
-gloo = dist.new_group(backend="gloo")
+r, w, gloo = init()
 rows = int(os.environ.get("ROWS", "1000000"))
 dim = int(os.environ.get("DIM", "64"))
 batch = int(os.environ.get("BATCH", "2048"))
@@ -53,15 +46,7 @@ mine = grads[r]
 
 
 def timed(fn):
-    ts = []
-    for _ in range(12):
-        dist.barrier(group=gloo)
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    t = torch.tensor([statistics.median(ts[2:])])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
-    return t.item()
+    return slowest_median(fn, gloo)
 
 
 results = {}

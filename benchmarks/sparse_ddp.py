@@ -17,14 +17,9 @@ import time
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torchrun_common import init, slowest
 
-import fairring_py  # noqa: F401  registers "fairring"
-
-if os.environ.get("K"):  # simulated nodes of K ranks
-    os.environ["FAIRRING_NODE_ID"] = str(int(os.environ["RANK"]) // int(os.environ["K"]))
-dist.init_process_group("fairring")
-r, w = dist.get_rank(), dist.get_world_size()
-gloo = dist.new_group(backend="gloo")
+r, w, gloo = init()
 rows = int(os.environ.get("ROWS", "200000"))
 dim = int(os.environ.get("DIM", "64"))
 batch = int(os.environ.get("BATCH", "8192"))
@@ -66,9 +61,7 @@ for step in range(3 + steps):
             ts.append(time.perf_counter() - t0)
 res = {}
 for name, (net, _, ts) in runs.items():
-    t = torch.tensor([statistics.median(ts)])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
-    res[name] = t.item()
+    res[name] = slowest(statistics.median(ts), gloo)
 a = runs["fairring"][0].module.m["emb"].weight
 b = runs["gloo"][0].module.m["emb"].weight
 diff = (a - b).abs().max().item()
