@@ -149,6 +149,78 @@ def tags_and_any_source(rank, world):
     return {"failures": list(failures), "kinds": sorted(set(recent_kinds()))}
 
 
+def waiting_modes(rank, world):
+    """A caller that waits moves its node-mates' messages itself (poll) and
+    holds back their wake-ups of the node thread; whatever the caller does,
+    every message arrives.  Two ranks on one node (two ranks on two CPUs: the
+    callers poll; with more ranks than CPUs they don't):
+      - threads: rank 0's two threads ping-pong with rank 1 at once, on two
+        tags (two callers polling the same rings), every message checked;
+      - no waiter: rank 1's irecv is never waited on, only its future
+        watched (no poll, no is_completed): the node thread must take it,
+        small or several cells, soon after it is sent;
+      - is_completed() alone moves a message along."""
+    import threading
+
+    failures = Failures()
+    rounds = 300
+    dist.barrier()
+
+    def pingpong(tag, first):
+        peer = 1 - rank
+        for i in range(rounds):
+            n = 1000 + i
+            got = torch.empty(n)
+            if first:
+                dist.send(payload(tag, rank, peer, i, n, torch.float32), peer, tag=tag)
+                dist.recv(got, peer, tag=tag)
+            else:
+                dist.recv(got, peer, tag=tag)
+                dist.send(payload(tag, rank, peer, i, n, torch.float32), peer, tag=tag)
+            _check(failures, f"ping-pong tag {tag} #{i}", got, payload(tag, peer, rank, i, n, torch.float32))
+
+    threads = [threading.Thread(target=pingpong, args=(tag, rank == 0)) for tag in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    dist.barrier()
+    # No waiter: rank 0 sends right after rank 1 posts its receive (within
+    # the receive's promise to look); rank 1 only watches the future.
+    delays = {}
+    for numel in (1024, 700_000):  # one cell; several (the node thread streams it)
+        delays[numel] = []
+        for i in range(8):
+            t = torch.empty(numel)
+            w = dist.irecv(t, 0, tag=40 + i) if rank == 1 else None
+            fut = w.get_future() if w is not None else None
+            dist.barrier()
+            if rank == 0:
+                dist.send(payload(5, 0, 1, i, numel, torch.float32), 1, tag=40 + i)
+            else:
+                posted = time.monotonic()
+                while not fut.done() and time.monotonic() - posted < 20:
+                    time.sleep(0.0002)
+                delays[numel].append(time.monotonic() - posted)
+                if not fut.done():
+                    failures.add(f"an irecv of {numel} elements nobody waits on never completed")
+                    break
+                _check(failures, f"unwaited irecv {numel} #{i}", t, payload(5, 0, 1, i, numel, torch.float32))
+            dist.barrier()
+    # is_completed() alone
+    if rank == 1:
+        t = torch.empty(5000)
+        w = dist.irecv(t, 0, tag=60)
+        start = time.monotonic()
+        while not w.is_completed() and time.monotonic() - start < 20:
+            pass
+        _check(failures, "is_completed() loop", t, payload(6, 0, 1, 0, 5000, torch.float32))
+    else:
+        dist.send(payload(6, 0, 1, 0, 5000, torch.float32), 1, tag=60)
+    dist.barrier()
+    return {"failures": list(failures), "delays": {k: sorted(v) for k, v in delays.items()}}
+
+
 def issue_order(rank, world):
     """Sends and receives in flight among all-reduces on the same and on
     other tensors: each op sees the memory as the ops issued before it left

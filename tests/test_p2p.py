@@ -95,3 +95,17 @@ def test_receive_nothing_reaches_times_out(ids):
     assert v["error"] and "Timed out" in v["error"] and "recv from rank 1" in v["error"], v
     assert timeout_s - 0.5 <= v["seconds"] <= timeout_s + 5, v["seconds"]
     assert v["after"] == [5.0, 5.0], v
+
+
+def test_waiting_callers_polling_threads_and_unwaited_receives():
+    """Callers that wait move their messages themselves (P2pEngine::poll);
+    two threads doing so at once, and receives nobody waits on, all arrive.
+    The node thread looks within the 0.5 ms a receive promises, or at its
+    next ring: a lost wake-up would show as its 100 ms check period."""
+    res = launch.run_ranks(rank_p2p.waiting_modes, ["a", "a"], timeout_s=120, pg_timeout_s=60)
+    for r in res:
+        assert not r.value["failures"], f"rank {r.rank}:\n" + "\n".join(r.value["failures"][:20])
+    for numel, delays in res[1].value["delays"].items():
+        assert len(delays) == 8, delays
+        median = delays[len(delays) // 2]
+        assert median < 0.05, f"an unwaited irecv of {numel} elements completed {median * 1e3:.1f} ms after its send"

@@ -148,6 +148,12 @@ FairringBackend::FairringBackend(const c10::intrusive_ptr<c10d::Store>& store, i
   });
   store_ = store;  // for the CUDA engine, created at the first CUDA all-reduce
   abort_hook_ = std::make_shared<GroupAbortHook>([this](const std::string& why) { abort_engines(why); });
+  if (p2p_ && p2p_->polls()) {
+    p2p_poller_ = std::make_shared<WaitPoller>(
+        [engine = p2p_.get()](const std::function<bool()>& done, std::chrono::microseconds budget) {
+          engine->poll(done, budget);
+        });
+  }
 }
 
 void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const std::string& node_key) {
@@ -189,7 +195,8 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
   }
   engine_ = std::make_unique<HostEngine>(store, topo_, config_, job_uid_, secret_);
   if (size > 1)
-    p2p_ = std::make_unique<P2pEngine>(store, topo_, job_uid_, secret_, config_.socket_ifname, config_.timeout);
+    p2p_ = std::make_unique<P2pEngine>(store, topo_, job_uid_, secret_, config_.socket_ifname, config_.timeout,
+                                       config_.wait_spin);
   log_setup();
 }
 
@@ -230,6 +237,7 @@ FairringBackend::~FairringBackend() {
   // The engines join their threads, which may need the GIL.
   GilReleaseIfHeld no_gil;
   if (abort_hook_) abort_hook_->clear();
+  if (p2p_poller_) p2p_poller_->clear();  // (waits for a poll in progress)
   cuda_engine_.reset();
   p2p_.reset();
   engine_.reset();
@@ -997,6 +1005,9 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const a
   auto work = c10::make_intrusive<FairringWork>(getRank(), type, std::vector<at::Tensor>{t},
                                                 is_send ? "fairring:send" : "fairring:recv");
   work->set_interrupt_hook(abort_hook_, kind);
+  if (p2p_poller_ && (peer == kAnySource || topo_.place_of(peer).first == topo_.node)) {
+    work->set_wait_poller(p2p_poller_, config_.wait_spin);
+  }
   const std::string what =
       "tag " + std::to_string(tag) + ", " + std::to_string(t.numel()) + " element(s) of " +
       dtype_name(t.scalar_type()) +

@@ -240,6 +240,10 @@ class FairringBackend : public c10d::Backend {
   Secret secret_{};
   // Lets a Work interrupted by Ctrl-C abort the group (work.h).
   std::shared_ptr<GroupAbortHook> abort_hook_;
+  // Lets the wait() of a send or receive with a node-mate move it for up to
+  // Config::wait_spin (work.h); null without node-mates, or when the ranks
+  // here outnumber the CPUs (then a waiter sleeps at once).
+  std::shared_ptr<WaitPoller> p2p_poller_;
   std::mutex delegated_mu_;
   // Delegated collectives not yet seen done, with their footprints.
   struct Delegated {

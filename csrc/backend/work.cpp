@@ -63,7 +63,19 @@ void FairringWork::wait_interruptibly(std::chrono::milliseconds timeout) {
   }
 }
 
+void FairringWork::poll(std::chrono::microseconds budget) {
+  if (poller_ && !marked_.load(std::memory_order_acquire)) {
+    (*poller_)([this] { return marked_.load(std::memory_order_acquire); }, budget);
+  }
+}
+
+bool FairringWork::isCompleted() {
+  poll(std::chrono::microseconds::zero());
+  return c10d::Work::isCompleted();
+}
+
 bool FairringWork::wait(std::chrono::milliseconds timeout) {
+  poll(poll_budget_);
   wait_interruptibly(timeout);
   const bool ok = c10d::Work::wait(timeout);  // throws on error or timeout
   // The future is marked right after, by a completion worker (the pool
@@ -72,7 +84,10 @@ bool FairringWork::wait(std::chrono::milliseconds timeout) {
   return ok;
 }
 
-void FairringWork::mark_done(std::exception_ptr error) { finish(to_torch(error)); }
+void FairringWork::mark_done(std::exception_ptr error) {
+  finish(to_torch(error));
+  marked_.store(true, std::memory_order_release);
+}
 
 void FairringWork::complete_future(std::exception_ptr error) {
   if (error) {

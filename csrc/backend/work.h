@@ -4,32 +4,41 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
 namespace fairring {
 
-// Fails a group from one of its Works; the group clears it when it goes,
-// so that a Work outliving its group calls nothing.
-class GroupAbortHook {
+// What a Work may call on its group (abort it, move its own op); the group
+// clears it when it goes, so that a Work outliving its group calls nothing.
+template <typename... Args>
+class GroupHook {
  public:
-  explicit GroupAbortHook(std::function<void(const std::string&)> abort) : abort_(std::move(abort)) {}
-  void operator()(const std::string& why) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (abort_) abort_(why);
+  explicit GroupHook(std::function<void(Args...)> fn) : fn_(std::move(fn)) {}
+  void operator()(Args... args) {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    if (fn_) fn_(args...);
   }
   void clear() {
-    std::lock_guard<std::mutex> lock(mu_);
-    abort_ = nullptr;
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    fn_ = nullptr;
   }
 
  private:
-  std::mutex mu_;
-  std::function<void(const std::string&)> abort_;
+  std::shared_mutex mu_;
+  std::function<void(Args...)> fn_;
 };
+
+// Fails the group with a reason.
+using GroupAbortHook = GroupHook<const std::string&>;
+// Moves the group's ops on the waiting thread until `done()` says so or the
+// budget passes (point-to-point between node-mates: P2pEngine::poll).
+using WaitPoller = GroupHook<const std::function<bool()>&, std::chrono::microseconds>;
 
 class FairringWork : public c10d::Work {
  public:
@@ -38,6 +47,12 @@ class FairringWork : public c10d::Work {
 
   // Completes the work: wait() returns (or throws).  Quick, never blocks.
   void mark_done(std::exception_ptr error);
+  // wait() first lets `poller` move the op for up to `budget`, then sleeps
+  // if it is not done; isCompleted() lets it look once.
+  void set_wait_poller(std::shared_ptr<WaitPoller> poller, std::chrono::microseconds budget) {
+    poller_ = std::move(poller);
+    poll_budget_ = budget;
+  }
   // Completes the future, running its callbacks (DDP's comm hook chains on it).
   void complete_future(std::exception_ptr error);
 
@@ -47,6 +62,7 @@ class FairringWork : public c10d::Work {
   // KeyboardInterrupt), the group is aborted (the interrupt hook; the peers
   // are told) and wait() raises that exception.
   bool wait(std::chrono::milliseconds timeout) override;
+  bool isCompleted() override;
   // `what`: the op's kind, a literal ("all_reduce").
   void set_interrupt_hook(std::shared_ptr<GroupAbortHook> hook, const char* what) {
     interrupt_hook_ = std::move(hook);
@@ -67,6 +83,8 @@ class FairringWork : public c10d::Work {
   std::vector<at::Tensor> result() override { return outputs_; }
 
  private:
+  // Lets the poller move the op (set_wait_poller) for up to `budget`.
+  void poll(std::chrono::microseconds budget);
   // Waits until the op is done, at most `timeout` (the base's wait then
   // raises), running pending signal handlers every kSignalPoll.
   void wait_interruptibly(std::chrono::milliseconds timeout);
@@ -74,7 +92,10 @@ class FairringWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::shared_ptr<GroupAbortHook> interrupt_hook_;
-  const char* what_ = "";  // the op, for the interrupt's message
+  std::shared_ptr<WaitPoller> poller_;
+  std::chrono::microseconds poll_budget_{0};
+  std::atomic<bool> marked_{false};  // mark_done has run (poller's test)
+  const char* what_ = "";            // the op, for the interrupt's message
   int source_rank_ = -1;
   std::mutex future_mu_;  // future_taken_, and a completion that relies on it
   bool future_taken_ = false;

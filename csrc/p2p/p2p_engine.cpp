@@ -24,6 +24,12 @@ namespace {
 constexpr int64_t kCellBytes = 128 * 1024;
 constexpr int64_t kRingBytes = 8 * kCellBytes;
 
+// A receive of at most kWatchedBytes from a node-mate (a message that is
+// whole in one cell) promises that a thread looks at the rings within
+// kWatch (P2pEngine::recv).
+constexpr uint64_t kWatchedBytes = 64 * 1024;
+constexpr auto kWatch = std::chrono::microseconds(500);
+
 // Why a message does not fit a receive ("" if it does).
 std::string mismatch(int32_t dtype, int64_t numel, const CellHeader& h, int src) {
   if (h.dtype == dtype && h.numel == numel) return "";
@@ -37,9 +43,11 @@ std::string addr_key(int rank) { return "addr/" + std::to_string(rank); }
 }  // namespace
 
 P2pEngine::P2pEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const std::string& job_uid,
-                     const Secret& secret, const std::string& ifname, std::chrono::milliseconds timeout)
+                     const Secret& secret, const std::string& ifname, std::chrono::milliseconds timeout,
+                     std::chrono::microseconds wait_poll)
     : topo_(topo),
       timeout_(timeout),
+      wait_poll_(wait_poll),
       store_(c10::make_intrusive<c10d::PrefixStore>("fairring-p2p/", store)),
       secret_(secret),
       completions_(topo.rank) {
@@ -81,7 +89,7 @@ P2pEngine::P2pEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topolog
 
 P2pEngine::~P2pEngine() {
   stop_.store(true);
-  counter_bump(*bell_);
+  wake_node();
   if (node_thread_.joinable()) node_thread_.join();
   if (net_thread_.joinable()) {
     wake_net();
@@ -159,11 +167,21 @@ void P2pEngine::send(const at::Tensor& t, int peer_rank, int tag, Done done, con
 void P2pEngine::recv(const at::Tensor& t, int peer, int tag, Done done, const Footprint* fp) {
   std::shared_ptr<Op> op(make_op(false, t, peer, tag, std::move(done), fp));
   if (!admit(op)) return;
+  const bool watch = polls() && op->bytes <= kWatchedBytes && (peer == kAnySource || peers_[peer].local >= 0);
   {
     std::lock_guard<std::mutex> lock(mu_);
     posts_.push_back(std::move(op));
   }
-  counter_bump(*bell_);
+  // Matched here: a message already in takes it now, one still to come
+  // finds it posted (its sender's doorbell wakes whoever reads it).
+  if (!take_posts(/*on_caller=*/true)) {
+    wake_node();
+  } else if (watch) {
+    // A small message from a node-mate: its caller usually waits at once
+    // and moves it itself (poll), so its arrival need not wake the node
+    // thread; if nobody waits, the node thread looks within kWatch.
+    doorbell_watch(*bell_, kWatch);
+  }
 }
 
 bool P2pEngine::admit(const std::shared_ptr<Op>& op) {
@@ -215,7 +233,7 @@ void P2pEngine::abort(const Error& why) {
       failed_kind_ = why.kind();
     }
   }
-  counter_bump(*bell_);
+  wake_node();
   if (remote_) wake_net();
 }
 
@@ -230,22 +248,25 @@ bool P2pEngine::drain(std::chrono::milliseconds limit) {
   return idle_cv_.wait_for(lock, limit, [&] { return pending_.load() == 0; });
 }
 
-bool P2pEngine::take_posts() {
+bool P2pEngine::take_posts(bool on_caller) {
   std::deque<std::shared_ptr<Op>> posts;
   std::string failed;
   ErrorKind kind;
+  // Held from taking the posts to matching them: two threads taking posts
+  // match them in the order they were posted.
+  std::unique_lock<std::mutex> lock(match_mu_);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    posts.swap(posts_);
     failed = failed_;
     kind = failed_kind_;
+    if (failed.empty()) posts.swap(posts_);
   }
   if (!failed.empty()) {
-    for (auto& op : posts) finish(op, op->error(kind, failed), op->peer);
-    fail_everything(Error(kind, failed));
-    return !posts.empty();
+    lock.unlock();
+    if (on_caller) return false;
+    fail_everything(Error(kind, failed));  // the posts too
+    return false;
   }
-  std::lock_guard<std::mutex> lock(match_mu_);
   for (auto& op : posts) {
     std::string gone;
     if (op->peer != kAnySource) {
@@ -380,6 +401,7 @@ void P2pEngine::check(Clock::time_point now) {
     }
   }
   for (Peer* peer : dead) {
+    std::lock_guard<std::mutex> in(*peer->in_mu);
     pump_in(*peer);  // what it sent before it exited is whole in the ring
     fail_peer(*peer, "rank " + std::to_string(peer->rank) + " (pid " +
                          std::to_string(arena_->control().pids[peer->local]) + ") exited");
@@ -389,6 +411,7 @@ void P2pEngine::check(Clock::time_point now) {
   for (int r : topo_.local_ranks()) {
     if (r == topo_.rank) continue;
     Peer& peer = peers_[r];
+    std::lock_guard<std::mutex> in(*peer.in_mu);
     check_inbound(peer, now);
     Clock::time_point oldest{};
     {
@@ -458,6 +481,8 @@ void P2pEngine::fail_peer(Peer& peer, const std::string& why) {
 void P2pEngine::fail_peers(const Error& why, bool local) {
   for (Peer& peer : peers_) {
     if (peer.rank == topo_.rank || (peer.local >= 0) != local) continue;
+    std::unique_lock<std::mutex> in(*peer.in_mu, std::defer_lock);
+    if (local) in.lock();
     std::deque<std::shared_ptr<Op>> sends;
     {
       std::lock_guard<std::mutex> out(*peer.out_mu);

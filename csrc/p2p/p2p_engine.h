@@ -20,6 +20,10 @@
 //     caller's thread.
 //   - Messages go to posted receives by (source, tag) in arrival order
 //     (matcher.h), straight into the receive's tensor when it is posted.
+//     A receive is matched on the caller's thread; a caller that waits for
+//     an op with a node-mate moves the node's messages itself for a while
+//     (poll) before it sleeps, and node-mates do not wake the node thread
+//     meanwhile: a small message then crosses with no thread woken.
 //   - Failures stay with the ops they touch: a peer that exits (or closes
 //     its connection) fails the ops with it, and later ones, naming it; an
 //     op pending longer than the group's timeout fails; a message whose size
@@ -69,9 +73,12 @@ class P2pEngine {
 
   // Collective over the group (the node's shared rings; every rank's
   // listening address in `store`).  `ifname`: the interface to listen on
-  // ("": the hostname's address), as the rails.
+  // ("": the hostname's address), as the rails.  `wait_poll`: how long
+  // callers will poll (Config::wait_spin); 0: they don't, and a small receive
+  // promises nothing.
   P2pEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const std::string& job_uid,
-            const Secret& secret, const std::string& ifname, std::chrono::milliseconds timeout);
+            const Secret& secret, const std::string& ifname, std::chrono::milliseconds timeout,
+            std::chrono::microseconds wait_poll);
   ~P2pEngine();
   P2pEngine(const P2pEngine&) = delete;
   P2pEngine& operator=(const P2pEngine&) = delete;
@@ -83,6 +90,15 @@ class P2pEngine {
   // (what later ops must wait for); null: `t`'s.
   void send(const at::Tensor& t, int peer, int tag, Done done, const Footprint* fp = nullptr);
   void recv(const at::Tensor& t, int peer, int tag, Done done, const Footprint* fp = nullptr);
+
+  // Moves the node's messages on the calling thread (what the node thread
+  // would do: receives into posted tensors, queued sends into the rings)
+  // until `done()` or `budget` has passed.  For a caller about to sleep on
+  // an op with a node-mate: on a machine with few cores, waking the node
+  // thread and then the caller costs more than the message.
+  void poll(const std::function<bool()>& done, std::chrono::microseconds budget);
+  // Whether callers poll: the node has other ranks and wait_poll > 0.
+  bool polls() const { return topo_.ranks_per_node > 1 && wait_poll_.count() > 0; }
 
   // Blocks until no pending op's memory conflicts with `fp` (op_order.h):
   // what is issued after a send or receive waits for it where they overlap.
@@ -124,7 +140,10 @@ class P2pEngine {
     // Why sends to it fail now, though what it sent may still be arriving
     // (its end of our connection closed).
     std::string sends_closed;
-    // Owned by the thread that reads from this peer.
+    // Owned by the thread that reads from this peer: its net thread, or
+    // for a node-mate whoever holds in_mu (the node thread, or a polling
+    // caller).
+    std::unique_ptr<std::mutex> in_mu = std::make_unique<std::mutex>();
     Inbound inbound;
     // Node-mates: the rings.
     ShmRing out, in;
@@ -146,9 +165,15 @@ class P2pEngine {
   // Registers a pending op (for drain and wait_conflicts); false, having
   // failed it, if the engine takes no more.
   bool admit(const std::shared_ptr<Op>& op);
-  void post_recv(std::shared_ptr<Op> op);
-  // Receives posted by callers, matched; true if any (node thread).
-  bool take_posts();
+  // Receives posted by callers, matched in the order posted; true if any.
+  // On a caller's thread (`on_caller`) it leaves a failed engine's cleanup
+  // to the node thread, and returns false.
+  bool take_posts(bool on_caller);
+  // One pass of what the node thread does for the node's rings (poll).
+  void progress();
+  // Wakes the node thread whether or not a caller polls (abort, stop, a
+  // post it must fail).
+  void wake_node();
   // match_mu_ held.  `gone`: why its peer is gone ("" if it is not): it
   // may still take a message that came before.
   void start_recv(std::shared_ptr<Op> op, const std::string& gone);
@@ -176,12 +201,15 @@ class P2pEngine {
 
   // ---- p2p_shm.cpp: the node thread ----
   void node_loop();
+  // The messages waiting in a node-mate's ring; `peer.in_mu` held.
   bool pump_in(Peer& peer);
   bool pump_out(Peer& peer);
   // Writes cells of the peer's queued sends while the ring has room
   // (out_mu held); returns the sends that are whole.
   std::vector<std::shared_ptr<Op>> write_cells(Peer& peer);
   void ring(const Peer& peer);  // its doorbell
+  // Whether a message or send with a node-mate is part-way through.
+  bool streaming();
 
   // ---- p2p_tcp.cpp: the net thread ----
   void net_loop();
@@ -195,6 +223,7 @@ class P2pEngine {
 
   Topology topo_;
   std::chrono::milliseconds timeout_;
+  std::chrono::microseconds wait_poll_;
   c10::intrusive_ptr<c10d::Store> store_;
   Secret secret_;
   std::unique_ptr<NodeArena> arena_;

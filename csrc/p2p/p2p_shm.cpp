@@ -1,15 +1,20 @@
 // The node thread of the point-to-point engine: sends to node-mates into
 // the rings, their messages out of them; the receives callers post; the
-// periodic checks.  Sleeps on the rank's doorbell.
+// periodic checks.  Sleeps on the rank's doorbell.  A caller waiting on its
+// own op does the same passes meanwhile (poll), with the doorbell's wake-ups
+// held back.
 #include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <thread>
 
 #include "common/fault_injection.h"
 #include "p2p/p2p_engine.h"
 #include "p2p/p2p_op.h"
+#include "transport/sync.h"
 
 namespace fairring {
 
@@ -21,7 +26,21 @@ constexpr auto kSpin = std::chrono::microseconds(50);
 constexpr auto kCheckEvery = std::chrono::milliseconds(100);
 }  // namespace
 
-void P2pEngine::ring(const Peer& peer) { counter_bump(arena_->counter(peer.local, peer.local, 0)); }
+void P2pEngine::ring(const Peer& peer) { doorbell_ring(arena_->counter(peer.local, peer.local, 0)); }
+
+bool P2pEngine::streaming() {
+  for (int r : topo_.local_ranks()) {
+    if (r == topo_.rank) continue;
+    Peer& peer = peers_[r];
+    {
+      std::lock_guard<std::mutex> out(*peer.out_mu);
+      if (!peer.sends.empty()) return true;
+    }
+    std::lock_guard<std::mutex> in(*peer.in_mu);
+    if (peer.inbound.active && !peer.dropping) return true;
+  }
+  return false;
+}
 
 void P2pEngine::node_loop() {
   pthread_setname_np(pthread_self(), "fairring-p2p");
@@ -31,19 +50,69 @@ void P2pEngine::node_loop() {
       fail_everything(Error(ErrorKind::kBackend, "this process group was destroyed"));
       return;
     }
-    bool moved = take_posts();
+    bool moved = take_posts(/*on_caller=*/false);
     for (int r : topo_.local_ranks()) {
       if (r == topo_.rank) continue;
-      moved |= pump_in(peers_[r]);
-      moved |= pump_out(peers_[r]);
+      Peer& peer = peers_[r];
+      {
+        std::lock_guard<std::mutex> in(*peer.in_mu);
+        moved |= pump_in(peer);
+      }
+      moved |= pump_out(peer);
     }
     const auto now = Clock::now();
     if (now >= next_check_) {
       next_check_ = now + kCheckEvery;
       check(now);  // (also with nothing pending: a message half in from a dead peer)
     }
-    if (!moved) counter_wait_change(*bell_, seen, kSpin, kCheckEvery);
+    if (moved) continue;
+    // Mid-way through a message that needs more rings to move on: every
+    // ring wakes this thread, whoever else looks.
+    bell_->needs_wakes.store(streaming() ? 1 : 0, std::memory_order_seq_cst);
+    doorbell_wait(*bell_, seen, kSpin, kCheckEvery);
   }
+}
+
+void P2pEngine::wake_node() { counter_bump(*bell_); }  // (not doorbell_ring: wakes it even while watched)
+
+void P2pEngine::progress() {
+  take_posts(/*on_caller=*/true);
+  for (int r : topo_.local_ranks()) {
+    if (r == topo_.rank) continue;
+    Peer& peer = peers_[r];
+    {
+      std::unique_lock<std::mutex> in(*peer.in_mu, std::try_to_lock);  // held: the node thread is at it
+      if (in.owns_lock()) pump_in(peer);
+    }
+    pump_out(peer);
+  }
+}
+
+void P2pEngine::poll(const std::function<bool()>& done, std::chrono::microseconds budget) {
+  if (!polls() || done()) return;
+  bell_->pollers.fetch_add(1, std::memory_order_seq_cst);
+  const auto until = Clock::now() + budget;
+  for (unsigned i = 1;; ++i) {
+    progress();
+    if (done()) break;
+    if (i % 16 == 0 || budget.count() == 0) {
+      if (Clock::now() >= until) break;
+      std::this_thread::yield();  // ranks may outnumber cores
+    }
+    for (int k = 0; k < 32; ++k) cpu_relax();
+  }
+  bell_->pollers.fetch_sub(1, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // a ring that saw us polling is visible below
+  // Node-mates that rang meanwhile woke nobody: what they announced (a
+  // message for another receive, a free cell for a queued send) is moved
+  // here.  A message or send still part-way needs the node thread.
+  progress();
+  if (done()) return;
+  // Going to sleep: a promise to look (recv) would now hold the message
+  // back until it runs out.  Withdrawn, the next ring wakes the node thread.
+  doorbell_unwatch(*bell_);
+  progress();
+  if (!done() && streaming()) wake_node();
 }
 
 bool P2pEngine::pump_in(Peer& peer) {

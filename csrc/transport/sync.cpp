@@ -5,6 +5,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <thread>
 
@@ -23,14 +24,6 @@ void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, long timeout_ns)
 
 void futex_wake(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
 }
 
 constexpr int kSpins = 256;                        // about a microsecond or two
@@ -111,6 +104,55 @@ void counter_wait(SharedCounter& c, uint32_t target, const std::function<void()>
     }
     check();
   }
+}
+
+namespace {
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+void doorbell_ring(SharedCounter& c) {
+  c.value.fetch_add(1, std::memory_order_seq_cst);
+  if (c.needs_wakes.load(std::memory_order_seq_cst) == 0 && doorbell_watched(c)) return;
+  if (c.sleepers.load(std::memory_order_seq_cst) != 0) futex_wake(&c.value);
+}
+
+bool doorbell_watched(const SharedCounter& c) {
+  return c.pollers.load(std::memory_order_seq_cst) != 0 || now_ns() < c.watched_until.load(std::memory_order_seq_cst);
+}
+
+void doorbell_watch(SharedCounter& c, std::chrono::nanoseconds span) {
+  const int64_t now = now_ns();
+  const int64_t until = now + span.count();
+  int64_t old = c.watched_until.load(std::memory_order_seq_cst);
+  while (old < until && !c.watched_until.compare_exchange_weak(old, until, std::memory_order_seq_cst)) {
+  }
+  // A sleeper that went to sleep before this promise may sleep past it:
+  // woken, it sleeps again no later than `until`.  (Within a promise, one
+  // that extends it needs no wake-up: the sleeper wakes at the old end and
+  // sees the new one.)
+  if (old < now && c.sleepers.load(std::memory_order_seq_cst) != 0) futex_wake(&c.value);
+}
+
+void doorbell_unwatch(SharedCounter& c) { c.watched_until.store(0, std::memory_order_seq_cst); }
+
+bool doorbell_wait(SharedCounter& c, uint32_t seen, std::chrono::nanoseconds spin, std::chrono::nanoseconds limit) {
+  if (c.value.load(std::memory_order_acquire) != seen) return true;
+  if (!doorbell_watched(c) && spin > std::chrono::nanoseconds::zero() && counter_wait_change(c, seen, spin, spin)) {
+    return true;
+  }
+  c.sleepers.fetch_add(1, std::memory_order_seq_cst);
+  // Read after registering as a sleeper: a promise made before is seen
+  // here, one made after finds the sleeper registered and wakes it.
+  int64_t until = now_ns() + limit.count();
+  const int64_t watched = c.watched_until.load(std::memory_order_seq_cst);
+  if (watched > now_ns()) until = std::min(until, watched + 1000);
+  const int64_t left = until - now_ns();
+  if (left > 0 && c.value.load(std::memory_order_seq_cst) == seen) futex_wait(&c.value, seen, static_cast<long>(left));
+  c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  return c.value.load(std::memory_order_acquire) != seen;
 }
 
 }  // namespace fairring

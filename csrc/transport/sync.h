@@ -15,7 +15,20 @@ namespace fairring {
 struct alignas(64) SharedCounter {
   std::atomic<uint32_t> value{0};
   std::atomic<uint32_t> sleepers{0};
+  // Doorbells only (below): who stands in for the sleeper.
+  std::atomic<uint32_t> pollers{0};       // threads polling for it now
+  std::atomic<uint32_t> needs_wakes{0};   // the sleeper is mid-way through work each ring moves on
+  std::atomic<int64_t> watched_until{0};  // steady-clock ns: a thread will look by then
 };
+
+// A spinning thread's pause between two looks at shared memory.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
 
 // Has `value` reached `target`?  Wrap-around safe for distances below 2^31.
 inline bool counter_reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
@@ -47,5 +60,30 @@ bool counter_wait_change(SharedCounter& c, uint32_t seen, std::chrono::nanosecon
 // reaches `target` or `until` passes.  True if it was reached.  For a caller
 // that has other work to fall back on when the peer is late.
 bool counter_spin(SharedCounter& c, uint32_t target, std::chrono::steady_clock::time_point until);
+
+// ---- Doorbells ----
+// A counter that several writers bump to announce work to one sleeping
+// thread (the point-to-point node thread), where other threads of the
+// sleeper's process may do that work themselves: callers waiting on their
+// own receives.  Such a thread either polls (`pollers`: it looks again
+// before it stops), or promises to look by a time (doorbell_watch).  A ring
+// then leaves the sleeper asleep: on a machine with few cores, a wake-up per
+// small message costs more than the message.  The sleeper sleeps no later
+// than the promise (doorbell_wait), so a promise not kept costs a delay,
+// never a message; while it streams (`needs_wakes`) every ring wakes it.
+
+// Bumps the bell; wakes the sleeper unless another thread stands in for it.
+void doorbell_ring(SharedCounter& c);
+// Promises that a thread of the sleeper's process looks at the bell's work
+// within `span` from now.
+void doorbell_watch(SharedCounter& c, std::chrono::nanoseconds span);
+// Withdraws every promise (a caller that stops polling, not done): the
+// next ring wakes the sleeper.  The caller then looks once more itself.
+void doorbell_unwatch(SharedCounter& c);
+// Whether a thread polls or has promised to look (the sleeper need not spin).
+bool doorbell_watched(const SharedCounter& c);
+// The sleeper's wait: as counter_wait_change, but with no spin while
+// watched, and asleep no later than a promise to look.
+bool doorbell_wait(SharedCounter& c, uint32_t seen, std::chrono::nanoseconds spin, std::chrono::nanoseconds limit);
 
 }  // namespace fairring
