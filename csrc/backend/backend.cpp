@@ -1005,9 +1005,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const a
   auto work = c10::make_intrusive<FairringWork>(getRank(), type, std::vector<at::Tensor>{t},
                                                 is_send ? "fairring:send" : "fairring:recv");
   work->set_interrupt_hook(abort_hook_, kind);
-  if (p2p_poller_ && (peer == kAnySource || topo_.place_of(peer).first == topo_.node)) {
-    work->set_wait_poller(p2p_poller_, config_.wait_spin);
-  }
+  const bool polled = p2p_poller_ && (peer == kAnySource || topo_.place_of(peer).first == topo_.node);
+  if (polled) work->set_wait_poller(p2p_poller_, config_.wait_spin);
   const std::string what =
       "tag " + std::to_string(tag) + ", " + std::to_string(t.numel()) + " element(s) of " +
       dtype_name(t.scalar_type()) +
@@ -1031,7 +1030,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const a
   if (is_send) {
     p2p_->send(buffer, peer, tag, std::move(done), &fp);
   } else {
-    p2p_->recv(buffer, peer, tag, std::move(done), &fp);
+    p2p_->recv(buffer, peer, tag, std::move(done), &fp, /*waited=*/polled);
   }
   return work;
 }
@@ -1063,6 +1062,9 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::exchange_blocks(const std::vecto
   auto work = c10::make_intrusive<FairringWork>(
       me, type, outputs, type == c10d::OpType::ALLGATHER ? "fairring:all_gather" : "fairring:all_to_all");
   work->set_interrupt_hook(abort_hook_, kind);
+  // Its wait() moves the node-mates' blocks too (no promise: the sparse
+  // all-reduce's exchanges are waited on by a callback, not a caller).
+  if (p2p_poller_) work->set_wait_poller(p2p_poller_, config_.wait_spin);
   int64_t bytes = 0;
   for (const at::Tensor& t : sends) bytes += t.numel() * t.element_size();
   auto recent = recent_;

@@ -164,10 +164,10 @@ void P2pEngine::send(const at::Tensor& t, int peer_rank, int tag, Done done, con
   }
 }
 
-void P2pEngine::recv(const at::Tensor& t, int peer, int tag, Done done, const Footprint* fp) {
+void P2pEngine::recv(const at::Tensor& t, int peer, int tag, Done done, const Footprint* fp, bool waited) {
   std::shared_ptr<Op> op(make_op(false, t, peer, tag, std::move(done), fp));
   if (!admit(op)) return;
-  const bool watch = polls() && op->bytes <= kWatchedBytes && (peer == kAnySource || peers_[peer].local >= 0);
+  const bool watch = waited && polls() && op->bytes <= kWatchedBytes && (peer == kAnySource || peers_[peer].local >= 0);
   {
     std::lock_guard<std::mutex> lock(mu_);
     posts_.push_back(std::move(op));
@@ -178,8 +178,9 @@ void P2pEngine::recv(const at::Tensor& t, int peer, int tag, Done done, const Fo
     wake_node();
   } else if (watch) {
     // A small message from a node-mate: its caller usually waits at once
-    // and moves it itself (poll), so its arrival need not wake the node
-    // thread; if nobody waits, the node thread looks within kWatch.
+    // (dist.recv) and moves it itself (poll), so its arrival need not wake
+    // the node thread; if nobody waits (irecv), the node thread looks
+    // within kWatch.
     doorbell_watch(*bell_, kWatch);
   }
 }

@@ -87,9 +87,11 @@ class P2pEngine {
   // until `done` has run.  `peer`: a group rank other than ours, or
   // kAnySource for a receive.
   // `fp`: the caller's memory the op stands for, when `t` is a stand-in
-  // (what later ops must wait for); null: `t`'s.
+  // (what later ops must wait for); null: `t`'s.  `waited`: a caller will
+  // wait on the receive at once and poll: if it is small and from a
+  // node-mate, its arrival need not wake the node thread (see recv).
   void send(const at::Tensor& t, int peer, int tag, Done done, const Footprint* fp = nullptr);
-  void recv(const at::Tensor& t, int peer, int tag, Done done, const Footprint* fp = nullptr);
+  void recv(const at::Tensor& t, int peer, int tag, Done done, const Footprint* fp = nullptr, bool waited = false);
 
   // Moves the node's messages on the calling thread (what the node thread
   // would do: receives into posted tensors, queued sends into the rings)
