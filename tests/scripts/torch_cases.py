@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Run a chosen subset of PyTorch's own DistributedTest cases
 (torch.testing._internal.distributed.distributed_test) against a backend,
-multi-process, the way torch's test/distributed/test_distributed_spawn.py does.
+multi-process, the way torch's test/distributed/test_distributed_spawn.py does
+(but its ranks are forked, not spawned: see setUp).
 
-Usage (one process group at a time; every test spawns WORLD_SIZE ranks; needs
+Usage (one process group at a time; every test starts WORLD_SIZE ranks; needs
 torch's test dependency `expecttest`):
 
     python3 tests/scripts/torch_cases.py --backend fairring --world-size 3
@@ -201,7 +202,10 @@ def build_class():
 
     def setUp(self):
         TestDistBackend.setUp(self)
-        self._spawn_processes()
+        # fork, not spawn: a spawned rank imports torch again (seconds per
+        # case on 2 cores); the parent has no process group or threads of
+        # Fairring's to inherit.
+        self._start_processes(torch.multiprocessing.get_context("fork").Process)
         torch.backends.cudnn.flags(enabled=True, allow_tf32=False).__enter__()
 
     attrs["setUp"] = setUp
