@@ -69,7 +69,9 @@ void P2pEngine::node_loop() {
     // Mid-way through a message that needs more rings to move on: every
     // ring wakes this thread, whoever else looks.
     bell_->needs_wakes.store(streaming() ? 1 : 0, std::memory_order_seq_cst);
-    doorbell_wait(*bell_, seen, kSpin, kCheckEvery);
+    // Where callers poll for their own ops, this thread need not stay awake
+    // for the next message: spinning, it would take the CPU they poll on.
+    doorbell_wait(*bell_, seen, polls() ? Clock::duration::zero() : kSpin, kCheckEvery);
   }
 }
 
@@ -93,13 +95,17 @@ void P2pEngine::poll(const std::function<bool()>& done, std::chrono::microsecond
   bell_->pollers.fetch_add(1, std::memory_order_seq_cst);
   const auto until = Clock::now() + budget;
   for (unsigned i = 1;; ++i) {
+    const uint32_t seen = bell_->value.load(std::memory_order_acquire);
     progress();
     if (done()) break;
     if (i % 16 == 0 || budget.count() == 0) {
       if (Clock::now() >= until) break;
       std::this_thread::yield();  // ranks may outnumber cores
     }
-    for (int k = 0; k < 32; ++k) cpu_relax();
+    // Until a node-mate rings (a message, a free cell) or a while passes
+    // (a receive posted by another thread; an op the node thread ended):
+    // one cache line to watch instead of every ring and lock.
+    for (int k = 0; k < 64 && bell_->value.load(std::memory_order_acquire) == seen && !done(); ++k) cpu_relax();
   }
   bell_->pollers.fetch_sub(1, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);  // a ring that saw us polling is visible below

@@ -139,8 +139,17 @@ void doorbell_watch(SharedCounter& c, std::chrono::nanoseconds span) {
 void doorbell_unwatch(SharedCounter& c) { c.watched_until.store(0, std::memory_order_seq_cst); }
 
 bool doorbell_wait(SharedCounter& c, uint32_t seen, std::chrono::nanoseconds spin, std::chrono::nanoseconds limit) {
-  if (c.value.load(std::memory_order_acquire) != seen) return true;
-  if (!doorbell_watched(c) && spin > std::chrono::nanoseconds::zero() && counter_wait_change(c, seen, spin, spin)) {
+  uint32_t expect = seen;
+  const uint32_t value = c.value.load(std::memory_order_acquire);
+  if (value != seen) {
+    if (c.needs_wakes.load(std::memory_order_seq_cst) != 0 || !doorbell_watched(c)) return true;
+    // Rung while watched: the watchers look at what those rings announce
+    // (they promised to); this thread sleeps through them.  Else, on a CPU
+    // it shares with a polling caller, it would find a new ring each time it
+    // runs and never sleep.
+    expect = value;
+  } else if (!doorbell_watched(c) && spin > std::chrono::nanoseconds::zero() &&
+             counter_wait_change(c, seen, spin, spin)) {
     return true;
   }
   c.sleepers.fetch_add(1, std::memory_order_seq_cst);
@@ -150,7 +159,9 @@ bool doorbell_wait(SharedCounter& c, uint32_t seen, std::chrono::nanoseconds spi
   const int64_t watched = c.watched_until.load(std::memory_order_seq_cst);
   if (watched > now_ns()) until = std::min(until, watched + 1000);
   const int64_t left = until - now_ns();
-  if (left > 0 && c.value.load(std::memory_order_seq_cst) == seen) futex_wait(&c.value, seen, static_cast<long>(left));
+  if (left > 0 && c.value.load(std::memory_order_seq_cst) == expect) {
+    futex_wait(&c.value, expect, static_cast<long>(left));
+  }
   c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
   return c.value.load(std::memory_order_acquire) != seen;
 }

@@ -82,8 +82,9 @@ void doorbell_watch(SharedCounter& c, std::chrono::nanoseconds span);
 void doorbell_unwatch(SharedCounter& c);
 // Whether a thread polls or has promised to look (the sleeper need not spin).
 bool doorbell_watched(const SharedCounter& c);
-// The sleeper's wait: as counter_wait_change, but with no spin while
-// watched, and asleep no later than a promise to look.
+// The sleeper's wait: as counter_wait_change, but while watched it does not
+// spin, sleeps through rings since `seen` (the watchers look at them), and
+// sleeps no later than the promise to look.  True if `value` is not `seen`.
 bool doorbell_wait(SharedCounter& c, uint32_t seen, std::chrono::nanoseconds spin, std::chrono::nanoseconds limit);
 
 }  // namespace fairring
