@@ -111,14 +111,17 @@ void P2pEngine::poll(const std::function<bool()>& done, std::chrono::microsecond
   std::atomic_thread_fence(std::memory_order_seq_cst);  // a ring that saw us polling is visible below
   // Node-mates that rang meanwhile woke nobody: what they announced (a
   // message for another receive, a free cell for a queued send) is moved
-  // here.  A message or send still part-way needs the node thread.
+  // here.
   progress();
-  if (done()) return;
-  // Going to sleep: a promise to look (recv) would now hold the message
-  // back until it runs out.  Withdrawn, the next ring wakes the node thread.
-  doorbell_unwatch(*bell_);
-  progress();
-  if (!done() && streaming()) wake_node();
+  if (!done()) {
+    // Going to sleep: a promise to look (recv) would now hold the message
+    // back until it runs out.  Withdrawn, the next ring wakes the node thread.
+    doorbell_unwatch(*bell_);
+    progress();
+  }
+  // A message or send still part-way (ours, or one this poll moved for
+  // another thread): the node thread carries it on, woken by every ring.
+  if (streaming()) wake_node();
 }
 
 bool P2pEngine::pump_in(Peer& peer) {
