@@ -31,7 +31,6 @@ namespace {
 using TimePoint = SliceSchedule::TimePoint;
 
 bool publish_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
-  const PipelineOp& op = *s.op;
   const int slot = p.slot(s);
   const int64_t bytes = s.plan.slice.count * p.esize(s);
   char* area = p.mover().input_area(slot, p.me());
@@ -46,7 +45,6 @@ bool publish_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
 }
 
 bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
-  const PipelineOp& op = *s.op;
   const int slot = p.slot(s);
   const int64_t esize = p.esize(s);
   const int node = p.topo().node;
