@@ -1005,7 +1005,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const a
   auto work = c10::make_intrusive<FairringWork>(getRank(), type, std::vector<at::Tensor>{t},
                                                 is_send ? "fairring:send" : "fairring:recv");
   work->set_interrupt_hook(abort_hook_, kind);
-  const bool polled = p2p_poller_ && (peer == kAnySource || topo_.place_of(peer).first == topo_.node);
+  const bool polled = p2p_poller_ && p2p_->polls_for(peer);
   if (polled) work->set_wait_poller(p2p_poller_, config_.wait_spin);
   const std::string what =
       "tag " + std::to_string(tag) + ", " + std::to_string(t.numel()) + " element(s) of " +

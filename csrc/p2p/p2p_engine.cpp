@@ -167,7 +167,7 @@ void P2pEngine::send(const at::Tensor& t, int peer_rank, int tag, Done done, con
 void P2pEngine::recv(const at::Tensor& t, int peer, int tag, Done done, const Footprint* fp, bool waited) {
   std::shared_ptr<Op> op(make_op(false, t, peer, tag, std::move(done), fp));
   if (!admit(op)) return;
-  const bool watch = waited && polls() && op->bytes <= kWatchedBytes && (peer == kAnySource || peers_[peer].local >= 0);
+  const bool watch = waited && op->bytes <= kWatchedBytes;
   {
     std::lock_guard<std::mutex> lock(mu_);
     posts_.push_back(std::move(op));

@@ -88,8 +88,8 @@ class P2pEngine {
   // kAnySource for a receive.
   // `fp`: the caller's memory the op stands for, when `t` is a stand-in
   // (what later ops must wait for); null: `t`'s.  `waited`: a caller will
-  // wait on the receive at once and poll: if it is small and from a
-  // node-mate, its arrival need not wake the node thread (see recv).
+  // wait on the receive at once and poll (only where polls_for(peer)): if it
+  // is small, its arrival need not wake the node thread (see recv).
   void send(const at::Tensor& t, int peer, int tag, Done done, const Footprint* fp = nullptr);
   void recv(const at::Tensor& t, int peer, int tag, Done done, const Footprint* fp = nullptr, bool waited = false);
 
@@ -101,6 +101,9 @@ class P2pEngine {
   void poll(const std::function<bool()>& done, std::chrono::microseconds budget);
   // Whether callers poll: the node has other ranks and wait_poll > 0.
   bool polls() const { return topo_.ranks_per_node > 1 && wait_poll_.count() > 0; }
+  // Whether a caller waiting on an op with `peer` (or kAnySource) polls:
+  // the node's rings are where poll moves messages.
+  bool polls_for(int peer) const { return polls() && (peer == kAnySource || peers_[peer].local >= 0); }
 
   // Blocks until no pending op's memory conflicts with `fp` (op_order.h):
   // what is issued after a send or receive waits for it where they overlap.

@@ -155,10 +155,11 @@ bool doorbell_wait(SharedCounter& c, uint32_t seen, std::chrono::nanoseconds spi
   c.sleepers.fetch_add(1, std::memory_order_seq_cst);
   // Read after registering as a sleeper: a promise made before is seen
   // here, one made after finds the sleeper registered and wakes it.
-  int64_t until = now_ns() + limit.count();
+  const int64_t now = now_ns();
+  int64_t until = now + limit.count();
   const int64_t watched = c.watched_until.load(std::memory_order_seq_cst);
-  if (watched > now_ns()) until = std::min(until, watched + 1000);
-  const int64_t left = until - now_ns();
+  if (watched > now) until = std::min(until, watched + 1000);
+  const int64_t left = until - now;
   if (left > 0 && c.value.load(std::memory_order_seq_cst) == expect) {
     futex_wait(&c.value, expect, static_cast<long>(left));
   }
