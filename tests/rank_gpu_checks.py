@@ -459,6 +459,168 @@ def sec_collectives(rank, world, cfg):
     return {"failures": failures}
 
 
+def _blocks_of(rank, n, world, dtype):
+    """Rank `rank`'s input of an exchange: block d (for rank d) of n values
+    that name the sender, the receiver and the position."""
+    i = torch.arange(n)
+    return torch.cat([((rank * 7 + d * 3 + i) % 113).to(dtype) for d in range(world)])
+
+
+def sec_exchanges(rank, world, cfg):
+    """all_to_all_single (equal blocks), the list all_to_all, gather and scatter
+    of CUDA tensors, natively (dump_recent says "(CUDA)"), exact: every dtype
+    family, odd sizes, a non-contiguous output, ops in flight mixed with
+    all-reduces; unequal all_to_all splits (gloo's) still right."""
+    import io
+
+    import fairring_py
+
+    dev = _device(rank)
+    failures = Failures()
+    for n in cfg["sizes"]:
+        for dtype in (torch.float32, torch.uint8, torch.float64, torch.bfloat16, torch.int64):
+            name = f"{refs.dtype_name(dtype)}/n={n}"
+            inputs = [_blocks_of(r, n, world, dtype) for r in range(world)]
+            want = torch.cat([inputs[s][rank * n:(rank + 1) * n] for s in range(world)])
+            out = torch.full((world * n,), 5, dtype=dtype, device=dev)
+            dist.all_to_all_single(out, inputs[rank].to(dev))
+            if not torch.equal(out.cpu(), want):
+                failures.add(f"all_to_all_single {name}: wrong result")
+            outs = [torch.full((n,), 5, dtype=dtype, device=dev) for _ in range(world)]
+            dist.all_to_all(outs, list(inputs[rank].to(dev).chunk(world)))
+            if not torch.equal(torch.cat([o.cpu() for o in outs]), want):
+                failures.add(f"all_to_all (list) {name}: wrong result")
+            root = n % world
+            mine = inputs[rank][:n]
+            got = [torch.full((n,), 5, dtype=dtype, device=dev) for _ in range(world)] if rank == root else None
+            dist.gather(mine.to(dev), got, dst=root)
+            if rank == root and not torch.equal(torch.cat([g.cpu() for g in got]),
+                                                torch.cat([inputs[r][:n] for r in range(world)])):
+                failures.add(f"gather {name} to {root}: wrong result")
+            piece = torch.full((n,), 5, dtype=dtype, device=dev)
+            parts = list(inputs[root].to(dev).chunk(world)) if rank == root else None
+            dist.scatter(piece, parts, src=root)
+            if not torch.equal(piece.cpu(), inputs[root][rank * n:(rank + 1) * n]):
+                failures.add(f"scatter {name} from {root}: wrong result")
+    # A non-contiguous output (through a stand-in copied back).
+    strided = torch.zeros(world * 5, 3, device=dev)[:, 1]
+    dist.all_to_all_single(strided, torch.full((world * 5,), float(rank), device=dev))
+    if not torch.equal(strided.cpu(), torch.arange(world).repeat_interleave(5).float()):
+        failures.add(f"all_to_all_single into a non-contiguous output: {strided.cpu().tolist()}")
+    # Several in flight, with all-reduces between them, each on its own tensors.
+    n = 65537
+    works, outs, sums = [], [], []
+    for k in range(4):
+        inp = _blocks_of(rank + k, n, world, torch.float32).to(dev)
+        out = torch.empty_like(inp)
+        works.append(dist.all_to_all_single(out, inp, async_op=True))
+        outs.append(out)
+        s = torch.full((4099,), float(rank + k), device=dev)
+        works.append(dist.all_reduce(s, async_op=True))
+        sums.append(s)
+    for w in works:
+        w.wait()
+    for k in range(4):
+        want = torch.cat([_blocks_of(r + k, n, world, torch.float32)[rank * n:(rank + 1) * n] for r in range(world)])
+        if not torch.equal(outs[k].cpu(), want):
+            failures.add(f"all_to_all_single #{k} in flight: wrong result")
+        if not torch.equal(sums[k].cpu(), torch.full((4099,), float(sum(r + k for r in range(world))))):
+            failures.add(f"all_reduce #{k} between all-to-alls: wrong result")
+    # Unequal splits: rank r sends r + d + 1 rows to rank d (gloo's path).
+    send = [rank + d + 1 for d in range(world)]
+    recv = [s + rank + 1 for s in range(world)]
+    inp = torch.cat([torch.full((c,), float(rank * 10 + d), device=dev) for d, c in enumerate(send)])
+    out = torch.empty(sum(recv), device=dev)
+    dist.all_to_all_single(out, inp, output_split_sizes=recv, input_split_sizes=send)
+    want = torch.cat([torch.full((c,), float(s * 10 + rank)) for s, c in enumerate(recv)])
+    if not torch.equal(out.cpu(), want):
+        failures.add(f"all_to_all_single with unequal splits: {out.cpu().tolist()[:20]}")
+    kinds = {r["kind"] for r in fairring_py.dump_recent(file=io.StringIO())}
+    for k in ("all_to_all (CUDA)", "gather (CUDA)", "scatter (CUDA)"):
+        if k not in kinds:
+            failures.add(f"no {k} in the group's recent collectives: {sorted(kinds)}")
+    delegated = {k for k in kinds if k.startswith(("all_to_all", "alltoall", "gather", "scatter")) and "gloo" in k}
+    if delegated != {"alltoall_base (gloo)"}:
+        failures.add(f"only the unequal all_to_all should go to gloo, but these did: {sorted(delegated)}")
+    return {"failures": failures}
+
+
+def sec_p2p(rank, world, cfg):
+    """send / recv / isend / irecv / batch_isend_irecv / recv from any source of
+    CUDA tensors, natively (through host memory; dump_recent has no
+    "send (gloo)"): every size of cfg, several dtypes, tags, many in flight, a
+    non-contiguous target, a send of what a kernel just wrote on the current
+    stream, and a kernel that reads a received tensor right after wait()."""
+    import io
+
+    import fairring_py
+
+    dev = _device(rank)
+    failures = Failures()
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    for n in cfg["sizes"]:
+        for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.uint8):
+            name = f"{refs.dtype_name(dtype)}/n={n}"
+            # A ring: to the next rank, from the previous one, both in flight.
+            mine = ((torch.arange(n, device=dev) + rank * 31) % 101).to(dtype)  # written on the current stream
+            got = torch.full((n,), 7, dtype=dtype, device=dev)
+            works = [dist.isend(mine, nxt, tag=n % 5), dist.irecv(got, prv, tag=n % 5)]
+            for w in works:
+                w.wait()
+            want = ((torch.arange(n) + prv * 31) % 101).to(dtype)
+            if not torch.equal(got.cpu(), want):
+                failures.add(f"isend/irecv ring {name}: wrong result")
+            doubled = (got.to(torch.float64) * 2).cpu()  # a kernel on the current stream, right after wait()
+            if not torch.equal(doubled, want.to(torch.float64) * 2):
+                failures.add(f"a kernel reading the received {name}: wrong result")
+    # Blocking pairs, several tags in flight out of order, a strided target.
+    if rank < 2 <= world:
+        peer = 1 - rank
+        if rank == 0:
+            for tag in (3, 1, 2):
+                dist.send(torch.full((1031,), float(tag), device=dev), peer, tag=tag)
+            dist.send(torch.arange(12.0, device=dev), peer, tag=9)
+        else:
+            outs = {tag: torch.empty(1031, device=dev) for tag in (1, 2, 3)}
+            ws = [dist.irecv(outs[tag], 0, tag=tag) for tag in (1, 2, 3)]
+            for w in ws:
+                w.wait()
+            for tag, o in outs.items():
+                if not torch.equal(o.cpu(), torch.full((1031,), float(tag))):
+                    failures.add(f"tag {tag}: wrong result")
+            strided = torch.zeros(12, 3, device=dev)[:, 1]
+            dist.recv(strided, 0, tag=9)
+            if not torch.equal(strided.cpu(), torch.arange(12.0)):
+                failures.add(f"recv into a non-contiguous tensor: {strided.cpu().tolist()}")
+        # From any source.
+        if rank == 1:
+            dist.send(torch.full((5,), 42.0, device=dev), 0, tag=4)
+        else:
+            t = torch.empty(5, device=dev)
+            src = dist.recv(t, tag=4)
+            if src != 1 or not torch.equal(t.cpu(), torch.full((5,), 42.0)):
+                failures.add(f"recv from any source: src {src}, {t.cpu().tolist()}")
+    # batch_isend_irecv: a ring, with all-reduces in flight beside it.
+    ops = [dist.P2POp(dist.isend, torch.full((65537,), float(rank), device=dev), nxt),
+           dist.P2POp(dist.irecv, torch.empty(65537, device=dev), prv)]
+    s = torch.ones(4099, device=dev)
+    ar = dist.all_reduce(s, async_op=True)
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    ar.wait()
+    if not torch.equal(ops[1].tensor.cpu(), torch.full((65537,), float(prv))):
+        failures.add("batch_isend_irecv ring: wrong result")
+    if not torch.equal(s.cpu(), torch.full((4099,), float(world))):
+        failures.add("all_reduce beside batch_isend_irecv: wrong result")
+    kinds = {r["kind"] for r in fairring_py.dump_recent(file=io.StringIO())}
+    if "send" not in kinds or "recv" not in kinds:
+        failures.add(f"no native send/recv in the group's recent collectives: {sorted(kinds)}")
+    delegated = sorted(k for k in kinds if "gloo" in k and k.startswith(("send", "recv")))
+    if delegated:
+        failures.add(f"CUDA sends or receives went to gloo: {delegated}")
+    return {"failures": failures}
+
+
 def sec_wire(rank, world, cfg):
     """Compressed rails (FAIRRING_WIRE_DTYPE, from the environment) on CUDA
     tensors, with either transport: float32/float64 SUM/AVG all-reduces and
@@ -554,7 +716,7 @@ def sec_issue_order(rank, world, cfg):
     return {"failures": res["failures"] + res["free_waits"]}
 
 
-SECTIONS = {"issue_order": sec_issue_order, "wire": sec_wire, "memory_budget": sec_memory_budget, "collectives": sec_collectives, "poll_then_launch": sec_poll_then_launch, "big_slices": sec_big_slices,
+SECTIONS = {"issue_order": sec_issue_order, "exchanges": sec_exchanges, "p2p": sec_p2p, "wire": sec_wire, "memory_budget": sec_memory_budget, "collectives": sec_collectives, "poll_then_launch": sec_poll_then_launch, "big_slices": sec_big_slices,
             "slow_producer": sec_slow_producer, "group_cycles": sec_group_cycles,
             "nccl_shared_gpu": sec_nccl_shared_gpu, "correctness": sec_correctness, "streams": sec_streams, "errors": sec_errors, "ddp": sec_ddp}
 

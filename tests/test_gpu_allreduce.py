@@ -17,16 +17,18 @@ TOPOLOGIES = {
     # gpu_check.sh's first session: small and large on one node and on two.
     "smoke-1x2": (["a", "a"], {}, ["correctness"], {"sizes": [1, 4099, (4 << 20) + 3]}),
     "smoke-2x1": (["a", "b"], {}, ["correctness"], {"sizes": [1, 4099, (4 << 20) + 3]}),
-    "1x2": (["a", "a"], {}, ["correctness", "streams", "errors", "ddp", "collectives", "issue_order"], {"sizes": SIZES}),
-    "2x1": (["a", "b"], {}, ["correctness", "streams", "collectives", "issue_order"], {"sizes": SIZES}),
-    "2x2": (["a", "a", "b", "b"], {}, ["correctness", "streams", "errors", "ddp", "collectives", "issue_order"],
+    "1x2": (["a", "a"], {}, ["correctness", "streams", "errors", "ddp", "collectives", "exchanges", "p2p", "issue_order"],
+            {"sizes": SIZES}),
+    "2x1": (["a", "b"], {}, ["correctness", "streams", "collectives", "exchanges", "p2p", "issue_order"], {"sizes": SIZES}),
+    "2x2": (["a", "a", "b", "b"], {},
+            ["correctness", "streams", "errors", "ddp", "collectives", "exchanges", "p2p", "issue_order"],
             {"sizes": SIZES}),
     # NCCL between nodes: every rank on its own GPU (skipped with fewer GPUs).
-    "2x1-nccl": (["a", "b"], {"FAIRRING_GPU_TRANSPORT": "nccl"}, ["correctness", "streams", "collectives"],
+    "2x1-nccl": (["a", "b"], {"FAIRRING_GPU_TRANSPORT": "nccl"}, ["correctness", "streams", "collectives", "exchanges"],
                  {"sizes": SIZES}),
     "2x2-slice4K": (["a", "a", "b", "b"],
                     {"FAIRRING_SLICE_SIZE": "4K", "FAIRRING_PARALLELISM": "2", "FAIRRING_TOTAL_MEMORY": "1M"},
-                    ["correctness", "streams", "collectives"], {"sizes": [1, 1031, 65537, 262147]}),
+                    ["correctness", "streams", "collectives", "exchanges"], {"sizes": [1, 1031, 65537, 262147]}),
 }
 
 # Checks aimed at what a desk review found (issue 10), on their own sessions.
@@ -38,7 +40,7 @@ TOPOLOGIES.update({
                       {"sizes": BIG}),
     "1x2-slice256K": (["a", "a"], {"FAIRRING_SLICE_SIZE": "256K"}, ["big_slices"] + REVIEW_SECTIONS, {"sizes": BIG}),
     # Three nodes: small chunks have fewer shards than nodes.
-    "3x1": (["a", "b", "c"], {}, ["correctness"], {"sizes": [1, 13, 1031, 8193, 65537]}),
+    "3x1": (["a", "b", "c"], {}, ["correctness", "exchanges"], {"sizes": [1, 13, 1031, 8193, 65537]}),
 })
 
 # Compressed rails (FAIRRING_WIRE_DTYPE) with both transports; small slices
@@ -134,6 +136,24 @@ def test_correct_and_bit_identical_across_ranks(name):
 def test_reduce_scatter_all_gather_broadcast(name):
     _skip_unless_gpus_for(name)
     _section(name, "collectives")
+
+
+@requires_gpu
+@pytest.mark.parametrize("name", _with("exchanges"))
+def test_all_to_all_gather_scatter(name):
+    """The exchanges (RailPattern::kExchange) on CUDA: through peer memory on a
+    node, the staged TCP rail's pinned memory or NCCL between nodes; three
+    nodes need the staged rail's larger pinned area (exchange_staging_bytes)."""
+    _skip_unless_gpus_for(name)
+    _section(name, "exchanges")
+
+
+@requires_gpu
+@pytest.mark.parametrize("name", _with("p2p"))
+def test_send_recv_of_cuda_tensors(name):
+    """Sends and receives of CUDA tensors, staged through host memory on the
+    CPU point-to-point engine (gloo's would read device memory as host memory)."""
+    _section(name, "p2p")
 
 
 @requires_gpu

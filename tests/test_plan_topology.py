@@ -199,6 +199,32 @@ def test_blockwise_plan(numel, elem, k, n, slice_bytes):
     assert len(plans) >= 1  # an empty block still has a slice, so ranks match it
 
 
+@pytest.mark.parametrize("numel,elem,k,n,slice_bytes", [
+    (1, 4, 2, 2, 1 << 20), (262147, 4, 2, 2, 65536), (65537, 8, 1, 3, 4096), (100003, 1, 4, 2, 1 << 20),
+    (300007, 2, 2, 3, 65536), (1 << 20, 4, 1, 5, 1 << 20), (99991, 4, 3, 4, 4096), (12345, 8, 2, 8, 1 << 16),
+])
+def test_exchange_fits_the_staged_rails_pinned_memory(numel, elem, k, n, slice_bytes):
+    """The staged CUDA rail puts a rank's sent and received pieces of an
+    exchange side by side in one slot's pinned memory, sized by
+    exchange_staging_bytes: for every slice of every blockwise op, the
+    all-to-all's walk (the largest exchange: K pieces to and from every
+    other node) and the gather's and scatter's must fit."""
+    area = -(-slice_bytes // 256) * 256  # the CUDA engine's slot area
+    room = _C._exchange_staging_bytes_for_test(area, n)
+    assert room >= area
+    assert room < 2 * area
+    for p in _C._plan_for_test(numel, elem, k, n, slice_bytes=slice_bytes, collective="all_to_all"):
+        c = p["slice"][1]
+        for node in range(n):
+            mine = [(0, 0 if j // k == node else c) for j in range(n * k)]
+            w = _C._rail_walk_for_test("exchange", "all", mine, node, n, mine)
+            moved = sum(t[2] for t in w["sends"]) + sum(t[2] for t in w["receives"])
+            assert moved == 2 * (n - 1) * k * c
+            assert moved * elem <= room, (node, c, moved * elem, room)
+        # Gather and scatter: one piece out, or N - 1 in.
+        assert max(c, (n - 1) * c) * elem <= room
+
+
 def test_blockwise_fits():
     # A slice holds at least one aligned unit (64 bytes) per rank, and then some.
     assert _C._blockwise_fits_for_test(4, 8, 4096)

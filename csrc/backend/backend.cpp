@@ -717,9 +717,9 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allgather_into_tensor_coalesced(
 c10::intrusive_ptr<c10d::Work> FairringBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs,
                                                        const c10d::GatherOptions& opts) {
-  // Native for one dense CPU input (the same test on every rank); the root's
-  // list is checked in submit_rooted.
-  if (inputs.size() != 1 || !native_tensors(inputs) || !inputs[0].device().is_cpu() || outputs.size() > 1) {
+  // Native for one dense CPU or CUDA input (the same test on every rank);
+  // the root's list is checked in submit_rooted.
+  if (inputs.size() != 1 || !native_tensors(inputs) || outputs.size() > 1) {
     return run_delegated("gather", touched(outputs, inputs),
                          [&](c10d::Backend& gloo) { return gloo.gather(outputs, inputs, opts); });
   }
@@ -729,7 +729,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::gather(std::vector<std::vector<a
 c10::intrusive_ptr<c10d::Work> FairringBackend::scatter(std::vector<at::Tensor>& outputs,
                                                         std::vector<std::vector<at::Tensor>>& inputs,
                                                         const c10d::ScatterOptions& opts) {
-  if (outputs.size() != 1 || !native_tensors(outputs) || !outputs[0].device().is_cpu() || inputs.size() > 1) {
+  if (outputs.size() != 1 || !native_tensors(outputs) || inputs.size() > 1) {
     return run_delegated("scatter", touched(outputs, inputs),
                          [&](c10d::Backend& gloo) { return gloo.scatter(outputs, inputs, opts); });
   }
@@ -767,7 +767,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_rooted(Collective collect
   }
   PlanParams params;
   params.slice_bytes = config_.slice_size;
-  auto op = std::make_shared<HostOp>();
+  auto op = one.is_cpu() ? std::make_shared<HostOp>() : new_device_op();
   op->collective = collective;
   op->root = root;
   op->op = RedOp::kSum;  // compared between ranks, not applied
@@ -819,7 +819,9 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_rooted(Collective collect
   op->numel = one.numel() * (one.is_complex() ? 2 : 1);
   TORCH_CHECK(blockwise_fits(c10::elementSize(op->dtype), world, params), "fairring: ", kind, " on ", world,
               " ranks does not fit a slice of FAIRRING_SLICE_SIZE=", config_.slice_size, " bytes; raise it");
-  return submit_cpu(std::move(op), type, gather ? blocks : std::vector<at::Tensor>{one}, kind,
+  std::vector<at::Tensor> outputs = gather ? blocks : std::vector<at::Tensor>{one};
+  if (!one.is_cpu()) return submit_device(std::move(op), type, std::move(outputs), kind);
+  return submit_cpu(std::static_pointer_cast<HostOp>(op), type, std::move(outputs), kind,
                     gather ? "fairring:gather" : "fairring:scatter");
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -922,16 +924,18 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall_base(at::Tensor& output
                                                               std::vector<int64_t>& output_splits,
                                                               std::vector<int64_t>& input_splits,
                                                               const c10d::AllToAllOptions& opts) {
-  // Native for CPU tensors cut into equal blocks; unequal splits go to gloo.
+  // Native: equal blocks (CPU and CUDA, all_to_all.cpp); unequal ones on
+  // the CPU pairwise.  Unequal CUDA splits go to gloo.
   const int world = getSize();
   check_splits(input_splits, input, world, "input");
   check_splits(output_splits, output, world, "output");
-  if (!native_tensors({output, input}) || !input.device().is_cpu()) {
+  const bool equal = equal_splits(input_splits, input, world) && equal_splits(output_splits, output, world);
+  if (!native_tensors({output, input}) || (!input.device().is_cpu() && !equal)) {
     return run_delegated("alltoall_base", touched(output, input), [&](c10d::Backend& gloo) {
       return gloo.alltoall_base(output, input, output_splits, input_splits, opts);
     });
   }
-  if (!equal_splits(input_splits, input, world) || !equal_splits(output_splits, output, world)) {
+  if (!equal) {
     // Unequal blocks: one send and one receive per pair of ranks.
     const auto blocks = [&](const at::Tensor& t, const std::vector<int64_t>& splits) {
       std::vector<at::Tensor> out;
@@ -951,16 +955,18 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall_base(at::Tensor& output
 c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllToAllOptions& opts) {
-  // Native for W CPU tensors each way: of one size, blockwise; else one send
-  // and one receive per pair of ranks.  Other lists go to gloo.
+  // Native for W tensors each way: of one size, blockwise (CPU and CUDA);
+  // else, on the CPU, one send and one receive per pair of ranks.  Other
+  // lists go to gloo.
   const auto same_size = [&](const at::Tensor& t) { return t.numel() == inputs[0].numel(); };
+  const bool equal = !inputs.empty() && std::all_of(inputs.begin(), inputs.end(), same_size) &&
+                     std::all_of(outputs.begin(), outputs.end(), same_size);
   if (inputs.empty() || static_cast<int>(inputs.size()) != getSize() || outputs.size() != inputs.size() ||
-      !native_tensors(both(inputs, outputs)) || !inputs[0].device().is_cpu()) {
+      !native_tensors(both(inputs, outputs)) || (!inputs[0].device().is_cpu() && !equal)) {
     return run_delegated("alltoall", touched(outputs, inputs),
                          [&](c10d::Backend& gloo) { return gloo.alltoall(outputs, inputs, opts); });
   }
-  if (!std::all_of(inputs.begin(), inputs.end(), same_size) ||
-      !std::all_of(outputs.begin(), outputs.end(), same_size)) {
+  if (!equal) {
     return exchange_blocks(inputs, outputs, outputs, c10d::OpType::ALLTOALL, "all_to_all (pairwise)");
   }
   return submit_blockwise(Collective::kAllToAll, inputs, outputs, c10d::ReduceOp::SUM, c10d::OpType::ALLTOALL);
@@ -974,13 +980,25 @@ bool FairringBackend::p2p_native(const char* kind, const std::vector<at::Tensor>
   }
   if (!p2p_ || tensors.size() != 1) return false;
   const at::Tensor& t = tensors[0];
-  return t.device().is_cpu() && t.layout() == c10::kStrided;
+  return (t.device().is_cpu() || device_native(t)) && t.layout() == c10::kStrided;
 }
 
 void FairringBackend::order_p2p(const Footprint& fp) {
   order_after_delegated(fp);  // delegated ops, and the pending sends and receives
   GilReleaseIfHeld no_gil;
   engine_->wait_conflicts(fp);  // the pipeline's
+}
+
+void FairringBackend::order_device(const Footprint& fp) {
+  // A device collective on this memory is over once its device work is: the
+  // device engine goes idle first, as before a delegated op.
+  GilReleaseIfHeld no_gil;
+  with_torch_errors([&] {
+    with_device_pipeline([&](Pipeline& p) {
+      if (p.wait_conflicts(fp)) p.wait_idle();
+      return true;
+    });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const at::Tensor& t, int peer, int tag) {
@@ -996,9 +1014,21 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const a
     fp.write(t);
   }
   order_p2p(fp);
-  // The engine moves contiguous bytes: a strided tensor goes through a copy.
-  const bool contiguous = t.is_contiguous();
-  at::Tensor buffer = contiguous ? t : is_send ? t.contiguous() : stand_in(t.numel(), t.options()).view(t.sizes());
+  // The engine moves contiguous bytes in host memory: a strided tensor goes
+  // through a copy, a device tensor through a host copy.
+  const bool device = !t.is_cpu();
+  if (device) order_device(fp);
+  const bool staged = device || !t.is_contiguous();
+  at::Tensor buffer;
+  std::function<void(const at::Tensor&)> land;  // a staged receive: into `t`
+  if (!staged) {
+    buffer = t;
+  } else if (is_send) {
+    buffer = device ? host_copy(t, kind) : t.contiguous();
+  } else {
+    buffer = stand_in(t.numel(), t.options().device(at::kCPU)).view(t.sizes());
+    land = device ? device_landing(t, kind) : [target = t](const at::Tensor& host) mutable { target.copy_(host); };
+  }
   const auto type = is_send              ? c10d::OpType::SEND
                     : peer == kAnySource ? c10d::OpType::RECVANYSOURCE
                                          : c10d::OpType::RECV;
@@ -1014,11 +1044,11 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const a
   auto recent = recent_;
   auto handle = recent->start(seq_++, kind, what, t.numel() * t.element_size());
   CompletionPool* pool = &p2p_->completions();
-  auto done = [work, recent, handle, pool, is_send, contiguous, target = t, buffer](std::exception_ptr error, int from,
+  auto done = [work, recent, handle, pool, is_send, land = std::move(land), buffer](std::exception_ptr error, int from,
                                                                                     bool on_caller) mutable {
-    if (!error && !is_send && !contiguous) {
+    if (!error && land) {
       try {
-        target.copy_(buffer);
+        land(buffer);
       } catch (const std::exception& e) {
         error = std::make_exception_ptr(error_of(e));
       }

@@ -187,6 +187,9 @@ class FairringBackend : public c10d::Backend {
   // The order rule for work on the point-to-point engine: waits until no
   // pending op (pipeline, delegated, send or receive) conflicts with `fp`.
   void order_p2p(const Footprint& fp);
+  // The same for a send or receive of a device tensor, against the device
+  // engine's collectives: waits until none that conflicts is still running.
+  void order_device(const Footprint& fp);
   // A send (`is_send`) or receive of `t` with `peer` (kAnySource: from
   // any), on the point-to-point engine.
   c10::intrusive_ptr<c10d::Work> submit_p2p(bool is_send, const at::Tensor& t, int peer, int tag);
@@ -231,6 +234,16 @@ class FairringBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> submit_device(std::shared_ptr<PipelineOp> op, c10d::OpType type,
                                                std::vector<at::Tensor> outputs, const char* kind);
   void wait_idle_device();
+  // A clear error if the current stream of `device` is capturing a CUDA graph.
+  static void check_not_capturing(c10::Device device, const char* kind);
+  // Sends and receives of device tensors go through host memory: a host
+  // copy of `t`, made on the caller's current stream after its work so far
+  // (the call returns once it is made)...
+  static at::Tensor host_copy(const at::Tensor& t, const char* kind);
+  // ... and, for a receive into `t`, what copies the received bytes from
+  // host memory into it, after the work the caller's stream has queued at
+  // this call, and is done with it when it returns.
+  static std::function<void(const at::Tensor&)> device_landing(const at::Tensor& t, const char* kind);
   // abort() of the CPU and CUDA engines (not of gloo).
   void abort_engines(const std::string& why);
   // f(the CUDA engine) if there is one (its abort(), drain(), close()); else true.

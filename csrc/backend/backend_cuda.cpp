@@ -17,6 +17,8 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "backend/cuda_work.h"
+#include "common/cuda_check.h"
+#include "common/cuda_resources.h"
 #include "common/error.h"
 #endif
 
@@ -71,18 +73,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<Pi
   TORCH_CHECK(device.index() == current, "fairring: ", kind, " got a tensor on ", device.str(),
               " but this rank's current CUDA device is cuda:", static_cast<int>(current),
               "; call torch.cuda.set_device() with the tensor's device first (each rank drives one device)");
-  {
-    // The engine's own streams and threads run the op, outside any graph: a
-    // captured op would be recorded instead of run (and never matched).
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    cuda_check(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(device.index()).stream(), &capturing),
-               "cudaStreamIsCapturing");
-    TORCH_CHECK(capturing == cudaStreamCaptureStatusNone, "fairring: ", kind,
-                " of a CUDA tensor while the current "
-                "stream is being captured into a CUDA graph (torch.cuda.graph / make_graphed_callables) is not "
-                "supported: Fairring runs collectives on its own streams and threads, outside the graph. Issue the "
-                "collective outside the captured region.");
-  }
+  check_not_capturing(device, kind);
   order_after_delegated(aop->footprint);
   CudaEngine* engine = nullptr;
   {
@@ -125,6 +116,67 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<Pi
   };
   engine->submit(std::move(aop));
   return work;
+#endif
+}
+
+void FairringBackend::check_not_capturing(c10::Device device, const char* kind) {
+#ifdef FAIRRING_WITH_CUDA
+  // The engines' own streams and threads run the op, outside any graph: a
+  // captured op would be recorded instead of run (and never matched).
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  cuda_check(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(device.index()).stream(), &capturing),
+             "cudaStreamIsCapturing");
+  TORCH_CHECK(capturing == cudaStreamCaptureStatusNone, "fairring: ", kind,
+              " of a CUDA tensor while the current "
+              "stream is being captured into a CUDA graph (torch.cuda.graph / make_graphed_callables) is not "
+              "supported: Fairring runs collectives on its own streams and threads, outside the graph. Issue the "
+              "collective outside the captured region.");
+#else
+  (void)device;
+  (void)kind;
+#endif
+}
+
+at::Tensor FairringBackend::host_copy(const at::Tensor& t, const char* kind) {
+#ifdef FAIRRING_WITH_CUDA
+  check_not_capturing(t.device(), kind);
+  c10::cuda::CUDAGuard guard(t.device());
+  at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU));
+  host.copy_(t);  // on the current stream, after its work so far; returns once the bytes are here
+  return host;
+#else
+  TORCH_CHECK(false, "fairring: ", kind, " of ", t.device().str(), " tensors is not supported by this build");
+#endif
+}
+
+std::function<void(const at::Tensor&)> FairringBackend::device_landing(const at::Tensor& t, const char* kind) {
+#ifdef FAIRRING_WITH_CUDA
+  check_not_capturing(t.device(), kind);
+  c10::cuda::CUDAGuard guard(t.device());
+  // What the caller's stream has queued so far may still use `t`.
+  auto ready = std::make_shared<CudaEvent>(t.device());
+  cuda_check(cudaEventRecord(ready->get(), c10::cuda::getCurrentCUDAStream(t.device().index()).stream()),
+             "cudaEventRecord on the caller's stream");
+  return [t, ready](const at::Tensor& host) {
+    // Any thread (the engine's, or a waiting caller's): relaxed capture mode
+    // for the copy only, so that a graph captured elsewhere stays valid.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cuda_check(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
+    struct Restore {
+      cudaStreamCaptureMode mode;
+      ~Restore() { cudaThreadExchangeStreamCaptureMode(&mode); }
+    } restore{mode};
+    c10::cuda::CUDAGuard on_device(t.device());
+    c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(false, t.device().index());
+    cuda_check(cudaStreamWaitEvent(stream.stream(), ready->get(), 0), "cudaStreamWaitEvent (caller's stream)");
+    c10::cuda::CUDAStreamGuard on_stream(stream);
+    t.copy_(host);
+    // Done before the Work is: whoever waits on it may read `t` on any stream.
+    stream.synchronize();
+  };
+#else
+  (void)t;
+  TORCH_CHECK(false, "fairring: ", kind, " of device tensors is not supported by this build");
 #endif
 }
 

@@ -84,6 +84,11 @@ bool blockwise_fits(int64_t elem_size, int world, const PlanParams& params) {
          params.slice_bytes;
 }
 
+int64_t exchange_staging_bytes(int64_t slice_area, int num_nodes) {
+  if (num_nodes < 2) return slice_area;
+  return std::max(slice_area, ceil_div(slice_area * 2 * (num_nodes - 1), num_nodes));
+}
+
 int64_t num_slices(Cut cut, int64_t numel, int64_t elem_size, int world, const PlanParams& params) {
   if (cut == Cut::kWhole) return num_slices(numel, elem_size, params);
   if (numel <= 0) return 1;

@@ -72,6 +72,14 @@ int64_t num_slices(Cut cut, int64_t numel, int64_t elem_size, int world, const P
 SlicePlan plan_slice(Cut cut, int64_t numel, int64_t elem_size, int64_t index, int ranks_per_node, int num_nodes,
                      const PlanParams& params);
 
+// Bytes that hold a rank's whole part of an exchange (RailPattern::kExchange:
+// all-to-all, gather, scatter) of one blockwise slice, its sent and its
+// received pieces side by side, when a slice of W pieces fills at most
+// `slice_area` bytes: a rank sends at most (N-1) K pieces of the slice and
+// receives as many, against the N K pieces in the slice.  (The staged CUDA
+// rail's pinned memory per slot, cuda_rails.h.)
+int64_t exchange_staging_bytes(int64_t slice_area, int num_nodes);
+
 // An upper bound on the bytes of any shard of any slice plan_slice makes with
 // these parameters, for sizing the reduction servers' staging buffers.
 int64_t max_shard_bytes(const PlanParams& params, int ranks_per_node, int num_nodes);

@@ -19,7 +19,7 @@
 namespace fairring {
 
 int64_t staged_rail_bytes(const Config& config, const PlanParams& params, int k, int n, int64_t area) {
-  return (area + rail_stage_bytes_per_slot(config, params, k, n)) * config.parallelism;
+  return (exchange_staging_bytes(area, n) + rail_stage_bytes_per_slot(config, params, k, n)) * config.parallelism;
 }
 
 NcclRailBuffers nccl_rail_buffers(const Config& config, const PlanParams& params, int k, int n) {
@@ -41,7 +41,7 @@ CudaStagedRail::CudaStagedRail(const c10::intrusive_ptr<c10d::Store>& store, con
       device_(device),
       timeout_(config.timeout),
       slots_(config.parallelism),
-      area_(area),
+      area_(exchange_staging_bytes(area, topo.num_nodes)),
       slot_stream_(std::move(slot_stream)),
       done_(std::move(done)),
       failed_(std::move(failed)) {
@@ -83,12 +83,9 @@ void CudaStagedRail::post(RailTask task) {
   cudaStream_t stream = slot_stream_(slot);
   const int64_t esize = c10::elementSize(task.dtype());
   const RailWalk walk = task.walk(topo_.node, topo_.num_nodes);
-  // Pinned memory mirrors the chunk at the shards' offsets; an exchange's
-  // pieces live elsewhere (the backend keeps CUDA all-to-all off this rail).
-  if (walk.pattern == RailPattern::kExchange) {
-    throw Error(ErrorKind::kBackend, "fairring: the staged CUDA rail does not run exchanges");
-  }
   char* host = pinned_ + static_cast<int64_t>(slot) * area_;
+  if (walk.pattern == RailPattern::kExchange) return post_exchange(std::move(task), walk, host);
+  // Pinned memory mirrors the chunk at the shards' offsets.
   auto copy_of = [&](int j) {
     const Range& r = task.shards[j];
     return Copy{task.shard_at(j), host + r.offset * esize, static_cast<size_t>(r.count * esize)};
@@ -112,6 +109,50 @@ void CudaStagedRail::post(RailTask task) {
   cudaEvent_t copied = d2h_done_[slot];
   feeder_->push(std::move(task),
                 [copied] { return cuda_done(cudaEventQuery(copied), "device-to-host copy of a reduced chunk"); });
+}
+
+// An exchange's pieces are scattered over device memory (the tensors, the
+// node-mates' input areas): the ones we send go down side by side into the
+// slot's pinned memory, the ones we receive land after them, and back()
+// takes each up to where the task says it lands.
+void CudaStagedRail::post_exchange(RailTask task, const RailWalk& walk, char* host) {
+  const int slot = task.slot;
+  cudaStream_t stream = slot_stream_(slot);
+  const int64_t esize = c10::elementSize(task.dtype());
+  int64_t used = 0;
+  auto take = [&](int64_t count) {
+    char* at = host + used;
+    used += count * esize;
+    if (used > area_) {
+      throw Error(ErrorKind::kBackend, "fairring: an exchange larger than the staged rail's pinned memory per slot (" +
+                                           std::to_string(area_) + " bytes; plan bound violated)");
+    }
+    return at;
+  };
+  // Empty pieces travel as empty messages: any host address will do.
+  std::vector<char*> pieces(task.shards.size(), host);
+  std::vector<char*> landings(task.shards.size(), host);
+  for (const Transfer& x : walk.sends) {
+    if (x.count == 0) continue;
+    pieces[x.shard] = take(x.count);
+    cuda_check(cudaMemcpyAsync(pieces[x.shard], task.shard_at(x.shard), static_cast<size_t>(x.count * esize),
+                               cudaMemcpyDeviceToHost, stream),
+               "device-to-host copy");
+  }
+  std::vector<Copy> back;
+  for (const Transfer& x : walk.receives) {
+    if (x.count == 0) continue;
+    landings[x.shard] = take(x.count);
+    back.push_back(Copy{task.landing_at(x.shard), landings[x.shard], static_cast<size_t>(x.count * esize)});
+  }
+  returns_[slot] = std::move(back);  // read by back(), ordered by the feed
+  cuda_check(cudaEventRecord(d2h_done_[slot], stream), "cudaEventRecord");
+  task.chunk = host;
+  task.pieces = std::move(pieces);
+  task.landings = std::move(landings);
+  cudaEvent_t copied = d2h_done_[slot];
+  feeder_->push(std::move(task),
+                [copied] { return cuda_done(cudaEventQuery(copied), "device-to-host copy of an exchange's pieces"); });
 }
 
 void CudaStagedRail::abort(const Error& why) {

@@ -90,7 +90,8 @@ class CudaRail : public RailExchange {
 
 class CudaStagedRail : public CudaRail {
  public:
-  // Collective over the rail.  `area` bytes of pinned memory per slot.
+  // Collective over the rail.  Pinned memory per slot for a slice of `area`
+  // bytes: its chunk, or the pieces of its exchange.
   CudaStagedRail(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const Config& config,
                  const PlanParams& params, const Secret& secret, c10::Device device, int64_t area,
                  SlotStream slot_stream, SliceDone done, Failed failed);
@@ -110,12 +111,14 @@ class CudaStagedRail : public CudaRail {
   };
 
   void back(uint64_t slice_seq);
+  // post() for kExchange: the pieces through `host`, the slot's pinned memory.
+  void post_exchange(RailTask task, const RailWalk& walk, char* host);
 
   Topology topo_;
   c10::Device device_;
   std::chrono::milliseconds timeout_;
   int slots_;
-  int64_t area_;
+  int64_t area_;  // pinned bytes per slot: a slice, or an exchange's pieces (exchange_staging_bytes)
   SlotStream slot_stream_;
   SliceDone done_;
   Failed failed_;

@@ -112,6 +112,7 @@ void register_plan_hooks(py::module& m) {
     return py::make_tuple(names, script.front);
   });
 
+  m.def("_exchange_staging_bytes_for_test", &exchange_staging_bytes);
   m.def("_max_shard_bytes_for_test",
         [](int ranks_per_node, int num_nodes, int64_t slice_bytes, int64_t min_chunk_bytes, int64_t min_shard_bytes) {
           PlanParams p;
