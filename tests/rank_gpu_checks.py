@@ -468,8 +468,8 @@ def _blocks_of(rank, n, world, dtype):
 
 def sec_exchanges(rank, world, cfg):
     """all_to_all_single (equal blocks), the list all_to_all, gather and scatter
-    of CUDA tensors, natively (dump_recent says "(CUDA)"), exact: every dtype
-    family, odd sizes, a non-contiguous output, ops in flight mixed with
+    of CUDA tensors, natively (dump_recent says "(CUDA)"), exact: floating,
+    integer and 1-byte dtypes, odd sizes, every rank as the root, a non-contiguous output, ops in flight mixed with
     all-reduces; unequal all_to_all splits (gloo's) still right."""
     import io
 
@@ -477,8 +477,8 @@ def sec_exchanges(rank, world, cfg):
 
     dev = _device(rank)
     failures = Failures()
-    for n in cfg["sizes"]:
-        for dtype in (torch.float32, torch.uint8, torch.float64, torch.bfloat16, torch.int64):
+    for n in cfg.get("exchange_sizes", cfg["sizes"]):
+        for di, dtype in enumerate((torch.float32, torch.uint8, torch.float64, torch.bfloat16, torch.int64)):
             name = f"{refs.dtype_name(dtype)}/n={n}"
             inputs = [_blocks_of(r, n, world, dtype) for r in range(world)]
             want = torch.cat([inputs[s][rank * n:(rank + 1) * n] for s in range(world)])
@@ -490,7 +490,7 @@ def sec_exchanges(rank, world, cfg):
             dist.all_to_all(outs, list(inputs[rank].to(dev).chunk(world)))
             if not torch.equal(torch.cat([o.cpu() for o in outs]), want):
                 failures.add(f"all_to_all (list) {name}: wrong result")
-            root = n % world
+            root = (n + di) % world  # every rank, local rank 0 included, is a root for some case
             mine = inputs[rank][:n]
             got = [torch.full((n,), 5, dtype=dtype, device=dev) for _ in range(world)] if rank == root else None
             dist.gather(mine.to(dev), got, dst=root)
@@ -558,7 +558,7 @@ def sec_p2p(rank, world, cfg):
     dev = _device(rank)
     failures = Failures()
     nxt, prv = (rank + 1) % world, (rank - 1) % world
-    for n in cfg["sizes"]:
+    for n in cfg.get("exchange_sizes", cfg["sizes"]):
         for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.uint8):
             name = f"{refs.dtype_name(dtype)}/n={n}"
             # A ring: to the next rank, from the previous one, both in flight.
@@ -600,6 +600,19 @@ def sec_p2p(rank, world, cfg):
             src = dist.recv(t, tag=4)
             if src != 1 or not torch.equal(t.cpu(), torch.full((5,), 42.0)):
                 failures.add(f"recv from any source: src {src}, {t.cpu().tolist()}")
+    # A receive posted while the caller's stream is still busy (a long
+    # kernel queued before it), into a leaf that requires grad: it lands after
+    # that work, and its Work completes only once the bytes are there.
+    if rank < 2 <= world:
+        if rank == 0:
+            dist.send(torch.full((4099,), 9.0, device=dev), 1, tag=6)
+        else:
+            leaf = torch.zeros(4099, device=dev, requires_grad=True)
+            _sleep_on_device(dev, 0.2)
+            w = dist.irecv(leaf, 0, tag=6)
+            w.wait()
+            if not torch.equal(leaf.detach().cpu(), torch.full((4099,), 9.0)):
+                failures.add(f"irecv behind a busy stream, into a leaf: {leaf.detach().cpu()[:4].tolist()}")
     # batch_isend_irecv: a ring, with all-reduces in flight beside it.
     ops = [dist.P2POp(dist.isend, torch.full((65537,), float(rank), device=dev), nxt),
            dist.P2POp(dist.irecv, torch.empty(65537, device=dev), prv)]

@@ -257,6 +257,20 @@ def issue_order(rank, world):
     total = world * (world + 1) / 2
     _check(failures, "strided recv before all_reduce", base[:, 0].contiguous(), torch.full((n,), total))
     _check(failures, "strided recv before all_reduce (other column)", base[:, 1].contiguous(), torch.zeros(n))
+    # receives into a leaf that requires grad, whole and through a strided
+    # view (its copy-back runs on an engine thread, where grad mode is on)
+    leaf = torch.zeros(n, 2, requires_grad=True)
+    works = [dist.isend(torch.full((n,), float(rank + 7)), nxt, tag=51),
+             dist.isend(torch.full((2 * n,), float(rank + 8)), nxt, tag=52),
+             dist.irecv(leaf[:, 1], prv, tag=51)]
+    whole = torch.zeros(n, 2, requires_grad=True)
+    works.append(dist.irecv(whole, prv, tag=52))
+    for x in works:
+        x.wait()
+    _check(failures, "strided recv into a leaf that requires grad", leaf.detach()[:, 1].contiguous(),
+           torch.full((n,), float(prv + 7)))
+    _check(failures, "recv into a leaf that requires grad", whole.detach().reshape(-1),
+           torch.full((2 * n,), float(prv + 8)))
     # many in flight: 40 small messages each way with one tag, in order
     works, bufs = [], []
     for i in range(40):

@@ -28,7 +28,8 @@ TOPOLOGIES = {
                  {"sizes": SIZES}),
     "2x2-slice4K": (["a", "a", "b", "b"],
                     {"FAIRRING_SLICE_SIZE": "4K", "FAIRRING_PARALLELISM": "2", "FAIRRING_TOTAL_MEMORY": "1M"},
-                    ["correctness", "streams", "collectives", "exchanges"], {"sizes": [1, 1031, 65537, 262147]}),
+                    ["correctness", "streams", "collectives", "exchanges"],
+                    {"sizes": [1, 1031, 65537, 262147], "exchange_sizes": [1, 1031, 4099]}),
 }
 
 # Checks aimed at what a desk review found (issue 10), on their own sessions.

@@ -990,12 +990,11 @@ void FairringBackend::order_p2p(const Footprint& fp) {
 }
 
 void FairringBackend::order_device(const Footprint& fp) {
-  // A device collective on this memory is over once its device work is: the
-  // device engine goes idle first, as before a delegated op.
+  // A device collective on this memory is over once its device work is.
   GilReleaseIfHeld no_gil;
   with_torch_errors([&] {
     with_device_pipeline([&](Pipeline& p) {
-      if (p.wait_conflicts(fp)) p.wait_idle();
+      p.wait_conflicts_on_device(fp);
       return true;
     });
   });
@@ -1027,7 +1026,10 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const a
     buffer = device ? host_copy(t, kind) : t.contiguous();
   } else {
     buffer = stand_in(t.numel(), t.options().device(at::kCPU)).view(t.sizes());
-    land = device ? device_landing(t, kind) : [target = t](const at::Tensor& host) mutable { target.copy_(host); };
+    land = device ? device_landing(t, kind) : [target = t](const at::Tensor& host) mutable {
+      at::NoGradGuard no_grad;  // the caller's tensor may be a leaf that requires grad
+      target.copy_(host);
+    };
   }
   const auto type = is_send              ? c10d::OpType::SEND
                     : peer == kAnySource ? c10d::OpType::RECVANYSOURCE
@@ -1044,17 +1046,29 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const a
   auto recent = recent_;
   auto handle = recent->start(seq_++, kind, what, t.numel() * t.element_size());
   CompletionPool* pool = &p2p_->completions();
-  auto done = [work, recent, handle, pool, is_send, land = std::move(land), buffer](std::exception_ptr error, int from,
-                                                                                    bool on_caller) mutable {
-    if (!error && land) {
-      try {
-        land(buffer);
-      } catch (const std::exception& e) {
-        error = std::make_exception_ptr(error_of(e));
-      }
-    }
+  // A receive into device memory lands off the engine's threads (the copy
+  // waits for the caller's stream); until then it is remembered like a
+  // delegated op, so that later ops on the tensor wait for it.
+  if (device && !is_send) remember_delegated(work, fp, /*p2p=*/true);
+  auto done = [work, recent, handle, pool, is_send, device, land = std::move(land), buffer](
+                  std::exception_ptr error, int from, bool on_caller) mutable {
     if (!is_send) work->set_source_rank(from);
-    settle_p2p_work(work, *recent, handle, *pool, error, on_caller);
+    auto finish = [work, recent, handle, pool, land = std::move(land), buffer](std::exception_ptr error,
+                                                                               bool on_caller) {
+      if (!error && land) {
+        try {
+          land(buffer);
+        } catch (const std::exception& e) {
+          error = std::make_exception_ptr(error_of(e));
+        }
+      }
+      settle_p2p_work(work, *recent, handle, *pool, error, on_caller);
+    };
+    if (device && !error && !is_send) {
+      pool->post([finish = std::move(finish)]() mutable { finish(nullptr, false); });
+    } else {
+      finish(error, on_caller);
+    }
   };
   // The engine's op stands for the caller's tensor (fp), not the stand-in.
   if (is_send) {

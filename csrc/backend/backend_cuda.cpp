@@ -19,6 +19,9 @@
 #include "backend/cuda_work.h"
 #include "common/cuda_check.h"
 #include "common/cuda_resources.h"
+
+#include <map>
+#include <mutex>
 #include "common/error.h"
 #endif
 
@@ -141,6 +144,7 @@ at::Tensor FairringBackend::host_copy(const at::Tensor& t, const char* kind) {
 #ifdef FAIRRING_WITH_CUDA
   check_not_capturing(t.device(), kind);
   c10::cuda::CUDAGuard guard(t.device());
+  at::NoGradGuard no_grad;
   at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU));
   host.copy_(t);  // on the current stream, after its work so far; returns once the bytes are here
   return host;
@@ -148,6 +152,22 @@ at::Tensor FairringBackend::host_copy(const at::Tensor& t, const char* kind) {
   TORCH_CHECK(false, "fairring: ", kind, " of ", t.device().str(), " tensors is not supported by this build");
 #endif
 }
+
+#ifdef FAIRRING_WITH_CUDA
+namespace {
+// The stream received bytes go up to the GPU on: one per device and process,
+// Fairring's own (not one of c10's pooled streams, which users capture
+// graphs on), never destroyed (a copy may still use it at exit).
+DedicatedStream* landing_stream(c10::Device device) {
+  static std::mutex mu;
+  static std::map<int, DedicatedStream*> streams;
+  std::lock_guard<std::mutex> lock(mu);
+  DedicatedStream*& s = streams[device.index()];
+  if (!s) s = new DedicatedStream(device, false);
+  return s;
+}
+}  // namespace
+#endif
 
 std::function<void(const at::Tensor&)> FairringBackend::device_landing(const at::Tensor& t, const char* kind) {
 #ifdef FAIRRING_WITH_CUDA
@@ -157,9 +177,10 @@ std::function<void(const at::Tensor&)> FairringBackend::device_landing(const at:
   auto ready = std::make_shared<CudaEvent>(t.device());
   cuda_check(cudaEventRecord(ready->get(), c10::cuda::getCurrentCUDAStream(t.device().index()).stream()),
              "cudaEventRecord on the caller's stream");
-  return [t, ready](const at::Tensor& host) {
-    // Any thread (the engine's, or a waiting caller's): relaxed capture mode
-    // for the copy only, so that a graph captured elsewhere stays valid.
+  DedicatedStream* stream = landing_stream(t.device());
+  return [t, ready, stream](const at::Tensor& host) {
+    // A completion worker: relaxed capture mode for the copy only, so that a
+    // graph captured meanwhile on another thread stays valid.
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     cuda_check(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
     struct Restore {
@@ -167,12 +188,14 @@ std::function<void(const at::Tensor&)> FairringBackend::device_landing(const at:
       ~Restore() { cudaThreadExchangeStreamCaptureMode(&mode); }
     } restore{mode};
     c10::cuda::CUDAGuard on_device(t.device());
-    c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(false, t.device().index());
-    cuda_check(cudaStreamWaitEvent(stream.stream(), ready->get(), 0), "cudaStreamWaitEvent (caller's stream)");
-    c10::cuda::CUDAStreamGuard on_stream(stream);
-    t.copy_(host);
+    cuda_check(cudaStreamWaitEvent(stream->stream(), ready->get(), 0), "cudaStreamWaitEvent (caller's stream)");
+    {
+      c10::cuda::CUDAStreamGuard on_stream(stream->c10());
+      at::NoGradGuard no_grad;  // the caller's tensor may be a leaf that requires grad
+      t.copy_(host);
+    }
     // Done before the Work is: whoever waits on it may read `t` on any stream.
-    stream.synchronize();
+    cuda_check(cudaStreamSynchronize(stream->stream()), "cudaStreamSynchronize (received bytes to the GPU)");
   };
 #else
   (void)t;

@@ -234,6 +234,12 @@ bool Pipeline::wait_conflicts(const Footprint& fp) {
   return true;
 }
 
+bool Pipeline::wait_conflicts_on_device(const Footprint& fp) {
+  if (!wait_conflicts(fp)) return false;
+  wait_device_idle();
+  return true;
+}
+
 bool Pipeline::quiesce(std::chrono::milliseconds limit) {
   const auto until = std::chrono::steady_clock::now() + limit;
   {

@@ -60,6 +60,11 @@ class Pipeline {
   // for work that runs outside the pipeline: point-to-point ops).  True if
   // it waited.  A failed group's ops complete too, so this ends.
   bool wait_conflicts(const Footprint& fp);
+  // The same, and on a device then also until the device work enqueued so
+  // far is over (the conflicting ops' included), for work that reads or
+  // writes the memory outside the device's streams.  Unlike wait_idle it
+  // does not wait for later ops to be issued to the device.
+  bool wait_conflicts_on_device(const Footprint& fp);
   // Blocks (up to `limit`) until every op has completed and no engine thread
   // holds a tensor or Work any more: after this, nothing of the caller's is
   // released from the engine's threads.  True if it got there.
