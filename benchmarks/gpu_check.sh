@@ -132,7 +132,7 @@ if [ "$fail" != 0 ]; then
   exit 1
 fi
 session kernels 35 "${PYTEST[@]}" tests/test_gpu_kernels.py tests/test_gpu_options.py
-session allreduce 70 "${PYTEST[@]}" tests/test_gpu_allreduce.py \
+session allreduce 90 "${PYTEST[@]}" tests/test_gpu_allreduce.py \
   -k "not smoke and not slice256K and not 3x1 and not shared_gpu and not nccl and not compressed and not budget and not watchdog and not killed_with"
 session review 40 "${PYTEST[@]}" tests/test_gpu_allreduce.py \
   -k "(slice256K or 3x1 or shared_gpu or nccl) and not compressed"
