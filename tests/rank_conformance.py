@@ -366,6 +366,22 @@ def recent_ops(rank, world):
             failures.append(f"sequence numbers {seqs}")
     if "monitoredBarrier (gloo)" not in buf.getvalue() or "send of tag 0" not in buf.getvalue():
         failures.append(f"printed dump: {buf.getvalue()[:300]!r}")
+    # The ring keeps the last 64 once it has gone round (and each record is
+    # its own op's, described from its key when read).
+    for i in range(150):
+        dist.all_reduce(torch.ones(1 + i % 7, dtype=torch.float64 if i % 2 else torch.float32))
+    recs = fairring_py.dump_recent(file=io.StringIO())
+    seqs = [r["seq"] for r in recs]
+    if len(recs) != 64 or seqs != list(range(seqs[0], seqs[0] + 64)):
+        failures.append(f"after 150 more ops: {len(recs)} records, sequence numbers {seqs}")
+    else:
+        for k, r in enumerate(recs):
+            i = 150 - 64 + k
+            want = f"{1 + i % 7} elements of {'float64' if i % 2 else 'float32'} with SUM"
+            if r["kind"] != "all_reduce" or r["what"] != want or r["state"] != "done" or \
+                    r["bytes"] != (1 + i % 7) * (8 if i % 2 else 4):
+                failures.append(f"after the ring went round, record {k}: {r}, wanted {want!r}")
+                break
     return failures
 
 

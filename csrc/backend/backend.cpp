@@ -15,6 +15,7 @@
 #include "backend/reduce_input.h"
 #include "backend/stand_in.h"
 #include "backend/torch_error.h"
+#include "common/current_pid.h"
 #include "common/log.h"
 #include "backend/work.h"
 #include "common/dtype_name.h"
@@ -289,29 +290,30 @@ void FairringBackend::shutdown() {
 }
 
 void FairringBackend::check_same_process(const char* what) const {
-  TORCH_CHECK(getpid() == creator_pid_, "fairring: ", what, " on a process group created in process ", creator_pid_,
-              ", from its fork()ed child ", getpid(),
+  TORCH_CHECK(current_pid() == creator_pid_, "fairring: ", what, " on a process group created in process ",
+              creator_pid_, ", from its fork()ed child ", current_pid(),
               ": a child cannot use its parent's group (it would join the parent's collectives). "
               "Create a new process group in the child.");
 }
 
 std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind, PipelineOp& op, int64_t bytes,
-                                                               std::function<void(std::exception_ptr)> done) {
+                                                               std::function<void(std::exception_ptr)> done,
+                                                               const char* suffix) {
   auto recent = recent_;
   op.number = seq_++;
-  auto handle = recent->start(op.number, kind, describe_args(op.key()), bytes);
+  auto handle = recent->start(op.number, kind, suffix, op.key(), bytes);
   const int rank = getRank();
-  FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s of %s: issued", static_cast<unsigned long long>(handle->seq), kind,
-                  handle->what.c_str());
-  return [recent, handle, rank, done = std::move(done)](std::exception_ptr error) {
+  FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s%s of %s: issued", static_cast<unsigned long long>(handle.seq), kind, suffix,
+                  describe_args(op.key()).c_str());
+  return [recent, handle, rank, kind, suffix, done = std::move(done)](std::exception_ptr error) {
     const std::string why = error ? error_of(error).what() : "";
     recent->finish(handle, why);
-    FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s: %s", static_cast<unsigned long long>(handle->seq), handle->kind.c_str(),
+    FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s%s: %s", static_cast<unsigned long long>(handle.seq), kind, suffix,
                     error ? ("failed: " + why).c_str() : "done");
     // The group's first failure: what led up to it, for the post-mortem.
     if (error && recent->first_failure()) {
       FAIRRING_LOG(rank, "collective #%llu failed; this group's last collectives:\n%s",
-                   static_cast<unsigned long long>(handle->seq), recent->format().c_str());
+                   static_cast<unsigned long long>(handle.seq), recent->format().c_str());
     }
     done(error);
   };

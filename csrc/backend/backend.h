@@ -149,8 +149,9 @@ class FairringBackend : public c10d::Backend {
   void order_after_delegated(const Footprint& fp, bool with_p2p = true);
   // Numbers a native op in the group (PipelineOp::number), records it in
   // recent_ and wraps its completion (`done`) to record how it ended.
+  // `kind` and `suffix` (" (CUDA)") are literals: the completion logs them.
   std::function<void(std::exception_ptr)> track(const char* kind, PipelineOp& op, int64_t bytes,
-                                                std::function<void(std::exception_ptr)> done);
+                                                std::function<void(std::exception_ptr)> done, const char* suffix = "");
   // Throws if called in a fork()ed child of the process that built the group.
   void check_same_process(const char* what) const;
   // The collective part of construction (topology, secret, engine).

@@ -4,33 +4,80 @@
 
 namespace fairring {
 
-RecentOps::RecentOps(size_t capacity) : capacity_(capacity) {}
+RecentOps::RecentOps(size_t capacity) : ring_(capacity) {}
 
-RecentOps::Handle RecentOps::start(uint64_t seq, std::string kind, std::string what, int64_t bytes, bool delegated) {
-  auto h = std::make_shared<Record>();
-  h->seq = seq;
-  h->kind = std::move(kind);
-  h->what = std::move(what);
-  h->bytes = bytes;
-  h->state = delegated ? "delegated" : "in flight";
-  h->start = std::chrono::steady_clock::now();
+RecentOps::Entry& RecentOps::claim(uint64_t seq, int64_t bytes, State state) {
+  Entry& e = ring_[started_ % ring_.size()];
+  e.stamp = ++started_;
+  e.seq = seq;
+  e.bytes = bytes;
+  e.state = state;
+  e.error.clear();
+  e.start = std::chrono::steady_clock::now();
+  return e;
+}
+
+RecentOps::Handle RecentOps::start(uint64_t seq, const std::string& kind, std::string what, int64_t bytes,
+                                   bool delegated) {
   std::lock_guard<std::mutex> lock(mu_);
-  ops_.push_back(h);
-  if (ops_.size() > capacity_) ops_.pop_front();
-  return h;
+  Entry& e = claim(seq, bytes, delegated ? State::kDelegated : State::kInFlight);
+  e.kind = kind;  // (assigned into the entry's own buffer: no allocation once warm)
+  e.has_key = false;
+  e.what = std::move(what);
+  return {e.stamp, seq};
+}
+
+RecentOps::Handle RecentOps::start(uint64_t seq, const char* kind, const char* suffix, const OpKey& key,
+                                   int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry& e = claim(seq, bytes, State::kInFlight);
+  e.kind = kind;
+  e.kind += suffix;
+  e.has_key = true;
+  e.key = key;
+  return {e.stamp, seq};
 }
 
 void RecentOps::finish(const Handle& h, const std::string& error) {
+  const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mu_);
-  h->end = std::chrono::steady_clock::now();
-  h->state = error.empty() ? "done" : "failed";
-  h->error = error;
+  Entry& e = ring_[(h.stamp - 1) % ring_.size()];
+  if (e.stamp != h.stamp) return;  // overwritten by a later op: the ring went round
+  e.end = now;
+  e.state = error.empty() ? State::kDone : State::kFailed;
+  e.error = error;
 }
 
 std::vector<RecentOps::Record> RecentOps::snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Record> out;
-  for (const auto& h : ops_) out.push_back(*h);
+  const uint64_t n = ring_.size();
+  for (uint64_t s = started_ > n ? started_ - n + 1 : 1; s <= started_; ++s) {
+    const Entry& e = ring_[(s - 1) % n];
+    Record r;
+    r.seq = e.seq;
+    r.kind = e.kind;
+    r.what = e.has_key ? describe_args(e.key) : e.what;
+    r.bytes = e.bytes;
+    switch (e.state) {
+      case State::kInFlight:
+        r.state = "in flight";
+        break;
+      case State::kDone:
+        r.state = "done";
+        break;
+      case State::kFailed:
+        r.state = "failed";
+        break;
+      case State::kDelegated:
+        r.state = "delegated";
+        break;
+    }
+    r.error = e.error;
+    r.start = e.start;
+    r.end = e.end;
+    out.push_back(std::move(r));
+  }
   return out;
 }
 

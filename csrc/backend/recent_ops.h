@@ -3,15 +3,20 @@
 // (_dump_fr_trace) only hears from backends built into torch, so Fairring
 // keeps its own: dumped to stderr when an op fails, and on request
 // (fairring_py.dump_recent(group)).
+//
+// Every op passes through here on its latency path, so a record costs no
+// allocation once the ring has been round: the records are kept in place
+// and overwritten, and a collective's description ("1000 elements of float32
+// with SUM") is written from its OpKey only when the ring is read.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
-#include <deque>
-#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "common/op_key.h"
 
 namespace fairring {
 
@@ -28,13 +33,22 @@ class RecentOps {
     std::chrono::steady_clock::time_point end;  // when done or failed
     bool ended() const { return state == "done" || state == "failed"; }
   };
-  using Handle = std::shared_ptr<Record>;
+  // Names an op's record; finish() through it.  Once the ring has gone
+  // round past the record, finish() leaves the newer op's record alone.
+  struct Handle {
+    uint64_t stamp = 0;  // the how-manieth start (1-based): the record's place and age
+    uint64_t seq = 0;    // the op's number, for logs
+  };
 
   explicit RecentOps(size_t capacity);
-  // Records an op; finish() it when it ends (ops delegated to gloo are not followed).
-  Handle start(uint64_t seq, std::string kind, std::string what, int64_t bytes, bool delegated = false);
+  // Records an op; finish() it when it ends (ops delegated to gloo are not
+  // followed).  `kind` may be a literal or a composed name.
+  Handle start(uint64_t seq, const std::string& kind, std::string what, int64_t bytes, bool delegated = false);
+  // The same for a collective of the pipeline, named `kind` + `suffix`: its
+  // description comes from `key` when the ring is read.
+  Handle start(uint64_t seq, const char* kind, const char* suffix, const OpKey& key, int64_t bytes);
   void finish(const Handle& h, const std::string& error);
-  // Oldest first; durations and ages in ms.
+  // Oldest first.
   std::vector<Record> snapshot() const;
   // One line per op, for logs.
   std::string format() const;
@@ -42,9 +56,26 @@ class RecentOps {
   bool first_failure();
 
  private:
-  const size_t capacity_;
+  enum class State { kInFlight, kDone, kFailed, kDelegated };
+  struct Entry {
+    uint64_t stamp = 0;  // 0: never used
+    uint64_t seq = 0;
+    std::string kind;
+    bool has_key = false;  // `what` comes from `key`
+    OpKey key;
+    std::string what;
+    int64_t bytes = 0;
+    State state = State::kInFlight;
+    std::string error;
+    std::chrono::steady_clock::time_point start;
+    std::chrono::steady_clock::time_point end;
+  };
+  // The next entry, under mu_.
+  Entry& claim(uint64_t seq, int64_t bytes, State state);
+
   mutable std::mutex mu_;
-  std::deque<Handle> ops_;
+  std::vector<Entry> ring_;
+  uint64_t started_ = 0;  // starts so far; entry i holds start number i+1, i+1+capacity, ...
   bool failure_dumped_ = false;
 };
 

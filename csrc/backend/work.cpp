@@ -2,6 +2,7 @@
 
 #include "backend/torch_error.h"
 
+#include <ATen/record_function.h>
 #include <Python.h>
 #include <sys/syscall.h>
 #include <torch/csrc/Exceptions.h>
@@ -20,12 +21,20 @@ bool on_main_thread() {
 }
 }  // namespace
 
+namespace {
+// Whether a profiler (or any RecordFunction observer) listens.  Without one
+// the base class's range would only be built to be dropped: a heap
+// allocation and a copy of the tensor list on every op's latency path.
+bool profiling() { return at::hasCallbacks(); }
+}  // namespace
+
 FairringWork::FairringWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, const char* profiling_title)
     // With a title, the base class opens an async profiler range with the
     // tensors' shapes, closed by finish(): the trace shows the op's real span.
-    : c10d::Work(rank, type, profiling_title, outputs),
+    : c10d::Work(rank, type, profiling() ? profiling_title : nullptr,
+                 profiling() ? std::optional<std::vector<at::Tensor>>(outputs) : std::nullopt),
       outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors())) {}
 
 void FairringWork::wait_interruptibly(std::chrono::milliseconds timeout) {
   // Only the main thread runs Python's signal handlers.
