@@ -410,16 +410,19 @@ def table(summary: dict) -> str:
 def summarize(a, sizes, libs_ok, runs, infos, skipped, m, wall) -> dict:
     rows = []
     for size in sizes:
-        us, errors, per_round = {}, {}, {}
+        us, errors, per_round, cpu = {}, {}, {}, {}
         for lib in libs_ok:
             meds = [run["results"][size]["median_s"] for run in runs[lib] if size in run["results"]]
+            cpus = [run["results"][size]["cpu_s"] for run in runs[lib]
+                    if size in run["results"] and run["results"][size].get("cpu_s") is not None]
+            cpu[lib] = statistics.median(cpus) * 1e6 if cpus else None
             errs = [run["results"][size]["error"] for run in runs[lib]
                     if size in run["results"] and run["results"][size].get("error")]
             per_round[lib] = [x * 1e6 for x in meds]
             us[lib] = statistics.median(meds) * 1e6 if meds else None
             if errs:
                 errors[lib] = errs[0]
-        row = {"size": size, "us": us, "per_round_us": per_round, "errors": errors}
+        row = {"size": size, "us": us, "per_round_us": per_round, "errors": errors, "cpu_us": cpu}
         others = {x: v for x, v in us.items() if x != "fairring" and v is not None}
         if us.get("fairring") is not None and others:
             fastest = min(others, key=others.get)
@@ -437,12 +440,27 @@ def summarize(a, sizes, libs_ok, runs, infos, skipped, m, wall) -> dict:
             "wall_s": round(wall, 1)}
 
 
+def cpu_table(summary: dict) -> str:
+    libs = summary["libs"]
+    lines = ["| size | " + " | ".join(TITLES[x] for x in libs) + " |", "|---" * (len(libs) + 1) + "|"]
+    for row in summary["rows"]:
+        cells = []
+        for x in libs:
+            v = row.get("cpu_us", {}).get(x)
+            cells.append("-" if v is None else (f"{v:.1f}" if v < 1000 else f"{v:.0f}"))
+        lines.append(f"| {fmt_size(row['size'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def markdown(s: dict) -> str:
     m = s["machine"]
     out = [f"All-reduce, float32 SUM, {s['ranks']} ranks on one node: microseconds per op (median of "
            f"{s['rounds']} round(s), each the median over samples of the slowest rank's time per op); "
            f"fastest per row in bold; Fairring / fastest other > 1 means Fairring is slower.", "",
            table(s), ""]
+    out += ["CPU time per op: microseconds of CPU, all of a rank's threads (its process's CPU time over the "
+            "timed samples / their ops), the rank with most, median of the rounds. With one rank per core, a "
+            "library that waits by spinning shows about its wall time here.", "", cpu_table(s), ""]
     if s["floor_us"] is not None:
         out.append(f"Floor: Fairring's 4-byte all-reduce takes {s['floor_us']:.1f} us.")
     if s.get("torch_floor_us") is not None:

@@ -149,7 +149,7 @@ def sweep(lib, args) -> int:
         n = size // 4
         inp = input_values(rank, n)
         expected = sum(input_values(r, n) for r in range(world))
-        state = {"error": "", "checked": 0}
+        state = {"error": "", "checked": 0, "cpu": 0.0}
         bufs = []  # tensors; ``views`` what the op is given (numpy views for MPI)
         views = []
 
@@ -164,10 +164,12 @@ def sweep(lib, args) -> int:
                 b.copy_(inp)
             lib.barrier()
             op = lib.op
+            c0 = time.process_time()  # CPU time of all the process's threads
             t0 = time.perf_counter()
             for v in views[:count]:
                 op(v)
             t = time.perf_counter() - t0
+            state["cpu"] += time.process_time() - c0
             for k, b in enumerate(bufs[:count]):
                 state["checked"] += 1
                 if not state["error"] and not torch.equal(b, expected):
@@ -191,6 +193,7 @@ def sweep(lib, args) -> int:
         samples = int(args.time_per_size / (per_op * reps)) if per_op > 0 else args.max_samples
         samples = max(args.min_samples, min(args.max_samples, samples))
         times = []
+        state["cpu"] = 0.0  # the timed samples' only
         t_size = time.monotonic()
         for s in range(samples):
             times.append(run(reps) / reps)
@@ -200,6 +203,7 @@ def sweep(lib, args) -> int:
             if s + 1 >= args.min_samples and lib.max_over_ranks([1.0 if late else 0.0])[0]:
                 break
         times = lib.max_over_ranks(times)
+        cpu_per_op = lib.max_over_ranks([state["cpu"] / (len(times) * reps)])[0]
         bad_ranks = lib.max_over_ranks([1.0 if state["error"] else 0.0])[0]
         if state["error"]:
             print(state["error"], file=sys.stderr, flush=True)
@@ -209,7 +213,8 @@ def sweep(lib, args) -> int:
             err = state["error"] or ("wrong result on another rank (see its stderr)" if bad_ranks else "")
             print(json.dumps({"lib": lib.meta["lib"], "size": size, "reps": reps, "samples": samples,
                               "median_s": percentile(times, 50), "p10_s": percentile(times, 10),
-                              "p90_s": percentile(times, 90), "checked": state["checked"], "error": err}),
+                              "p90_s": percentile(times, 90), "cpu_s": cpu_per_op, "checked": state["checked"],
+                              "error": err}),
                   flush=True)
         del bufs[:], views[:]
     return failures

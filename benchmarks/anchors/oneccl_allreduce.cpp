@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -90,6 +91,13 @@ Args parse(int argc, char** argv) {
 // Rank r, element i: a small integer, different per rank and position.
 float input_value(int rank, size_t i) {
     return float(int64_t((i * 7919 + size_t(rank) * 97) % 2001) - 1000 + rank + 1);
+}
+
+// CPU time of all the process's threads (oneCCL's and Intel MPI's included).
+double process_cpu_s() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
 }
 
 double percentile(std::vector<double> xs, double q) {
@@ -155,14 +163,17 @@ int main(int argc, char** argv) {
         }
         std::string error;
         size_t checked = 0;
+        double cpu = 0;  // CPU time of all the process's threads in the timed loops
         auto run = [&](std::vector<std::vector<float>>& bufs, int count) {
             for (int k = 0; k < count; k++) std::memcpy(bufs[k].data(), input.data(), n * 4);
             barrier();
+            const double c0 = process_cpu_s();
             auto t0 = clock::now();
             for (int k = 0; k < count; k++)
                 ccl::allreduce(bufs[k].data(), bufs[k].data(), n, ccl::datatype::float32, ccl::reduction::sum, comm)
                     .wait();
             double t = std::chrono::duration<double>(clock::now() - t0).count();
+            cpu += process_cpu_s() - c0;
             for (int k = 0; k < count; k++) {
                 checked++;
                 if (error.empty() && std::memcmp(bufs[k].data(), expected.data(), n * 4) != 0) {
@@ -200,6 +211,7 @@ int main(int argc, char** argv) {
         samples = std::max(args.min_samples, std::min(args.max_samples, samples));
         bufs.resize(reps, std::vector<float>(n));
         std::vector<double> times;
+        cpu = 0;  // the timed samples' only
         auto t_size = clock::now();
         for (int s = 0; s < samples; s++) {
             times.push_back(run(bufs, reps) / reps);
@@ -209,6 +221,7 @@ int main(int argc, char** argv) {
             if (s + 1 >= args.min_samples && max_over_ranks({late ? 1.0 : 0.0})[0] > 0) break;
         }
         times = max_over_ranks(times);
+        const double cpu_per_op = max_over_ranks({cpu / (double(times.size()) * reps)})[0];
         // Any rank's failure is reported: count them over ranks.
         double bad = max_over_ranks({error.empty() ? 0.0 : 1.0})[0];
         if (!error.empty()) std::fprintf(stderr, "%s\n", error.c_str());
@@ -216,9 +229,9 @@ int main(int argc, char** argv) {
         if (rank == 0) {
             std::string err = error.empty() && bad > 0 ? "wrong result on another rank (see its stderr)" : error;
             std::printf("{\"lib\": \"oneccl\", \"size\": %zu, \"reps\": %d, \"samples\": %d, \"median_s\": %.9g, "
-                        "\"p10_s\": %.9g, \"p90_s\": %.9g, \"checked\": %zu, \"error\": \"%s\"}\n",
+                        "\"p10_s\": %.9g, \"p90_s\": %.9g, \"cpu_s\": %.9g, \"checked\": %zu, \"error\": \"%s\"}\n",
                         bytes, reps, samples, percentile(times, 50), percentile(times, 10), percentile(times, 90),
-                        checked, err.c_str());
+                        cpu_per_op, checked, err.c_str());
             std::fflush(stdout);
         }
     }

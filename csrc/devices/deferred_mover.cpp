@@ -1,5 +1,7 @@
 #include "devices/deferred_mover.h"
 
+#include <pthread.h>
+
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -22,7 +24,10 @@ DeferredMover::DeferredMover(NodeArena& arena, int local_rank, int ranks_per_nod
     streams_.push_back(std::make_unique<Stream>());
     Stream& s = *streams_.back();
     const unsigned seed = static_cast<unsigned>(rank * 1009 + i);
-    s.worker = std::thread([this, &s, seed] { run(s, seed); });
+    s.worker = std::thread([this, &s, seed] {
+      pthread_setname_np(pthread_self(), "fairring-mover");
+      run(s, seed);
+    });
   }
 }
 

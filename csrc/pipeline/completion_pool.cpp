@@ -1,5 +1,7 @@
 #include "pipeline/completion_pool.h"
 
+#include <pthread.h>
+
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -38,6 +40,7 @@ thread_local const void* tl_pool_state = nullptr;
 void ensure_worker(const std::shared_ptr<CompletionPool::State>& st);
 
 void worker_loop(std::shared_ptr<CompletionPool::State> st) {
+  pthread_setname_np(pthread_self(), "fairring-done");
   tl_pool_state = st.get();
   std::unique_lock<std::mutex> lock(st->mu);
   for (;;) {

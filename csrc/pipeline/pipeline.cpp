@@ -1,6 +1,7 @@
 #include "pipeline/pipeline.h"
 
 #include <c10/util/Exception.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -69,7 +70,10 @@ void Pipeline::set_movers(Mover& mover, RailExchange* rail) {
 
 void Pipeline::start() {
   if (!schedule_) throw Error(ErrorKind::kBackend, "fairring: Pipeline::start before set_movers");
-  loop_ = std::thread([this] { loop(); });
+  loop_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "fairring-loop");  // (top -H, perf, py-spy)
+    loop();
+  });
   std::lock_guard<std::mutex> lock(g_live_mu);
   g_live.insert(this);
   registered_ = true;
