@@ -39,7 +39,9 @@ Intel MPI's mpiexec pins rank i to core i, OpenMPI's mpirun binds each rank to
 a core (none when oversubscribed), torchrun pins nothing.
 
 Output: a markdown table of microseconds per op, one column per library (the
-fastest of each row in bold) and Fairring / fastest other, printed and written
+fastest of each row in bold) and Fairring / fastest other, and one of each
+library's CPU time per op (the process's CPU time, all its threads, over the
+timed samples, divided by their ops; the rank with most), printed and written
 to --out (anchors.md, anchors.json).  The 4-byte row is each library's floor;
 torch's own share of a call (dist.all_reduce on torch's fake process group, a
 backend that moves nothing) is measured and printed beside it.  Exit status 1
