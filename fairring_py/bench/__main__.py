@@ -57,7 +57,8 @@ def parser() -> argparse.ArgumentParser:
                         "keeps FAIRRING_WIRE_DTYPE, default none)")
     w.add_argument("--fresh-buffers", action="store_true",
                    help="a new output (torch.empty) for every op, as FSDP and ZeRO allocate theirs: first-touch page "
-                        "faults included (all_gather, reduce_scatter, all_to_all: the collectives with a separate output)")
+                        "faults included (all_gather, reduce_scatter, all_to_all: the collectives with a separate output); "
+                        "'fairring-warm' is the same group on reused outputs, in the same run")
     w.add_argument("--mpi", action="store_true",
                    help="also time OpenMPI's MPI_Allreduce (mpi4py); launches the ranks with mpirun")
     c = p.add_argument_group("cluster simulation (root only)")

@@ -192,8 +192,11 @@ ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_te
 # ---------------------------------------------------------------- backends
 
 class TorchBackend:
-    def __init__(self, name, group, collective="all_reduce", exact=True):
+    def __init__(self, name, group, collective="all_reduce", exact=True, warm=False):
         self.name, self.group, self.collective = name, group, collective
+        # --fresh-buffers: this one reuses its outputs all the same (the warm
+        # twin that the fresh figures are compared with, in the same run).
+        self.warm = warm
         # False for compressed rails: results are rounded, so their error is
         # measured instead of compared exactly.
         self.exact = exact
@@ -473,11 +476,11 @@ def sweep_size(ranks, backends, size, cfg) -> dict:
             rel_err[i] = max(rel_err[i], max_rel_error(bufs_, expected, mag))
         errors.append(work.check_input(ranks.rank) and f"{backends[i].name}: {work.check_input(ranks.rank)}")
 
-    fresh = cfg.get("fresh_buffers", False)
+    fresh_of = [cfg.get("fresh_buffers", False) and not getattr(be, "warm", False) for be in backends]
     for _ in range(2):
         first = []
         for i, be in enumerate(backends):
-            t, _, _, _, out = time_once(ranks, be, bufs, be.prepare(bufs, work), work, inflight, fresh)
+            t, _, _, _, out = time_once(ranks, be, bufs, be.prepare(bufs, work), work, inflight, fresh_of[i])
             first.append(t)
             verify(i, out)
     slowest = ranks.max_over_ranks(first)
@@ -501,7 +504,7 @@ def sweep_size(ranks, backends, size, cfg) -> dict:
     for s in range(samples):
         for j in range(len(backends)):
             i = (j + s) % len(backends)  # rotate the order every sample
-            t, f, c, o, out = time_once(ranks, backends[i], mine[i], prepared[i], work, inflight, fresh, outside)
+            t, f, c, o, out = time_once(ranks, backends[i], mine[i], prepared[i], work, inflight, fresh_of[i], outside)
             times[i].append(t / reps[i])
             faults[i] += f
             cpu[i] += c
@@ -554,6 +557,11 @@ def run_allreduce(ranks: Ranks, cfg: dict) -> int:
                 TorchBackend(ranks.baseline_name, ranks.baseline, collective)]
     # After the baseline (backends[1], the reference of every ratio).
     backends += [TorchBackend(f"fairring-{w}", g, collective, exact=False) for w, g in ranks.wire_groups]
+    if cfg.get("fresh_buffers"):
+        # The same group on reused outputs, timed in the same samples: fresh
+        # against warm in one run.
+        backends.append(TorchBackend("fairring-warm", ranks.fairring, collective,
+                                     exact=plain_wire == "none", warm=True))
     # --servers: each fairring group above again, through the reduction
     # servers ("+srv"), in the same run as its workers-only twin.
     with_servers = {}
