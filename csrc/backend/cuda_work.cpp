@@ -27,8 +27,7 @@ CudaFairringWork::CudaFairringWork(int rank, c10d::OpType type, std::string kind
       outputs_(std::move(outputs)),
       device_(device),
       done_(std::make_shared<CudaEvent>(device)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                       std::vector<c10::Device>{device})) {}
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors(), std::vector<c10::Device>{device})) {}
 
 void CudaFairringWork::mark_done(std::exception_ptr error) { finish(to_torch(error)); }
 

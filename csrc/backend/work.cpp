@@ -19,9 +19,7 @@ bool on_main_thread() {
   static thread_local const bool main = syscall(SYS_gettid) == getpid();
   return main;
 }
-}  // namespace
 
-namespace {
 // Whether a profiler (or any RecordFunction observer) listens.  Without one
 // the base class's range would only be built to be dropped: a heap
 // allocation and a copy of the tensor list on every op's latency path.
