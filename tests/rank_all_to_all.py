@@ -136,18 +136,30 @@ def sec_all_to_all(rank, world, cfg):
         if not torch.allclose(y, want, rtol=1e-12, atol=1e-12):
             failures.add(f"in flight {i} (n={n}): all_reduce -> all_to_all -> all_reduce out of order")
     kinds = set(_native_kinds(first))
-    if kinds - {"all_to_all", "all_reduce"} or "all_to_all" not in kinds:
+    if kinds - {"all_to_all", "all_to_all_sizes", "all_reduce"} or "all_to_all" not in kinds:
         failures.add(f"the all-to-alls did not all run natively: recorded kinds {sorted(kinds)}")
     return {"failures": list(failures)}
 
 
-def uneven(rank, world):
-    """Unequal splits (one send and one receive per pair of ranks): the right
-    blocks for every dtype, with zero-sized blocks, strided outputs and the
-    list form of unequal sizes, several in flight."""
+def uneven(rank, world, big):
+    """Unequal splits (the sizes shared first, then the hierarchical
+    all-to-all with blocks of up to the largest): the right blocks for every
+    dtype, with zero-sized blocks, rows of 2-D tensors, strided and in-place
+    tensors, the list form of unequal sizes, several slices, a rank whose
+    splits happen to be equal among peers' unequal ones, and several in
+    flight mixed with all-reduces on the same tensors."""
     failures = Failures()
     first = _last_seq()
-    for dtype in [torch.float32, torch.int64, torch.bfloat16, torch.bool, torch.complex64]:
+
+    def expect(ins, n):
+        """Our output: from each sender s, its block for us."""
+        want = []
+        for s in range(world):
+            start = sum(n(s, d) for d in range(rank))
+            want.append(ins[s][start:start + n(s, rank)])
+        return torch.cat(want)
+
+    for dtype in [torch.float32, torch.int64, torch.bfloat16, torch.bool, torch.complex64, torch.uint8]:
         for scale in (1, 1000):
             # Rank s sends ((s + d) % 3) x scale elements to rank d (some zero).
             def n(s, d):
@@ -157,11 +169,7 @@ def uneven(rank, world):
             recv = [n(s, rank) for s in range(world)]
             ins = [refs.make_input(8500 + scale, s, sum(n(s, d) for d in range(world)), dtype, "SUM")
                    for s in range(world)]
-            want = []
-            for s in range(world):
-                start = sum(n(s, d) for d in range(rank))
-                want.append(ins[s][start:start + recv[s]])
-            want = torch.cat(want)
+            want = expect(ins, n)
             out = torch.empty(sum(recv), dtype=dtype)
             dist.all_to_all_single(out, ins[rank], recv, send)
             _check(failures, f"{refs.dtype_name(dtype)} x{scale}", out, want)
@@ -172,9 +180,72 @@ def uneven(rank, world):
             w.wait()
             w2.wait()
             _check(failures, f"{refs.dtype_name(dtype)} x{scale} strided", holder[::2], want)
+            if not torch.all(holder[1::2] == 0):
+                failures.add(f"{refs.dtype_name(dtype)} x{scale} strided: the elements between were written")
             _check(failures, f"{refs.dtype_name(dtype)} x{scale} list form", torch.cat(outs), want)
+    # Rows of a 2-D tensor with a strided input, several slices, and blocks of
+    # very different sizes (one up to `big` rows, one empty per rank).
+    cols = 3
+
+    def rows(s, d):
+        return 0 if d == (s + 1) % world else (big if s == d else 1 + 7 * s + 3 * d)
+
+    ins = [refs.make_input(8700, s, cols * sum(rows(s, d) for d in range(world)), torch.float32, "SUM")
+           for s in range(world)]
+    src = torch.zeros(ins[rank].numel() // cols, 2 * cols)
+    src[:, ::2] = ins[rank].reshape(-1, cols)
+    out = torch.empty(sum(rows(s, rank) for s in range(world)), cols)
+    dist.all_to_all_single(out, src[:, ::2], [rows(s, rank) for s in range(world)],
+                           [rows(rank, d) for d in range(world)])
+    _check(failures, "2-D rows, strided input, several slices", out.reshape(-1),
+           expect(ins, lambda s, d: rows(s, d) * cols))
+    # In place (the output is the input): the same sizes both ways.
+    def sym(s, d):
+        return 5 + s + d
+
+    ins = [refs.make_input(8800, s, sum(sym(s, d) for d in range(world)), torch.float64, "SUM")
+           for s in range(world)]
+    t = ins[rank].clone()
+    sizes = [sym(rank, d) for d in range(world)]
+    dist.all_to_all_single(t, t, sizes, sizes)
+    _check(failures, "in place", t, expect(ins, sym))
+    # Rank 0's splits are all equal (2 each way) while its peers' are not:
+    # every rank takes the same path all the same.
+    def mixed(s, d):
+        return 2 if 0 in (s, d) else 1 + (s * 3 + d) % 4
+
+    ins = [refs.make_input(8900, s, sum(mixed(s, d) for d in range(world)), torch.int32, "SUM") for s in range(world)]
+    out = torch.empty(sum(mixed(s, rank) for s in range(world)), dtype=torch.int32)
+    dist.all_to_all_single(out, ins[rank], [mixed(s, rank) for s in range(world)],
+                           [mixed(rank, d) for d in range(world)])
+    _check(failures, "equal splits on rank 0 only", out, expect(ins, mixed))
+    # Several in flight, in issue order with all-reduces on the same tensors:
+    # all_reduce(x); all_to_all(y <- x); all_reduce(x) (x read, then written).
+    works, cases = [], []
+    for i in range(4):
+        def m(s, d, i=i):  # every rank sends and receives as much in all (the all-reduces)
+            return (1 + (s + d) % world + i) * (4099 if i % 2 else 1)
+
+        ins = [refs.make_input(9000 + i, s, sum(m(s, d) for d in range(world)), torch.float64, "SUM")
+               for s in range(world)]
+        x = ins[rank].clone()
+        y = torch.empty(sum(m(s, rank) for s in range(world)), dtype=torch.float64)
+        works.append(dist.all_reduce(x, async_op=True))
+        works.append(dist.all_to_all_single(y, x, [m(s, rank) for s in range(world)],
+                                            [m(rank, d) for d in range(world)], async_op=True))
+        works.append(dist.all_reduce(x, async_op=True))
+        cases.append((x, y, ins, m))
+    for w in works:
+        w.wait()
+    for i, (x, y, ins, m) in enumerate(cases):
+        summed = sum(v.double() for v in ins)  # every rank's x after the first all-reduce
+        want = expect([summed] * world, m)
+        if not torch.allclose(y, want, rtol=1e-12, atol=1e-12):
+            failures.add(f"in flight {i}: all_reduce -> all_to_all -> all_reduce out of order (y)")
+        if not torch.allclose(x, summed * world, rtol=1e-12, atol=1e-12):
+            failures.add(f"in flight {i}: the second all_reduce did not see the first's result")
     kinds = set(_native_kinds(first))
-    if kinds != {"all_to_all (pairwise)"}:
+    if kinds != {"all_to_all_sizes", "all_to_all", "all_reduce"}:
         failures.add(f"unequal splits recorded as {sorted(kinds)}")
     return {"failures": list(failures)}
 
@@ -200,8 +271,8 @@ def uneven_all_gather(rank, world):
 
 def mismatched_splits(rank, world):
     """Every rank sends d + 1 elements to rank d, but rank 0 expects one more
-    from rank 1: rank 0's all-to-all fails naming
-    both sizes; the group goes on."""
+    from rank 1: every rank's all-to-all fails naming both sizes, before
+    anything moves; the group goes on."""
     send = [d + 1 for d in range(world)]
     recv = [rank + 1] * world
     if rank == 0:
@@ -214,6 +285,17 @@ def mismatched_splits(rank, world):
     t = torch.ones(3)
     dist.all_reduce(t)
     return {"error": err, "after": t.tolist()}
+
+
+def splits_on_some_ranks(rank, world):
+    """Rank 0 passes no splits, its peers pass equal ones: the ranks issued
+    different ops, an error on every rank, no hang."""
+    splits = None if rank == 0 else [2] * world
+    try:
+        dist.all_to_all_single(torch.empty(2 * world), torch.ones(2 * world), splits, splits)
+    except Exception as e:  # noqa: BLE001
+        return {"error": str(e)}
+    return {"error": None}
 
 
 def mismatch(rank, world, which):

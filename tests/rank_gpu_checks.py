@@ -470,7 +470,9 @@ def sec_exchanges(rank, world, cfg):
     """all_to_all_single (equal blocks), the list all_to_all, gather and scatter
     of CUDA tensors, natively (dump_recent says "(CUDA)"), exact: floating,
     integer and 1-byte dtypes, odd sizes, every rank as the root, a non-contiguous output, ops in flight mixed with
-    all-reduces; unequal all_to_all splits (gloo's) still right."""
+    all-reduces; unequal all_to_all splits natively too (the sizes shared on
+    the CPU, the blocks as CUDA blocks of up to the largest), in one slice and
+    in several, with an empty block and a strided input."""
     import io
 
     import fairring_py
@@ -526,22 +528,33 @@ def sec_exchanges(rank, world, cfg):
             failures.add(f"all_to_all_single #{k} in flight: wrong result")
         if not torch.equal(sums[k].cpu(), torch.full((4099,), float(sum(r + k for r in range(world))))):
             failures.add(f"all_reduce #{k} between all-to-alls: wrong result")
-    # Unequal splits: rank r sends r + d + 1 rows to rank d (gloo's path).
-    send = [rank + d + 1 for d in range(world)]
-    recv = [s + rank + 1 for s in range(world)]
-    inp = torch.cat([torch.full((c,), float(rank * 10 + d), device=dev) for d, c in enumerate(send)])
-    out = torch.empty(sum(recv), device=dev)
-    dist.all_to_all_single(out, inp, output_split_sizes=recv, input_split_sizes=send)
-    want = torch.cat([torch.full((c,), float(s * 10 + rank)) for s, c in enumerate(recv)])
-    if not torch.equal(out.cpu(), want):
-        failures.add(f"all_to_all_single with unequal splits: {out.cpu().tolist()[:20]}")
+    # Unequal splits: rank r sends (r + d + 1) x scale rows to rank d, none
+    # to rank r + 1; scale 40000 makes several slices.
+    for scale in (1, 40000):
+        def rows(s, d, scale=scale):
+            return 0 if d == (s + 1) % world and world > 1 else (s + d + 1) * scale
+
+        send = [rows(rank, d) for d in range(world)]
+        recv = [rows(s, rank) for s in range(world)]
+        flat = torch.cat([torch.full((c,), float(rank * 10 + d)) + torch.arange(c) % 7 for d, c in enumerate(send)])
+        inp = torch.zeros(flat.numel(), 2, device=dev)
+        inp[:, 1] = flat.to(dev)
+        out = torch.full((sum(recv),), -1.0, device=dev)
+        dist.all_to_all_single(out, inp[:, 1], output_split_sizes=recv, input_split_sizes=send)
+        want = torch.cat([torch.full((c,), float(s * 10 + rank)) + torch.arange(c) % 7 for s, c in enumerate(recv)])
+        if not torch.equal(out.cpu(), want):
+            failures.add(f"all_to_all_single with unequal splits x{scale}: {out.cpu().tolist()[:20]}")
+        outs = [torch.full((c,), -1.0, device=dev) for c in recv]
+        dist.all_to_all(outs, list(flat.to(dev).split(send)))
+        if not torch.equal(torch.cat([o.cpu() for o in outs]), want):
+            failures.add(f"all_to_all (list of unequal sizes) x{scale}: wrong result")
     kinds = {r["kind"] for r in fairring_py.dump_recent(file=io.StringIO())}
-    for k in ("all_to_all (CUDA)", "gather (CUDA)", "scatter (CUDA)"):
+    for k in ("all_to_all (CUDA)", "gather (CUDA)", "scatter (CUDA)", "all_to_all_sizes"):
         if k not in kinds:
             failures.add(f"no {k} in the group's recent collectives: {sorted(kinds)}")
     delegated = {k for k in kinds if k.startswith(("all_to_all", "alltoall", "gather", "scatter")) and "gloo" in k}
-    if delegated != {"alltoall_base (gloo)"}:
-        failures.add(f"only the unequal all_to_all should go to gloo, but these did: {sorted(delegated)}")
+    if delegated:
+        failures.add(f"no all_to_all, gather or scatter should go to gloo, but these did: {sorted(delegated)}")
     return {"failures": failures}
 
 

@@ -4,9 +4,10 @@ rail carrying what its rank receives from the other nodes): every dtype, odd
 sizes, several slices, rows of 2-D tensors, strided and in-place tensors,
 the list form, many in flight mixed with all-reduces on the same tensors, on
 one node, between simulated nodes, uneven nodes and with the device-like
-mover, against a reference built on every rank; unequal splits (one send
-and one receive per pair of ranks) right, and a split one rank does not
-expect an error there; mismatches an error on every rank; bad sizes a clear error."""
+mover, against a reference built on every rank; unequal splits (the sizes
+shared first, then the same hierarchical all-to-all) right on every
+topology, and sizes that do not match an error on every rank; mismatches an
+error on every rank; bad sizes a clear error."""
 from __future__ import annotations
 
 import pytest
@@ -26,11 +27,13 @@ def test_all_to_all_moves_every_block_to_its_rank(name):
         assert not r.value["failures"], f"{name} rank {r.rank}:\n" + "\n".join(r.value["failures"][:20])
 
 
-@pytest.mark.parametrize("ids", [["a", "a", "a"], ["a", "b"], ["a", "a", "b", "b"]], ids=["1x3", "2x1", "2x2"])
-def test_unequal_splits_are_right(ids):
-    res = launch.run_ranks(rank_all_to_all.uneven, ids, timeout_s=120)
+@pytest.mark.parametrize("name", list(TOPOLOGIES))
+def test_unequal_splits_are_right(name):
+    ids, env = TOPOLOGIES[name]
+    res = launch.run_ranks(rank_all_to_all.uneven, ids, args=(20_011 if "slice4K" in name else 100_003,), env=env,
+                           timeout_s=240, pg_timeout_s=60)
     for r in res:
-        assert not r.value["failures"], f"rank {r.rank}: " + "\n".join(r.value["failures"])
+        assert not r.value["failures"], f"{name} rank {r.rank}: " + "\n".join(r.value["failures"][:20])
 
 
 @pytest.mark.parametrize("ids", [["a", "a", "a"], ["a", "a", "b", "b"]], ids=["1x3", "2x2"])
@@ -40,14 +43,23 @@ def test_uneven_all_gather_is_pairwise_and_right(ids):
         assert not r.value["failures"], f"rank {r.rank}: " + "\n".join(r.value["failures"])
 
 
-@pytest.mark.parametrize("ids", [["a", "a"], ["a", "b"]], ids=["1x2", "2x1"])
-def test_mismatched_unequal_splits_fail_where_they_do_not_fit(ids):
+@pytest.mark.parametrize("ids", [["a", "a"], ["a", "b"], ["a", "a", "b"]], ids=["1x2", "2x1", "uneven-2+1"])
+def test_mismatched_unequal_splits_fail_on_every_rank(ids):
     res = launch.run_ranks(rank_all_to_all.mismatched_splits, ids, timeout_s=90, pg_timeout_s=30)
-    err = res[0].value["error"]
-    assert err and "block from rank 1 of a pairwise exchange" in err and "rank 1 sent 1 element(s) of float32" in err \
-        and "holds 2 element(s)" in err, err
-    assert res[1].value["error"] is None, res[1].value  # its blocks fit: it cannot tell
-    assert all(r.value["after"] == [2.0, 2.0, 2.0] for r in res), [r.value for r in res]
+    for r in res:
+        err = r.value["error"]
+        # The same words on every rank: each checked the whole matrix of sizes.
+        assert err and err.startswith("ValueError") and "rank 1 sends 1 element(s) to rank 0, but rank 0 expects 2" \
+            in err and "nothing was sent" in err, f"rank {r.rank}: {err}"
+    assert all(r.value["after"] == [len(ids)] * 3 for r in res), [r.value for r in res]
+
+
+@pytest.mark.parametrize("ids", [["a", "a"], ["a", "b", "b"]], ids=["1x2", "uneven-1+2"])
+def test_splits_on_some_ranks_only_fail_on_every_rank(ids):
+    res = launch.run_ranks(rank_all_to_all.splits_on_some_ranks, ids, timeout_s=90, pg_timeout_s=20)
+    for r in res:
+        err = r.value["error"]
+        assert err and "mismatch" in err and "all_to_all_sizes" in err, f"rank {r.rank}: {err}"
 
 
 @pytest.mark.parametrize("which", ["size", "all_reduce"])

@@ -488,9 +488,10 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
   }
   if (!op->buffer.is_cpu()) return submit_device(std::move(op), type, outputs, kind);
   return submit_cpu(std::static_pointer_cast<HostOp>(op), type, outputs, kind,
-                    exchange  ? "fairring:all_to_all"
-                    : scatter ? "fairring:reduce_scatter"
-                              : "fairring:all_gather");
+                    exchange                                   ? "fairring:all_to_all"
+                    : scatter                                  ? "fairring:reduce_scatter"
+                    : collective == Collective::kAllToAllSizes ? "fairring:all_to_all_sizes"
+                                                               : "fairring:all_gather");
 }
 
 bool FairringBackend::native_tensors(const std::vector<at::Tensor>& tensors) {
@@ -916,62 +917,53 @@ void check_splits(const std::vector<int64_t>& splits, const at::Tensor& t, int w
               which, " has ", t.size(0));
 }
 
-// Whether checked `splits` cut `t` into one equal block per rank.
-bool equal_splits(const std::vector<int64_t>& splits, const at::Tensor& t, int world) {
-  return std::all_of(splits.begin(), splits.end(), [&](int64_t n) { return n * world == t.size(0); });
-}
 }  // namespace
 
 c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                               std::vector<int64_t>& output_splits,
                                                               std::vector<int64_t>& input_splits,
                                                               const c10d::AllToAllOptions& opts) {
-  // Native: equal blocks (CPU and CUDA, all_to_all.cpp); unequal ones on
-  // the CPU pairwise.  Unequal CUDA splits go to gloo.
+  // Native (CPU and CUDA): without splits, equal blocks (all_to_all.cpp);
+  // with splits, equal or not, all_to_all_uneven: the path depends only on
+  // whether splits are passed, which every rank must do alike (a rank that
+  // passes none while its peers pass some gets a mismatch, not a hang).
   const int world = getSize();
   check_splits(input_splits, input, world, "input");
   check_splits(output_splits, output, world, "output");
-  const bool equal = equal_splits(input_splits, input, world) && equal_splits(output_splits, output, world);
-  if (!native_tensors({output, input}) || (!input.device().is_cpu() && !equal)) {
+  if (!native_tensors({output, input})) {
     return run_delegated("alltoall_base", touched(output, input), [&](c10d::Backend& gloo) {
       return gloo.alltoall_base(output, input, output_splits, input_splits, opts);
     });
   }
-  if (!equal) {
-    // Unequal blocks: one send and one receive per pair of ranks.
-    const auto blocks = [&](const at::Tensor& t, const std::vector<int64_t>& splits) {
-      std::vector<at::Tensor> out;
-      int64_t at = 0;
-      for (int j = 0; j < world; ++j) {
-        const int64_t n = splits.empty() ? t.size(0) / world : splits[j];
-        out.push_back(t.narrow(0, at, n));
-        at += n;
-      }
-      return out;
-    };
-    return exchange_blocks(blocks(input, input_splits), blocks(output, output_splits), {output},
-                           c10d::OpType::ALLTOALL_BASE, "all_to_all (pairwise)");
+  if (input_splits.empty() && output_splits.empty()) {
+    return submit_blockwise(Collective::kAllToAll, {input}, {output}, c10d::ReduceOp::SUM, c10d::OpType::ALLTOALL_BASE);
   }
-  return submit_blockwise(Collective::kAllToAll, {input}, {output}, c10d::ReduceOp::SUM, c10d::OpType::ALLTOALL_BASE);
+  // Elements per block: rows times the elements of a row.
+  const auto elements = [&](const at::Tensor& t, const std::vector<int64_t>& splits) {
+    const int64_t per_row = t.dim() == 0 || t.size(0) == 0 ? 0 : t.numel() / t.size(0);
+    std::vector<int64_t> out(world);
+    for (int r = 0; r < world; ++r) out[r] = (splits.empty() ? t.size(0) / world : splits[r]) * per_row;
+    return out;
+  };
+  return all_to_all_uneven({input}, {output}, elements(input, input_splits), elements(output, output_splits),
+                           c10d::OpType::ALLTOALL_BASE);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllToAllOptions& opts) {
-  // Native for W tensors each way: of one size, blockwise (CPU and CUDA);
-  // else, on the CPU, one send and one receive per pair of ranks.  Other
-  // lists go to gloo.
-  const auto same_size = [&](const at::Tensor& t) { return t.numel() == inputs[0].numel(); };
-  const bool equal = !inputs.empty() && std::all_of(inputs.begin(), inputs.end(), same_size) &&
-                     std::all_of(outputs.begin(), outputs.end(), same_size);
+  // Native for W dense tensors each way (CPU and CUDA), of any sizes: the
+  // list form always shares its sizes first (all_to_all_uneven), so that
+  // ranks whose lists happen to be of one size take the same path as
+  // their peers.  Other lists go to gloo.
   if (inputs.empty() || static_cast<int>(inputs.size()) != getSize() || outputs.size() != inputs.size() ||
-      !native_tensors(both(inputs, outputs)) || (!inputs[0].device().is_cpu() && !equal)) {
+      !native_tensors(both(inputs, outputs))) {
     return run_delegated("alltoall", touched(outputs, inputs),
                          [&](c10d::Backend& gloo) { return gloo.alltoall(outputs, inputs, opts); });
   }
-  if (!equal) {
-    return exchange_blocks(inputs, outputs, outputs, c10d::OpType::ALLTOALL, "all_to_all (pairwise)");
-  }
-  return submit_blockwise(Collective::kAllToAll, inputs, outputs, c10d::ReduceOp::SUM, c10d::OpType::ALLTOALL);
+  std::vector<int64_t> sends, recvs;
+  for (const at::Tensor& t : inputs) sends.push_back(t.numel());
+  for (const at::Tensor& t : outputs) recvs.push_back(t.numel());
+  return all_to_all_uneven(inputs, outputs, sends, recvs, c10d::OpType::ALLTOALL);
 }
 bool FairringBackend::p2p_native(const char* kind, const std::vector<at::Tensor>& tensors, int peer) const {
   if (peer != kAnySource) {

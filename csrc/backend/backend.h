@@ -90,9 +90,9 @@ class FairringBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) override;
-  // All-to-all of CPU tensors: equal blocks (no splits, or equal ones; the
-  // list form: W tensors of one size) blockwise through the pipeline;
-  // unequal ones pairwise (exchange_blocks).  Other tensors: gloo.
+  // All-to-all of CPU and CUDA tensors, blockwise through the pipeline:
+  // without splits, equal blocks; with splits, and the list form, through
+  // all_to_all_uneven.  Other tensors: gloo.
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& opts) override;
@@ -177,6 +177,14 @@ class FairringBackend : public c10d::Backend {
   // with SUM (not bool); the rest goes to gloo.
   static bool sparse_native(const std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
   c10::intrusive_ptr<c10d::Work> allreduce_sparse_cpu(at::Tensor& t);
+  // An all-to-all whose blocks may differ in size (all_to_all_uneven.cpp):
+  // `inputs` and `outputs` flattened hold the blocks in rank order, block r
+  // of `sends[r]` (to rank r) and `recvs[r]` (from rank r) elements.  First
+  // shares every rank's sizes (blocking), then runs the all-to-all.
+  c10::intrusive_ptr<c10d::Work> all_to_all_uneven(const std::vector<at::Tensor>& inputs,
+                                                   const std::vector<at::Tensor>& outputs,
+                                                   const std::vector<int64_t>& sends, const std::vector<int64_t>& recvs,
+                                                   c10d::OpType type);
   // The list form of reduce_scatter with blocks of unequal sizes (CPU).
   c10::intrusive_ptr<c10d::Work> reduce_scatter_uneven(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
                                                        const c10d::ReduceOp& op);
@@ -194,10 +202,11 @@ class FairringBackend : public c10d::Backend {
   // A send (`is_send`) or receive of `t` with `peer` (kAnySource: from
   // any), on the point-to-point engine.
   c10::intrusive_ptr<c10d::Work> submit_p2p(bool is_send, const at::Tensor& t, int peer, int tag);
-  // All-to-all of blocks of unequal sizes (an uneven all-gather: the same
-  // block to every rank): block j of `sends` to rank j, rank j's block for
-  // us into `recvs[j]`, one send and one receive per pair of ranks on the
-  // point-to-point engine.  `kind`: the op's name in the recent ops.
+  // Blocks of unequal sizes each way, pairwise (the uneven all-gather: the
+  // same block to every rank; the sparse all-reduce's gathers): block j of
+  // `sends` to rank j, rank j's block for us into `recvs[j]`, one send and
+  // one receive per pair of ranks on the point-to-point engine.  `kind`:
+  // the op's name in the recent ops.
   c10::intrusive_ptr<c10d::Work> exchange_blocks(const std::vector<at::Tensor>& sends,
                                                  const std::vector<at::Tensor>& recvs, std::vector<at::Tensor> outputs,
                                                  c10d::OpType type, const char* kind);

@@ -82,17 +82,37 @@ bool gather_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
 
 }  // namespace
 
+namespace {
+const Script& node_script() {
+  static const Script script{{{"acquire", step_acquire},
+                              {"publish-block", publish_block},
+                              {"exchange-blocks", exchange_blocks},
+                              {"gather-blocks", gather_blocks},
+                              {"release", step_release}},
+                             3};
+  return script;
+}
+const Script& alone_script() {
+  static const Script script{{{"exchange-blocks", exchange_blocks}, {"await-own", step_await_own}}, 1};
+  return script;
+}
+}  // namespace
+
 const CollectiveDef& all_gather_def() {
   static const ScriptedCollective def(Collective::kAllGather,
                                       {"all_gather", [](const OpKey& k) { return elements_of(k) + " per rank"; }},
-                                      Cut::kBlockwise,
-                                      Script{{{"acquire", step_acquire},
-                                              {"publish-block", publish_block},
-                                              {"exchange-blocks", exchange_blocks},
-                                              {"gather-blocks", gather_blocks},
-                                              {"release", step_release}},
-                                             3},
-                                      Script{{{"exchange-blocks", exchange_blocks}, {"await-own", step_await_own}}, 1});
+                                      Cut::kBlockwise, node_script(), alone_script());
+  return def;
+}
+
+// An all-to-all of unequal blocks first shares every rank's block sizes
+// (backend: all_to_all_uneven): an all-gather under its own kind, so that a
+// rank that issued something else instead is told what its peers ran.
+const CollectiveDef& all_to_all_sizes_def() {
+  static const ScriptedCollective def(
+      Collective::kAllToAllSizes,
+      {"all_to_all_sizes", [](const OpKey&) { return std::string("the block sizes of an all_to_all with splits"); }},
+      Cut::kBlockwise, node_script(), alone_script());
   return def;
 }
 

@@ -1,7 +1,9 @@
-// The all-to-all (equal blocks): block d of every rank's input goes to rank
-// d, into block s (the sender) of its output.  Blockwise (plan.h): the
-// input and the output both hold one block per rank.  Hierarchical, for
-// local rank `me` of K, N nodes:
+// The all-to-all: block d of every rank's input goes to rank d, into block
+// s (the sender) of its output.  Blockwise (plan.h): the input and the
+// output both hold one block per rank; blocks of unequal sizes are cut as
+// blocks of the largest, each piece only as long as its block
+// (piece_count: a short block's later pieces are empty, and move nothing).
+// Hierarchical, for local rank `me` of K, N nodes:
 //
 //   front: acquire          wait until every peer released the slot; claim it
 //          publish-blocks   our pieces for the other local ranks' rails into
@@ -32,12 +34,14 @@ using TimePoint = SliceSchedule::TimePoint;
 
 bool publish_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   const int slot = p.slot(s);
-  const int64_t bytes = s.plan.slice.count * p.esize(s);
+  const int64_t esize = p.esize(s);
   char* area = p.mover().input_area(slot, p.me());
   for (int j = 0; j < p.topo().num_nodes; ++j) {
     for (int x = 0; x < p.k(); ++x) {
       if (x == p.me()) continue;
-      p.mover().copy(slot, area + p.staged_at(s, j, x) * p.esize(s), p.input_block(s, j, x), bytes, false);
+      const int64_t count = p.piece_count(s, p.topo().rank, p.rank_of(j, x));
+      if (count > 0)
+        p.mover().copy(slot, area + p.staged_at(s, j, x) * esize, p.input_block(s, j, x), count * esize, false);
     }
   }
   p.input_published(s);
@@ -48,11 +52,12 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
   const int slot = p.slot(s);
   const int64_t esize = p.esize(s);
   const int node = p.topo().node;
-  const int64_t count = s.plan.slice.count;
+  const int rank = p.topo().rank;
   p.set_mirror(s, nullptr, nullptr, 0);  // nothing for the node's peers to read
-  if (p.k() == 1 && count > 0) {
+  const int64_t own = p.piece_count(s, rank, rank);
+  if (p.k() == 1 && own > 0) {
     // Our own block stays with us.
-    p.mover().copy(slot, p.output_block(s, node, 0), p.input_block(s, node, 0), count * esize, false);
+    p.mover().copy(slot, p.output_block(s, node, 0), p.input_block(s, node, 0), own * esize, false);
   }
   if (!p.multi_node()) return true;
   // The pieces we carry are read from every peer's input area.
@@ -70,9 +75,9 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
         if (x != p.me() && j != node) p.mover().after(slot, x, PeerStep::kInputReady);
         from = p.mover().input_area(slot, x) + p.staged_at(s, j, p.me()) * esize;
       }
-      t.shards.push_back(Range{0, j == node ? 0 : count});
+      t.shards.push_back(Range{0, j == node ? 0 : p.piece_count(s, p.rank_of(node, x), p.rank_of(j, p.me()))});
       t.pieces.push_back(from);
-      t.received.push_back(Range{0, j == node ? 0 : count});
+      t.received.push_back(Range{0, j == node ? 0 : p.piece_count(s, p.rank_of(j, x), rank)});
       t.landings.push_back(p.output_block(s, j, x));
     }
   }
@@ -95,7 +100,8 @@ bool local_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
       p.mover().after(slot, x, PeerStep::kInputReady);
       from = p.mover().input_area(slot, x) + p.staged_at(s, node, p.me()) * esize;
     }
-    p.mover().copy(slot, p.output_block(s, node, x), from, s.plan.slice.count * esize, large);
+    const int64_t count = p.piece_count(s, p.rank_of(node, x), p.topo().rank);
+    if (count > 0) p.mover().copy(slot, p.output_block(s, node, x), from, count * esize, large);
   }
   return true;
 }
@@ -104,7 +110,8 @@ bool local_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
 
 const CollectiveDef& all_to_all_def() {
   static const ScriptedCollective def(
-      Collective::kAllToAll, {"all_to_all", [](const OpKey& k) { return elements_of(k) + " per block"; }},
+      Collective::kAllToAll,
+      {"all_to_all", [](const OpKey& k) { return (k.layout != 0 ? "up to " : "") + elements_of(k) + " per block"; }},
       Cut::kBlockwise,
       Script{{{"acquire", step_acquire},
               {"publish-blocks", publish_blocks},

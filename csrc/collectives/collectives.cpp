@@ -25,6 +25,8 @@ const CollectiveDef& collective_def(Collective c) {
       return gather_def();
     case Collective::kScatter:
       return scatter_def();
+    case Collective::kAllToAllSizes:
+      return all_to_all_sizes_def();
   }
   throw Error(ErrorKind::kInvalidArgument,
               "fairring: no definition for collective " + std::to_string(static_cast<int>(c)));
@@ -35,7 +37,8 @@ namespace {
 // definition.
 constexpr Collective kAll[] = {Collective::kAllReduce,     Collective::kBarrier,   Collective::kBroadcast,
                                Collective::kReduceScatter, Collective::kAllGather, Collective::kReduce,
-                               Collective::kAllToAll,      Collective::kGather,    Collective::kScatter};
+                               Collective::kAllToAll,      Collective::kGather,    Collective::kScatter,
+                               Collective::kAllToAllSizes};
 
 // Every definition is built (and so its words registered, op_key.h) when the
 // library loads: a message may name a peer's collective that this rank has

@@ -15,14 +15,15 @@ const CollectiveDef& collective_def(Collective c);
 Collective collective_named(const std::string& name);
 
 // The definitions, one per file.
-const CollectiveDef& all_reduce_def();      // all_reduce.cpp
-const CollectiveDef& barrier_def();         // all_reduce.cpp: an all-reduce of one byte
-const CollectiveDef& reduce_scatter_def();  // reduce_scatter.cpp
-const CollectiveDef& all_gather_def();      // all_gather.cpp
-const CollectiveDef& broadcast_def();       // broadcast.cpp
-const CollectiveDef& reduce_def();          // reduce.cpp
-const CollectiveDef& all_to_all_def();      // all_to_all.cpp
-const CollectiveDef& gather_def();          // gather.cpp
-const CollectiveDef& scatter_def();         // scatter.cpp
+const CollectiveDef& all_reduce_def();        // all_reduce.cpp
+const CollectiveDef& barrier_def();           // all_reduce.cpp: an all-reduce of one byte
+const CollectiveDef& reduce_scatter_def();    // reduce_scatter.cpp
+const CollectiveDef& all_gather_def();        // all_gather.cpp
+const CollectiveDef& all_to_all_sizes_def();  // all_gather.cpp: the sizes before an unequal all-to-all
+const CollectiveDef& broadcast_def();         // broadcast.cpp
+const CollectiveDef& reduce_def();            // reduce.cpp
+const CollectiveDef& all_to_all_def();        // all_to_all.cpp
+const CollectiveDef& gather_def();            // gather.cpp
+const CollectiveDef& scatter_def();           // scatter.cpp
 
 }  // namespace fairring

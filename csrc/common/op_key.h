@@ -26,7 +26,10 @@ enum class Collective : int32_t {
   kReduce = 6,
   kAllToAll = 7,
   kGather = 8,
-  kScatter = 9
+  kScatter = 9,
+  // The block sizes of an all-to-all of unequal blocks, shared before it
+  // (an all-gather under its own kind: collectives/all_gather.cpp).
+  kAllToAllSizes = 10
 };
 
 // How messages name and describe a collective of one kind.  Each

@@ -33,6 +33,10 @@ struct PipelineOp {
   // `buffer`'s / `output`'s (empty: the blocks follow each other there).
   std::vector<at::Tensor> input_blocks;
   std::vector<at::Tensor> output_blocks;
+  // An all-to-all of unequal blocks: element i * W + j is the length of the
+  // block rank i sends rank j (every rank's, the same on all; `numel` is the
+  // largest).  Empty: every block holds `numel` elements.
+  std::vector<int64_t> block_counts;
   c10::ScalarType dtype = c10::ScalarType::Float;
   RedOp op = RedOp::kSum;
   int64_t numel = 0;

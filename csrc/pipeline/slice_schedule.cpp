@@ -4,6 +4,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -151,6 +152,12 @@ char* SliceSchedule::own_piece(const at::Tensor& t, const Slice& s) const {
   return static_cast<char*>(t.data_ptr()) + s.plan.slice.offset * esize(s);
 }
 
+int64_t SliceSchedule::piece_count(const Slice& s, int from, int to) const {
+  const Range& r = s.plan.slice;
+  if (s.op->block_counts.empty()) return r.count;
+  const int64_t block = s.op->block_counts[static_cast<size_t>(from) * topo_.size + to];
+  return std::max<int64_t>(0, std::min(r.count, block - r.offset));
+}
 int64_t SliceSchedule::staged_at(const Slice& s, int j, int x) const {
   return (int64_t{x} * topo_.num_nodes + j) * s.plan.slice.count;
 }

@@ -95,6 +95,12 @@ class SliceSchedule {
   char* output_block(const Slice& s, int j, int x) const;
   char* own_piece(const at::Tensor& t, const Slice& s) const;
   int64_t staged_at(const Slice& s, int j, int x) const;
+  // The elements of the slice's piece of the block rank `from` sends rank
+  // `to`: slice.count, or fewer (down to none) where an all-to-all's block
+  // is shorter than the largest (PipelineOp::block_counts).
+  int64_t piece_count(const Slice& s, int from, int to) const;
+  // Global rank of local rank x on node j.
+  int rank_of(int j, int x) const { return topo_.node_ranks[j][x]; }
   // A result of this many bytes per rank outgrows the cache the node's ranks
   // share once each holds its own and a staged copy (about 2 x K x bytes):
   // it is written with non-temporal stores (caching it would only evict).

@@ -1,0 +1,159 @@
+// The all-to-all of blocks of unequal sizes (all_to_all_single with splits,
+// the list form with tensors of several sizes), hierarchical like the equal
+// one, in two ops of the group:
+//
+//   1. every rank's block sizes (what it sends to each rank, what it
+//      expects from each) all-gathered (Collective::kAllToAllSizes) and
+//      waited for: the only step that blocks the caller.  Every rank then
+//      holds the whole matrix and checks every pair the same way, so sizes
+//      that do not match (rank A sends 3 elements to B, B expects 4) are
+//      the same error on every rank, before anything moves, and the group
+//      goes on;
+//   2. the blocks through collectives/all_to_all.cpp as blocks of up to the
+//      largest size (PipelineOp::block_counts): a short block's pieces are
+//      shorter or empty, so no padding is copied or sent.
+//
+// Which path a rank takes depends only on what every rank passes alike
+// (splits or none, a list), never on the sizes' values: a rank whose
+// splits happen to be equal takes this path too, as its peers do.
+#include <ATen/MemoryOverlap.h>
+
+#include <algorithm>
+#include <string>
+
+#include "backend/backend.h"
+#include "backend/reduce_input.h"
+#include "backend/stand_in.h"
+#include "collectives/collectives.h"
+#include "common/dtype_name.h"
+#include "common/gil.h"
+#include "devices/host_op.h"
+
+namespace fairring {
+
+namespace {
+// `t` (contiguous) as a flat tensor of real elements, a view.
+at::Tensor flat_reals(const at::Tensor& t) {
+  at::Tensor f = t.reshape({-1});
+  return f.is_complex() ? at::view_as_real(f).reshape({-1}) : f;
+}
+
+// Views of `flat`, one per count, in order.
+std::vector<at::Tensor> cut(const at::Tensor& flat, const std::vector<int64_t>& counts) {
+  std::vector<at::Tensor> out;
+  int64_t at = 0;
+  for (int64_t n : counts) {
+    out.push_back(flat.narrow(0, at, n));
+    at += n;
+  }
+  return out;
+}
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> FairringBackend::all_to_all_uneven(const std::vector<at::Tensor>& inputs,
+                                                                  const std::vector<at::Tensor>& outputs,
+                                                                  const std::vector<int64_t>& sends,
+                                                                  const std::vector<int64_t>& recvs,
+                                                                  c10d::OpType type) {
+  const char* kind = "all_to_all";
+  check_same_process(kind);
+  const int world = getSize();
+  const int me = getRank();
+  const at::Tensor& first = inputs[0];
+  for (const at::Tensor& t : outputs) {
+    TORCH_CHECK(t.scalar_type() == first.scalar_type() && t.device() == first.device(), "fairring: ", kind,
+                " needs outputs of the input's dtype and device (", dtype_name(first.scalar_type()), " on ",
+                first.device().str(), "), but got ", dtype_name(t.scalar_type()), " on ", t.device().str());
+    TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "fairring: ", kind,
+                " into a tensor whose elements share memory (sizes ", t.sizes(), ", strides ", t.strides(),
+                "): clone() it first");
+  }
+
+  // 1. Every rank's sizes, in its elements: W sent, W expected, its dtype.
+  const int64_t row = 2 * world + 1;
+  at::Tensor mine = at::empty({row}, at::kLong);
+  int64_t* m = mine.data_ptr<int64_t>();
+  std::copy(sends.begin(), sends.end(), m);
+  std::copy(recvs.begin(), recvs.end(), m + world);
+  m[2 * world] = static_cast<int64_t>(first.scalar_type());
+  at::Tensor all = at::empty({world * row}, at::kLong);
+  auto sizes =
+      submit_blockwise(Collective::kAllToAllSizes, {mine}, {all}, c10d::ReduceOp::SUM, c10d::OpType::ALLGATHER);
+  {
+    GilReleaseIfHeld no_gil;
+    sizes->wait();
+  }
+  const int64_t* a = all.data_ptr<int64_t>();
+  const auto dtype_of = [&](int r) { return static_cast<c10::ScalarType>(a[r * row + 2 * world]); };
+  for (int r = 1; r < world; ++r) {
+    TORCH_CHECK_TYPE(dtype_of(r) == dtype_of(0), "fairring: ", kind, ": rank 0 passes blocks of ",
+                     dtype_name(dtype_of(0)), " but rank ", r, " of ", dtype_name(dtype_of(r)),
+                     " (every rank's sizes were compared; nothing was sent)");
+  }
+  const int64_t reals = first.is_complex() ? 2 : 1;
+  std::vector<int64_t> counts(static_cast<size_t>(world) * world);  // [sender * W + receiver], real elements
+  int64_t largest = 0;
+  for (int s = 0; s < world; ++s) {
+    for (int d = 0; d < world; ++d) {
+      const int64_t sent = a[s * row + d];
+      const int64_t expected = a[d * row + world + s];
+      TORCH_CHECK_VALUE(sent == expected, "fairring: ", kind, ": rank ", s, " sends ", sent, " element(s) to rank ", d,
+                        ", but rank ", d, " expects ", expected, " from rank ", s,
+                        " (every rank's splits were compared; nothing was sent)");
+      counts[s * world + d] = sent * reals;
+      largest = std::max(largest, sent * reals);
+    }
+  }
+
+  // 2. The blocks, read and written where the caller has them when it can.
+  std::vector<int64_t> send_reals(world), recv_reals(world);
+  for (int r = 0; r < world; ++r) {
+    send_reals[r] = counts[me * world + r];
+    recv_reals[r] = counts[r * world + me];
+  }
+  auto op = first.is_cpu() ? std::make_shared<HostOp>() : new_device_op();
+  op->collective = Collective::kAllToAll;
+  op->op = RedOp::kSum;  // compared between ranks, not applied
+  op->dtype = first.is_complex() ? c10::toRealValueType(first.scalar_type()) : first.scalar_type();
+  op->numel = largest;
+  op->block_counts = counts;
+  op->layout = block_layout(counts.data(), static_cast<int>(counts.size()));
+  const bool list = inputs.size() > 1;
+  if (list && std::all_of(inputs.begin(), inputs.end(), plain_tensor)) {
+    op->buffer = first;  // (its device and dtype)
+    for (const at::Tensor& t : inputs) op->input_blocks.push_back(flat_reals(t));
+  } else {
+    ReduceInput in = prepare_input(inputs, kind);
+    op->buffer = in.buffer;
+    op->stage = in.fill;
+    op->input_blocks = cut(flat_reals(in.buffer), send_reals);
+  }
+  bool aliased = false;  // an output shares memory with an input
+  for (const at::Tensor& o : outputs) {
+    for (const at::Tensor& i : inputs) aliased = aliased || o.is_alias_of(i);
+    aliased = aliased || o.is_alias_of(op->buffer);
+  }
+  if (!aliased && std::all_of(outputs.begin(), outputs.end(), plain_tensor)) {
+    if (list) {
+      for (const at::Tensor& t : outputs) op->output_blocks.push_back(flat_reals(t));
+    } else {
+      op->output_blocks = cut(flat_reals(outputs[0]), recv_reals);
+    }
+  } else {
+    int64_t total = 0;
+    for (const at::Tensor& t : outputs) total += t.numel();
+    op->output = stand_in(total, first.options());
+    op->users = outputs;
+    op->output_blocks = cut(flat_reals(op->output), recv_reals);
+  }
+  for (const at::Tensor& t : inputs) op->footprint.read(t);
+  for (const at::Tensor& t : outputs) op->footprint.write(t);
+  PlanParams params;
+  params.slice_bytes = config_.slice_size;
+  TORCH_CHECK(blockwise_fits(c10::elementSize(op->dtype), world, params), "fairring: ", kind, " on ", world,
+              " ranks does not fit a slice of FAIRRING_SLICE_SIZE=", config_.slice_size, " bytes; raise it");
+  if (!first.is_cpu()) return submit_device(std::move(op), type, outputs, kind);
+  return submit_cpu(std::static_pointer_cast<HostOp>(op), type, outputs, kind, "fairring:all_to_all");
+}
+
+}  // namespace fairring
