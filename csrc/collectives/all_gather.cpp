@@ -80,9 +80,7 @@ bool gather_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
   return true;
 }
 
-}  // namespace
-
-namespace {
+// The all-gather's scripts, which the sizes of an all-to-all share.
 const Script& node_script() {
   static const Script script{{{"acquire", step_acquire},
                               {"publish-block", publish_block},
