@@ -66,6 +66,12 @@ def mismatch(rank, world, timeout_s):
     return out
 
 
+def _skew(s, d, world):
+    """How much rank s's block for rank d differs from the average: every
+    rank's sends and receives still add up to world x the average."""
+    return (s + d) % world - (s + d + 1) % world
+
+
 def stall_or_die(rank, world, culprit, how, timeout_s, sync_dir=None):
     """Everyone does a correct all_reduce; then `culprit` stalls (sleeps past
     the timeout, staying alive until the others are done, as told by files in
@@ -88,6 +94,10 @@ def stall_or_die(rank, world, culprit, how, timeout_s, sync_dir=None):
             "die-mid-broadcast": lambda: dist.broadcast(torch.ones(16_000_057), src=world - 1, async_op=True),
             "die-mid-all_to_all": lambda: dist.all_to_all_single(
                 torch.empty(n * world), torch.ones(n * world), async_op=True),
+            # (returns once the sizes are shared: the blocks are in flight)
+            "die-mid-all_to_all-splits": lambda: dist.all_to_all_single(
+                torch.empty(n * world), torch.ones(n * world), [n + _skew(s, rank, world) for s in range(world)],
+                [n + _skew(rank, d, world) for d in range(world)], async_op=True),
         }[how]()
         if rank == culprit:
             sys.stdout.flush()

@@ -328,13 +328,16 @@ def test_fsdp_bench(tmp_path):
     assert "fsdp2 check: OK" in p.stdout and "fsdp1 check: OK" in p.stdout
 
 
-def test_moe_bench(tmp_path):
+@pytest.mark.parametrize("dropless", [False, True], ids=["capacity", "dropless"])
+def test_moe_bench(tmp_path, dropless):
     """`python -m fairring_py.bench.moe`: an expert-parallel model whose layers
-    send tokens with all_to_all_single, over fairring, gloo and the fake group;
-    losses equal, the all-to-alls native."""
+    send tokens with all_to_all_single (equal blocks of capacity slots, or
+    with --dropless splits), over fairring, gloo and the fake group; losses
+    equal, the all-to-alls native."""
     out = str(tmp_path / "out")
     p = _run(["--nodes", "2", "--ranks-per-node", "2", "--width", "32", "--hidden", "32", "--depth", "2", "--seq",
-              "8", "--batch", "4", "--steps", "2", "--warmup", "1", "--out", out], module="fairring_py.bench.moe")
+              "8", "--batch", "4", "--steps", "2", "--warmup", "1", "--out", out] + (["--dropless"] if dropless else []),
+             module="fairring_py.bench.moe")
     assert p.returncode == 0, p.stdout + p.stderr
     with open(os.path.join(out, "moe.json")) as f:
         res = json.load(f)
@@ -345,6 +348,9 @@ def test_moe_bench(tmp_path):
     # gate's gradients all-reduced once per step.
     kinds = res["fairring_kinds"]
     assert kinds.get("all_to_all", 0) >= 4 * 2 and kinds.get("all_reduce", 0) >= 1, kinds
+    # Dropless: every splits all-to-all shares its sizes first.
+    assert ("all_to_all_sizes" in kinds) == dropless, kinds
+    assert res["meta"]["dropless"] == dropless
     assert not any("gloo" in k for k in kinds), kinds
     assert "communication per step (step minus compute only): fairring " in p.stdout and "check: OK" in p.stdout
 

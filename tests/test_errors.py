@@ -114,14 +114,15 @@ DEAD_CASES = [(["a", "a", "b", "b"], 1, "die"), (["a", "b"], 1, "die"), (["a", "
               (["a", "a"], 1, "die-mid-op"), (["a", "a", "b", "b"], 2, "die-mid-reduce_scatter"),
               (["a", "a", "b", "b"], 1, "die-mid-all_gather"), (["a", "a", "b", "b"], 0, "die-mid-broadcast"),
               (["a", "a", "a"], 1, "die-mid-all_gather"), (["a", "a", "b", "b"], 3, "die-at-barrier"),
-              (["a", "a", "b", "b"], 3, "die-mid-all_to_all"), (["a", "a", "a"], 2, "die-mid-all_to_all")]
+              (["a", "a", "b", "b"], 3, "die-mid-all_to_all"), (["a", "a", "a"], 2, "die-mid-all_to_all"),
+              (["a", "a", "b", "b"], 1, "die-mid-all_to_all-splits")]
 
 
 @pytest.mark.parametrize("nodes,culprit,how", DEAD_CASES,
                          ids=["2x2-rank1", "2x1-rank1", "1x2-rank0", "2x2-leader-mid-op", "2x2-non-leader-mid-op",
                               "1x2-non-leader-mid-op", "2x2-mid-reduce_scatter", "2x2-mid-all_gather",
                               "2x2-mid-broadcast", "1x3-mid-all_gather", "2x2-at-barrier", "2x2-mid-all_to_all",
-                              "1x3-mid-all_to_all"])
+                              "1x3-mid-all_to_all", "2x2-mid-all_to_all-splits"])
 def test_dead_rank_named_within_timeout(nodes, culprit, how):
     _dead_rank_named(nodes, culprit, how)
 

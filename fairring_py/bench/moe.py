@@ -5,6 +5,7 @@ processes, on a simulated cluster.
     python -m fairring_py.bench.moe                          # 2 nodes x 2 ranks, CPU
     python -m fairring_py.bench.moe --nodes 1 --ranks-per-node 2
     python -m fairring_py.bench.moe --netns --link-rate 1gbit    # root: namespaces
+    python -m fairring_py.bench.moe --dropless               # every token routed: splits
 
 Expert parallelism as GShard, Switch and DeepSpeed-MoE do it: every rank
 holds one expert (an MLP) per layer and a replica of the gate; each layer
@@ -15,8 +16,11 @@ each expert its slots with ``all_to_all_single``, runs the expert, and
 sends the results back with a second one; backward does the same two the
 other way.  Token
 counts per expert are uneven (the gate decides); the all-to-alls are of
-equal blocks (the capacity slots).  The gate's gradients are all-reduced
-(averaged) like data-parallel ones.
+equal blocks (the capacity slots).  With --dropless no token is dropped, as
+in Megatron's and torchtitan's dropless layers: the tokens go sorted by
+expert with ``all_to_all_single`` splits, after an all-to-all of the
+counts.  The gate's gradients are all-reduced (averaged) like
+data-parallel ones.
 
 Each rank builds the same model (the gate from one seed, its expert from
 its rank's) once per backend, and trains both on the same synthetic batches
@@ -59,10 +63,29 @@ class _AllToAll(torch.autograd.Function):
         return out, None
 
 
+class _AllToAllV(torch.autograd.Function):
+    """all_to_all_single with splits (rows per rank) and its gradient: the
+    same exchange back, with the splits swapped."""
+
+    @staticmethod
+    def forward(ctx, x, group, out_splits, in_splits):
+        ctx.group, ctx.out_splits, ctx.in_splits = group, out_splits, in_splits
+        out = x.new_zeros(sum(out_splits), *x.shape[1:])
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = grad.new_zeros(sum(ctx.in_splits), *grad.shape[1:])
+        dist.all_to_all_single(out, grad.contiguous(), ctx.in_splits, ctx.out_splits, group=ctx.group)
+        return out, None, None, None
+
+
 class MoELayer(torch.nn.Module):
     """A top-1 mixture-of-experts layer over ``group``, one expert per rank."""
 
-    def __init__(self, width: int, hidden: int, world: int, capacity_factor: float, seed: int, rank: int):
+    def __init__(self, width: int, hidden: int, world: int, capacity_factor: float, seed: int, rank: int,
+                 dropless: bool = False):
         super().__init__()
         torch.manual_seed(seed)
         self.norm = torch.nn.LayerNorm(width)
@@ -70,7 +93,7 @@ class MoELayer(torch.nn.Module):
         torch.manual_seed(seed + 7919 * (rank + 1))
         self.w1 = torch.nn.Linear(width, hidden)
         self.w2 = torch.nn.Linear(hidden, width)
-        self.world, self.capacity_factor = world, capacity_factor
+        self.world, self.capacity_factor, self.dropless = world, capacity_factor, dropless
         self.group = None
 
     def shared(self):
@@ -78,6 +101,8 @@ class MoELayer(torch.nn.Module):
         return list(self.norm.parameters()) + list(self.gate.parameters())
 
     def forward(self, x):
+        if self.dropless:
+            return self.forward_dropless(x)
         tokens, width = x.shape
         world = self.world
         capacity = max(1, math.ceil(self.capacity_factor * tokens / world))
@@ -95,12 +120,34 @@ class MoELayer(torch.nn.Module):
         out = x.new_zeros(tokens, width).index_put((kept,), back[e, s] * top_p[kept].unsqueeze(1))
         return x + out
 
+    def forward_dropless(self, x):
+        """Every token to its expert, none dropped: the tokens sorted by
+        expert, the counts exchanged (an all-to-all of one count per rank),
+        then the tokens with splits (as Megatron's and torchtitan's dropless
+        layers do), and back."""
+        h = self.norm(x)
+        prob = torch.softmax(self.gate(h), dim=-1)
+        top_p, expert = prob.max(dim=-1)
+        order = torch.argsort(expert, stable=True)
+        counts = torch.bincount(expert, minlength=self.world)
+        # (over the fake group this stays our own counts: the compute-only
+        # run then has as many tokens per expert as on average)
+        got = counts.clone()
+        dist.all_to_all_single(got, counts, group=self.group)
+        send, recv = counts.tolist(), got.tolist()
+        received = _AllToAllV.apply(h[order], self.group, recv, send)
+        done = self.w2(torch.nn.functional.gelu(self.w1(received)))
+        back = _AllToAllV.apply(done, self.group, send, recv)
+        out = x.new_zeros(x.shape).index_put((order,), back * top_p[order].unsqueeze(1))
+        return x + out
+
 
 class MoEModel(torch.nn.Module):
     def __init__(self, cfg: dict, world: int, rank: int, group):
         super().__init__()
         self.layers = torch.nn.ModuleList(
-            MoELayer(cfg["width"], cfg["hidden"], world, cfg["capacity_factor"], SEED + 101 * i, rank)
+            MoELayer(cfg["width"], cfg["hidden"], world, cfg["capacity_factor"], SEED + 101 * i, rank,
+                     cfg.get("dropless", False))
             for i in range(cfg["depth"]))
         for m in self.layers:
             m.group = group
@@ -159,7 +206,8 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
             "meta": launch.run_meta(
                 ranks, cfg, model="moe", width=cfg["width"], hidden=cfg["hidden"], depth=cfg["depth"],
                 seq=cfg["seq"], params_per_rank=params, batch_per_rank=cfg["batch"],
-                capacity_factor=cfg["capacity_factor"], steps=cfg["steps"], warmup=cfg["warmup"],
+                capacity_factor=cfg["capacity_factor"], dropless=cfg["dropless"], steps=cfg["steps"],
+                warmup=cfg["warmup"],
                 baseline=names[1]),
             "rows": rows,
             "check": {"ok": ok, "loss_max_rel_diff": loss_rel, "rtol": cfg["rtol"],
@@ -172,8 +220,9 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
 
 def moe_table(s: dict) -> str:
     m = s["meta"]
+    routing = "dropless (splits)" if m.get("dropless") else f"capacity factor {m['capacity_factor']:g}"
     heading = (f"MoE, top-1 expert parallel ({m['depth']} layers, width {m['width']}, expert hidden {m['hidden']}, "
-               f"capacity factor {m['capacity_factor']:g}; {m['params_per_rank'] / 1e6:.2f} M params per rank), "
+               f"{routing}; {m['params_per_rank'] / 1e6:.2f} M params per rank), "
                f"{m['batch_per_rank']} x {m['seq']} tokens/rank, {m['world_size']} ranks, "
                f"fairring topology {m['fairring_topology']}")
     return "\n".join(ddp.throughput_table(s, heading, "tokens/s", "tokens_per_s"))
@@ -186,6 +235,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=int, default=128, help="each expert's hidden size (default 128)")
     p.add_argument("--capacity-factor", type=float, default=1.25,
                    help="slots per expert = factor x tokens / experts (default 1.25)")
+    p.add_argument("--dropless", action="store_true",
+                   help="route every token (no capacity): the all-to-alls carry uneven splits, after an "
+                        "all-to-all of the counts")
     p.add_argument("--rtol", type=float, default=1e-5,
                    help="largest relative difference of the losses between the runs (default 1e-5)")
     p.add_argument("--no-compute-only", dest="compute_only", action="store_false",
@@ -199,7 +251,8 @@ def main(argv=None) -> int:
     cfg = ddp.training_cfg(p, a, "moe")
     if a.hidden < 1 or a.capacity_factor <= 0:
         p.error("--hidden must be >= 1 and --capacity-factor > 0")
-    cfg.update(hidden=a.hidden, capacity_factor=a.capacity_factor, rtol=a.rtol, compute_only=a.compute_only)
+    cfg.update(hidden=a.hidden, capacity_factor=a.capacity_factor, rtol=a.rtol, compute_only=a.compute_only,
+               dropless=a.dropless)
     return ddp.run_training(cfg, rank_main, a, "bench.moe")
 
 
