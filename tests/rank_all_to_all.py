@@ -288,6 +288,32 @@ def mismatched_splits(rank, world):
     return {"error": err, "after": t.tolist()}
 
 
+def bad_arguments_on_one_rank(rank, world):
+    """Rank 0 passes a negative split, then (to the backend directly: torch
+    itself refuses it) a list whose inputs are of two dtypes; its peers'
+    arguments are fine.  Rank 0 gets its own error, every peer one that names
+    rank 0, at once (the sizes are shared first), and the group goes on."""
+    errors = []
+    splits = [2] * world
+    bad = [-1] + [2] * (world - 1) if rank == 0 else splits
+    try:
+        dist.all_to_all_single(torch.empty(2 * world), torch.ones(2 * world), splits, bad)
+        errors.append(None)
+    except Exception as e:  # noqa: BLE001
+        errors.append(f"{type(e).__name__}: {e}")
+    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    ins = [torch.ones(3, dtype=torch.float64 if rank == 0 and j == 1 else torch.float32) for j in range(world)]
+    outs = [torch.empty(3) for _ in range(world)]
+    try:
+        backend.alltoall(outs, ins, dist.AllToAllOptions()).wait()
+        errors.append(None)
+    except Exception as e:  # noqa: BLE001
+        errors.append(f"{type(e).__name__}: {e}")
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    return {"errors": errors, "after": t.tolist()}
+
+
 def splits_on_some_ranks(rank, world):
     """Rank 0 passes no splits, its peers pass equal ones: the ranks issued
     different ops, an error on every rank, no hang."""

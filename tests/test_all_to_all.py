@@ -54,6 +54,21 @@ def test_mismatched_unequal_splits_fail_on_every_rank(ids):
     assert all(r.value["after"] == [len(ids)] * 3 for r in res), [r.value for r in res]
 
 
+@pytest.mark.parametrize("ids", [["a", "a"], ["a", "a", "b", "b"]], ids=["1x2", "2x2"])
+def test_bad_arguments_on_one_rank_fail_every_rank_at_once(ids):
+    # A group timeout far past the test's: an error only after it would fail the test.
+    res = launch.run_ranks(rank_all_to_all.bad_arguments_on_one_rank, ids, timeout_s=60, pg_timeout_s=300)
+    for r in res:
+        splits, dtypes = r.value["errors"]
+        if r.rank == 0:
+            assert splits and "negative input split" in splits, splits
+            assert dtypes and "one dtype and device" in dtypes and "input 1 is float64" in dtypes, dtypes
+        else:
+            for err in (splits, dtypes):
+                assert err and err.startswith("ValueError") and "rank 0 rejected its own arguments" in err, err
+        assert r.value["after"] == [len(ids)] * 3, r.value
+
+
 @pytest.mark.parametrize("ids", [["a", "a"], ["a", "b", "b"]], ids=["1x2", "uneven-1+2"])
 def test_splits_on_some_ranks_only_fail_on_every_rank(ids):
     res = launch.run_ranks(rank_all_to_all.splits_on_some_ranks, ids, timeout_s=90, pg_timeout_s=20)

@@ -19,6 +19,7 @@
 #include <ATen/MemoryOverlap.h>
 
 #include <algorithm>
+#include <functional>
 #include <string>
 
 #include "backend/backend.h"
@@ -52,30 +53,45 @@ std::vector<at::Tensor> cut(const at::Tensor& flat, const std::vector<int64_t>& 
 
 c10::intrusive_ptr<c10d::Work> FairringBackend::all_to_all_uneven(const std::vector<at::Tensor>& inputs,
                                                                   const std::vector<at::Tensor>& outputs,
-                                                                  const std::vector<int64_t>& sends,
-                                                                  const std::vector<int64_t>& recvs,
+                                                                  const std::function<Sizes()>& sizes_of,
                                                                   c10d::OpType type) {
   const char* kind = "all_to_all";
   check_same_process(kind);
   const int world = getSize();
   const int me = getRank();
   const at::Tensor& first = inputs[0];
-  for (const at::Tensor& t : outputs) {
-    TORCH_CHECK(t.scalar_type() == first.scalar_type() && t.device() == first.device(), "fairring: ", kind,
-                " needs outputs of the input's dtype and device (", dtype_name(first.scalar_type()), " on ",
-                first.device().str(), "), but got ", dtype_name(t.scalar_type()), " on ", t.device().str());
-    TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "fairring: ", kind,
-                " into a tensor whose elements share memory (sizes ", t.sizes(), ", strides ", t.strides(),
-                "): clone() it first");
+  // This rank's own checks.  A failing one is raised only once every rank
+  // has its row (flagged), so that the peers fail too instead of waiting.
+  std::exception_ptr rejected;
+  Sizes mine_sizes;
+  try {
+    for (size_t i = 0; i < inputs.size() + outputs.size(); ++i) {
+      const bool in = i < inputs.size();
+      const at::Tensor& t = in ? inputs[i] : outputs[i - inputs.size()];
+      TORCH_CHECK(t.scalar_type() == first.scalar_type() && t.device() == first.device(), "fairring: ", kind,
+                  " needs every input and output of one dtype and device (", dtype_name(first.scalar_type()), " on ",
+                  first.device().str(), "), but ", in ? "input " : "output ", in ? i : i - inputs.size(), " is ",
+                  dtype_name(t.scalar_type()), " on ", t.device().str());
+      TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "fairring: ", kind, " of a tensor whose ",
+                  "elements share memory (sizes ", t.sizes(), ", strides ", t.strides(), "): clone() it first");
+    }
+    mine_sizes = sizes_of();
+  } catch (const std::exception&) {
+    rejected = std::current_exception();
   }
 
-  // 1. Every rank's sizes, in its elements: W sent, W expected, its dtype.
-  const int64_t row = 2 * world + 1;
-  at::Tensor mine = at::empty({row}, at::kLong);
+  // 1. Every rank's sizes, in its elements: W sent, W expected, its dtype,
+  //    its device type, whether it rejected its own arguments.
+  const int64_t row = 2 * world + 3;
+  at::Tensor mine = at::zeros({row}, at::kLong);
   int64_t* m = mine.data_ptr<int64_t>();
-  std::copy(sends.begin(), sends.end(), m);
-  std::copy(recvs.begin(), recvs.end(), m + world);
+  if (!rejected) {
+    std::copy(mine_sizes.sends.begin(), mine_sizes.sends.end(), m);
+    std::copy(mine_sizes.recvs.begin(), mine_sizes.recvs.end(), m + world);
+  }
   m[2 * world] = static_cast<int64_t>(first.scalar_type());
+  m[2 * world + 1] = static_cast<int64_t>(first.device().type());
+  m[2 * world + 2] = rejected ? 1 : 0;
   at::Tensor all = at::empty({world * row}, at::kLong);
   auto sizes =
       submit_blockwise(Collective::kAllToAllSizes, {mine}, {all}, c10d::ReduceOp::SUM, c10d::OpType::ALLGATHER);
@@ -83,12 +99,21 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::all_to_all_uneven(const std::vec
     GilReleaseIfHeld no_gil;
     sizes->wait();
   }
+  if (rejected) std::rethrow_exception(rejected);
   const int64_t* a = all.data_ptr<int64_t>();
+  for (int r = 0; r < world; ++r) {
+    TORCH_CHECK_VALUE(a[r * row + 2 * world + 2] == 0, "fairring: ", kind, ": rank ", r,
+                      " rejected its own arguments (its error says why); nothing was sent");
+  }
   const auto dtype_of = [&](int r) { return static_cast<c10::ScalarType>(a[r * row + 2 * world]); };
+  const auto device_of = [&](int r) { return static_cast<c10::DeviceType>(a[r * row + 2 * world + 1]); };
   for (int r = 1; r < world; ++r) {
     TORCH_CHECK_TYPE(dtype_of(r) == dtype_of(0), "fairring: ", kind, ": rank 0 passes blocks of ",
                      dtype_name(dtype_of(0)), " but rank ", r, " of ", dtype_name(dtype_of(r)),
                      " (every rank's sizes were compared; nothing was sent)");
+    TORCH_CHECK_VALUE(device_of(r) == device_of(0), "fairring: ", kind, ": rank 0 passes ",
+                      c10::DeviceTypeName(device_of(0), true), " tensors but rank ", r, " ",
+                      c10::DeviceTypeName(device_of(r), true), " ones (every rank's sizes were compared; nothing was sent)");
   }
   const int64_t reals = first.is_complex() ? 2 : 1;
   std::vector<int64_t> counts(static_cast<size_t>(world) * world);  // [sender * W + receiver], real elements

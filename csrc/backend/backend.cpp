@@ -926,8 +926,29 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall_base(at::Tensor& output
   // Native (CPU and CUDA): without splits, equal blocks (all_to_all.cpp);
   // with splits, equal or not, all_to_all_uneven: the path depends only on
   // whether splits are passed, which every rank must do alike (a rank that
-  // passes none while its peers pass some gets a mismatch, not a hang).
+  // passes none while its peers pass some gets a mismatch on CPU tensors).
   const int world = getSize();
+  if (!input_splits.empty() || !output_splits.empty()) {
+    if (native_tensors({output, input})) {
+      // The splits are checked once every rank has its sizes (so a rank's
+      // bad splits fail its peers too, at once).
+      return all_to_all_uneven(
+          {input}, {output},
+          [&] {
+            check_splits(input_splits, input, world, "input");
+            check_splits(output_splits, output, world, "output");
+            // Elements per block: rows times the elements of a row.
+            const auto elements = [&](const at::Tensor& t, const std::vector<int64_t>& splits) {
+              const int64_t per_row = t.size(0) == 0 ? 0 : t.numel() / t.size(0);
+              std::vector<int64_t> out(world);
+              for (int r = 0; r < world; ++r) out[r] = (splits.empty() ? t.size(0) / world : splits[r]) * per_row;
+              return out;
+            };
+            return Sizes{elements(input, input_splits), elements(output, output_splits)};
+          },
+          c10d::OpType::ALLTOALL_BASE);
+    }
+  }
   check_splits(input_splits, input, world, "input");
   check_splits(output_splits, output, world, "output");
   if (!native_tensors({output, input})) {
@@ -935,18 +956,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall_base(at::Tensor& output
       return gloo.alltoall_base(output, input, output_splits, input_splits, opts);
     });
   }
-  if (input_splits.empty() && output_splits.empty()) {
-    return submit_blockwise(Collective::kAllToAll, {input}, {output}, c10d::ReduceOp::SUM, c10d::OpType::ALLTOALL_BASE);
-  }
-  // Elements per block: rows times the elements of a row.
-  const auto elements = [&](const at::Tensor& t, const std::vector<int64_t>& splits) {
-    const int64_t per_row = t.dim() == 0 || t.size(0) == 0 ? 0 : t.numel() / t.size(0);
-    std::vector<int64_t> out(world);
-    for (int r = 0; r < world; ++r) out[r] = (splits.empty() ? t.size(0) / world : splits[r]) * per_row;
-    return out;
-  };
-  return all_to_all_uneven({input}, {output}, elements(input, input_splits), elements(output, output_splits),
-                           c10d::OpType::ALLTOALL_BASE);
+  return submit_blockwise(Collective::kAllToAll, {input}, {output}, c10d::ReduceOp::SUM, c10d::OpType::ALLTOALL_BASE);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                          std::vector<at::Tensor>& inputs,
@@ -960,10 +970,15 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall(std::vector<at::Tensor>
     return run_delegated("alltoall", touched(outputs, inputs),
                          [&](c10d::Backend& gloo) { return gloo.alltoall(outputs, inputs, opts); });
   }
-  std::vector<int64_t> sends, recvs;
-  for (const at::Tensor& t : inputs) sends.push_back(t.numel());
-  for (const at::Tensor& t : outputs) recvs.push_back(t.numel());
-  return all_to_all_uneven(inputs, outputs, sends, recvs, c10d::OpType::ALLTOALL);
+  return all_to_all_uneven(
+      inputs, outputs,
+      [&] {
+        Sizes sizes;
+        for (const at::Tensor& t : inputs) sizes.sends.push_back(t.numel());
+        for (const at::Tensor& t : outputs) sizes.recvs.push_back(t.numel());
+        return sizes;
+      },
+      c10d::OpType::ALLTOALL);
 }
 bool FairringBackend::p2p_native(const char* kind, const std::vector<at::Tensor>& tensors, int peer) const {
   if (peer != kAnySource) {

@@ -179,12 +179,16 @@ class FairringBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce_sparse_cpu(at::Tensor& t);
   // An all-to-all whose blocks may differ in size (all_to_all_uneven.cpp):
   // `inputs` and `outputs` flattened hold the blocks in rank order, block r
-  // of `sends[r]` (to rank r) and `recvs[r]` (from rank r) elements.  First
-  // shares every rank's sizes (blocking), then runs the all-to-all.
+  // of `sends[r]` elements (to rank r) and `recvs[r]` (from rank r), as
+  // `sizes_of` says (it may throw: a rank's own bad arguments are raised
+  // once every rank has its sizes, and its peers fail too).  First shares
+  // every rank's sizes (blocking), then runs the all-to-all.
+  struct Sizes {
+    std::vector<int64_t> sends, recvs;
+  };
   c10::intrusive_ptr<c10d::Work> all_to_all_uneven(const std::vector<at::Tensor>& inputs,
                                                    const std::vector<at::Tensor>& outputs,
-                                                   const std::vector<int64_t>& sends, const std::vector<int64_t>& recvs,
-                                                   c10d::OpType type);
+                                                   const std::function<Sizes()>& sizes_of, c10d::OpType type);
   // The list form of reduce_scatter with blocks of unequal sizes (CPU).
   c10::intrusive_ptr<c10d::Work> reduce_scatter_uneven(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
                                                        const c10d::ReduceOp& op);
