@@ -113,7 +113,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::all_to_all_uneven(const std::vec
                      " (every rank's sizes were compared; nothing was sent)");
     TORCH_CHECK_VALUE(device_of(r) == device_of(0), "fairring: ", kind, ": rank 0 passes ",
                       c10::DeviceTypeName(device_of(0), true), " tensors but rank ", r, " ",
-                      c10::DeviceTypeName(device_of(r), true), " ones (every rank's sizes were compared; nothing was sent)");
+                      c10::DeviceTypeName(device_of(r), true),
+                      " ones (every rank's sizes were compared; nothing was sent)");
   }
   const int64_t reals = first.is_complex() ? 2 : 1;
   std::vector<int64_t> counts(static_cast<size_t>(world) * world);  // [sender * W + receiver], real elements
