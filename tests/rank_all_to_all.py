@@ -220,6 +220,13 @@ def uneven(rank, world, big):
     dist.all_to_all_single(out, ins[rank], [mixed(s, rank) for s in range(world)],
                            [mixed(rank, d) for d in range(world)])
     _check(failures, "equal splits on rank 0 only", out, expect(ins, mixed))
+    # The recent ops record what this rank sent (not W x the largest block).
+    import fairring_py
+
+    last = fairring_py.dump_recent(file=io.StringIO())[-1]
+    sent = 4 * sum(mixed(rank, d) for d in range(world))
+    if last["kind"] != "all_to_all" or last["bytes"] != sent:
+        failures.add(f"recent ops recorded {last['kind']} of {last['bytes']} bytes, want all_to_all of {sent}")
     # Several in flight, in issue order with all-reduces on the same tensors:
     # all_reduce(x); all_to_all(y <- x); all_reduce(x) (x read, then written).
     works, cases = [], []

@@ -7,6 +7,7 @@
 #include <ATen/MemoryOverlap.h>
 
 #include <algorithm>
+#include <numeric>
 
 #include "devices/cuda_engine.h"
 #include "devices/host_engine.h"
@@ -296,9 +297,16 @@ void FairringBackend::check_same_process(const char* what) const {
               "Create a new process group in the child.");
 }
 
-std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind, PipelineOp& op, int64_t bytes,
+std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind, PipelineOp& op,
                                                                std::function<void(std::exception_ptr)> done,
                                                                const char* suffix) {
+  const int world = getSize();
+  int64_t elements = op.numel * (op.def->cut() == Cut::kBlockwise ? world : 1);
+  if (!op.block_counts.empty()) {
+    const auto row = op.block_counts.begin() + static_cast<int64_t>(getRank()) * world;
+    elements = std::accumulate(row, row + world, int64_t{0});
+  }
+  const int64_t bytes = elements * static_cast<int64_t>(c10::elementSize(op.dtype));
   auto recent = recent_;
   op.number = seq_++;
   auto handle = recent->start(op.number, kind, suffix, op.key(), bytes);
@@ -393,9 +401,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_cpu(std::shared_ptr<HostO
   if (config_.huge_pages == "advise") advise_fresh(*op);
   auto work = c10::make_intrusive<FairringWork>(getRank(), type, std::move(outputs), title);
   op->def = &collective_def(op->collective);
-  const int64_t blocks = op->def->cut() == Cut::kBlockwise ? getSize() : 1;
-  op->on_complete = track(kind, *op, op->numel * blocks * c10::elementSize(op->dtype),
-                          [work](std::exception_ptr error) { work->mark_done(error); });
+  op->on_complete = track(kind, *op, [work](std::exception_ptr error) { work->mark_done(error); });
   op->after_complete = [work](std::exception_ptr error) { work->complete_future(error); };
   op->complete_here = [work](std::exception_ptr error) { return work->complete_future_if_untaken(error); };
   work->set_interrupt_hook(abort_hook_, kind);

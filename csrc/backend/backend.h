@@ -150,7 +150,9 @@ class FairringBackend : public c10d::Backend {
   // Numbers a native op in the group (PipelineOp::number), records it in
   // recent_ and wraps its completion (`done`) to record how it ended.
   // `kind` and `suffix` (" (CUDA)") are literals: the completion logs them.
-  std::function<void(std::exception_ptr)> track(const char* kind, PipelineOp& op, int64_t bytes,
+  // The record's bytes: the op's big tensor (what this rank sends, for an
+  // all-to-all with splits).  `op.def` is set.
+  std::function<void(std::exception_ptr)> track(const char* kind, PipelineOp& op,
                                                 std::function<void(std::exception_ptr)> done, const char* suffix = "");
   // Throws if called in a fork()ed child of the process that built the group.
   void check_same_process(const char* what) const;

@@ -107,10 +107,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<Pi
   cuda_check(rec, "cudaEventRecord on the caller's stream");
   // No recordStream: the engine holds the op's tensors until its device work is over.
   aop->def = &collective_def(aop->collective);
-  const int64_t blocks = aop->def->cut() == Cut::kBlockwise ? getSize() : 1;
-  aop->on_complete = track(
-      kind, *aop, aop->numel * blocks * c10::elementSize(aop->dtype),
-      [work](std::exception_ptr error) { work->mark_done(error); }, " (CUDA)");
+  aop->on_complete = track(kind, *aop, [work](std::exception_ptr error) { work->mark_done(error); }, " (CUDA)");
   aop->after_complete = [work](std::exception_ptr error, const c10::cuda::CUDAStream& stream) {
     work->complete_future(error, stream);
   };
