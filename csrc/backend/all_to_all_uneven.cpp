@@ -64,17 +64,17 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::all_to_all_uneven(const std::vec
   // has its row (flagged), so that the peers fail too instead of waiting.
   std::exception_ptr rejected;
   Sizes mine_sizes;
+  const auto check = [&](const at::Tensor& t, const char* which, size_t i) {
+    TORCH_CHECK(t.scalar_type() == first.scalar_type() && t.device() == first.device(), "fairring: ", kind,
+                " needs every input and output of one dtype and device (", dtype_name(first.scalar_type()), " on ",
+                first.device().str(), "), but ", which, " ", i, " is ", dtype_name(t.scalar_type()), " on ",
+                t.device().str());
+    TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "fairring: ", kind, " of a tensor whose ",
+                "elements share memory (sizes ", t.sizes(), ", strides ", t.strides(), "): clone() it first");
+  };
   try {
-    for (size_t i = 0; i < inputs.size() + outputs.size(); ++i) {
-      const bool in = i < inputs.size();
-      const at::Tensor& t = in ? inputs[i] : outputs[i - inputs.size()];
-      TORCH_CHECK(t.scalar_type() == first.scalar_type() && t.device() == first.device(), "fairring: ", kind,
-                  " needs every input and output of one dtype and device (", dtype_name(first.scalar_type()), " on ",
-                  first.device().str(), "), but ", in ? "input " : "output ", in ? i : i - inputs.size(), " is ",
-                  dtype_name(t.scalar_type()), " on ", t.device().str());
-      TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "fairring: ", kind, " of a tensor whose ",
-                  "elements share memory (sizes ", t.sizes(), ", strides ", t.strides(), "): clone() it first");
-    }
+    for (size_t i = 0; i < inputs.size(); ++i) check(inputs[i], "input", i);
+    for (size_t i = 0; i < outputs.size(); ++i) check(outputs[i], "output", i);
     mine_sizes = sizes_of();
   } catch (const std::exception&) {
     rejected = std::current_exception();

@@ -934,26 +934,24 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall_base(at::Tensor& output
   // whether splits are passed, which every rank must do alike (a rank that
   // passes none while its peers pass some gets a mismatch on CPU tensors).
   const int world = getSize();
-  if (!input_splits.empty() || !output_splits.empty()) {
-    if (native_tensors({output, input})) {
-      // The splits are checked once every rank has its sizes (so a rank's
-      // bad splits fail its peers too, at once).
-      return all_to_all_uneven(
-          {input}, {output},
-          [&] {
-            check_splits(input_splits, input, world, "input");
-            check_splits(output_splits, output, world, "output");
-            // Elements per block: rows times the elements of a row.
-            const auto elements = [&](const at::Tensor& t, const std::vector<int64_t>& splits) {
-              const int64_t per_row = t.size(0) == 0 ? 0 : t.numel() / t.size(0);
-              std::vector<int64_t> out(world);
-              for (int r = 0; r < world; ++r) out[r] = (splits.empty() ? t.size(0) / world : splits[r]) * per_row;
-              return out;
-            };
-            return Sizes{elements(input, input_splits), elements(output, output_splits)};
-          },
-          c10d::OpType::ALLTOALL_BASE);
-    }
+  if ((!input_splits.empty() || !output_splits.empty()) && native_tensors({output, input})) {
+    // The splits are checked once every rank has its sizes (so a rank's bad
+    // splits fail its peers too, at once).
+    return all_to_all_uneven(
+        {input}, {output},
+        [&] {
+          check_splits(input_splits, input, world, "input");
+          check_splits(output_splits, output, world, "output");
+          // Elements per block: rows times the elements of a row.
+          const auto elements = [&](const at::Tensor& t, const std::vector<int64_t>& splits) {
+            const int64_t per_row = t.size(0) == 0 ? 0 : t.numel() / t.size(0);
+            std::vector<int64_t> out(world);
+            for (int r = 0; r < world; ++r) out[r] = (splits.empty() ? t.size(0) / world : splits[r]) * per_row;
+            return out;
+          };
+          return Sizes{elements(input, input_splits), elements(output, output_splits)};
+        },
+        c10d::OpType::ALLTOALL_BASE);
   }
   check_splits(input_splits, input, world, "input");
   check_splits(output_splits, output, world, "output");

@@ -135,7 +135,7 @@ void SliceSchedule::publish_chunk(uint64_t slice_seq) {
 
 char* SliceSchedule::block_at(const at::Tensor& t, const std::vector<at::Tensor>& blocks, const Slice& s, int j,
                               int x) const {
-  const int64_t rank = topo_.node_ranks[j][x];
+  const int64_t rank = rank_of(j, x);
   if (!blocks.empty()) return static_cast<char*>(blocks[rank].data_ptr()) + s.plan.slice.offset * esize(s);
   return static_cast<char*>(t.data_ptr()) + (rank * s.op->numel + s.plan.slice.offset) * esize(s);
 }
