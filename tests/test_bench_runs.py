@@ -342,8 +342,11 @@ def test_moe_bench(tmp_path, dropless):
     with open(os.path.join(out, "moe.json")) as f:
         res = json.load(f)
     assert res["check"]["ok"] and res["check"]["loss_max_rel_diff"] <= 1e-5
-    assert [r["backend"] for r in res["rows"]] == ["fairring", "gloo", "compute only"]
+    assert [r["backend"] for r in res["rows"]] == ["fairring", "gloo", "compute only", "sync only"]
     assert all(r["tokens_per_s"] > 0 for r in res["rows"])
+    # The sync-only run's all-to-alls move one element per rank (an int64
+    # count with --dropless), its all-reduce one.
+    assert 0 < res["sync_only_largest_op_bytes"] <= 8 * 4, res["sync_only_largest_op_bytes"]
     # Two all-to-alls per layer forward and two backward, every step; the
     # gate's gradients all-reduced once per step.
     kinds = res["fairring_kinds"]
@@ -353,6 +356,7 @@ def test_moe_bench(tmp_path, dropless):
     assert res["meta"]["dropless"] == dropless
     assert not any("gloo" in k for k in kinds), kinds
     assert "communication per step (step minus compute only): fairring " in p.stdout and "check: OK" in p.stdout
+    assert "sync only (every exchange moves one element): " in p.stdout and "waiting: " in p.stdout
 
 
 def test_pipeline_bench(tmp_path):
@@ -367,12 +371,29 @@ def test_pipeline_bench(tmp_path):
         res = json.load(f)
     assert res["check"]["ok"] and res["check"]["loss_max_rel_diff"] <= 1e-5
     assert res["check"]["final_loss"]["fairring"] > 0
-    assert [r["backend"] for r in res["rows"]] == ["fairring", "gloo", "compute only"]
+    assert [r["backend"] for r in res["rows"]] == ["fairring", "gloo", "compute only", "sync only"]
     assert all(r["samples_per_s"] > 0 for r in res["rows"])
+    assert res["sync_only_largest_op_bytes"] == 4, res["sync_only_largest_op_bytes"]  # one float per message
     kinds = res["fairring_kinds"]  # rank 0 (stage 0): sends activations, receives gradients
     assert kinds.get("send", 0) >= 4 and kinds.get("recv", 0) >= 4, kinds
     assert not any("gloo" in k for k in kinds), kinds
     assert "communication per step (step minus compute only): fairring " in p.stdout and "check: OK" in p.stdout
+    assert "sync only (every exchange moves one element): " in p.stdout and "moving the bytes: fairring " in p.stdout
+
+
+def test_pipeline_bench_without_extra_runs(tmp_path):
+    """`--no-compute-only --no-sync-only`: only fairring and gloo, and neither
+    line the extra runs feed."""
+    out = str(tmp_path / "out")
+    p = _run(["--nodes", "1", "--ranks-per-node", "2", "--width", "16", "--batch", "2", "--microbatches", "2",
+              "--steps", "1", "--warmup", "0", "--no-compute-only", "--no-sync-only", "--out", out],
+             module="fairring_py.bench.pipeline")
+    assert p.returncode == 0, p.stdout + p.stderr
+    with open(os.path.join(out, "pipeline.json")) as f:
+        res = json.load(f)
+    assert [r["backend"] for r in res["rows"]] == ["fairring", "gloo"] and res["check"]["ok"]
+    assert res["sync_only_largest_op_bytes"] is None
+    assert "communication per step" not in p.stdout and "sync only" not in p.stdout
 
 
 @pytest.mark.parametrize("collective", ["all_to_all", "gather", "scatter"])

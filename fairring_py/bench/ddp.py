@@ -220,6 +220,14 @@ def throughput_table(s: dict, heading: str, unit: str, key: str, losses: str = "
         out.append(f"communication per step (step minus compute only): fairring {comm['fairring']:.1f} ms, "
                    f"{base} {comm[base]:.1f} ms ({ratio}); compute only {step['compute only']:.1f} ms "
                    f"({100 * comm[base] / step[base]:.0f}% of {base}'s step is communication)")
+    if "sync only" in step:
+        # bench/sync_only.py: the same exchanges, one element each.
+        line = (f"sync only (every exchange moves one element): {step['sync only']:.1f} ms; moving the bytes: "
+                f"fairring {step['fairring'] - step['sync only']:.1f} ms (step minus sync only)")
+        if "compute only" in step:
+            line += f"; waiting: {step['sync only'] - step['compute only']:.1f} ms (sync only minus compute only)"
+        out.append(line + f"; {base}'s step / sync only: {step[base] / step['sync only']:.2f}x (a backend that "
+                   "moved the bytes for free, synchronising as fairring does)")
     c = s["check"]
     kinds = ", ".join(f"{k} x{n}" for k, n in sorted(s["fairring_kinds"].items()))
     out.append(f"check: {'OK' if c['ok'] else 'FAILED'} (fairring vs {base}: {losses} differ by at most "

@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import datetime
 import io
 import sys
 
 import torch
 import torch.distributed as dist
 
-from . import ddp, launch, metrics
+from . import ddp, launch, metrics, sync_only
 
 SEED = 8765
 VARIANTS = ("fsdp2", "fsdp1")
@@ -83,13 +84,20 @@ def compute_only_group():
 
 def compared_groups(ranks, cfg: dict):
     """The names and groups a training bench times: Fairring, the baseline,
-    and torch's fake group when ``cfg["compute_only"]`` (and torch has it)."""
+    torch's fake group when ``cfg["compute_only"]`` (and torch has it), and
+    a Fairring group of its own whose exchanges move one element when
+    ``cfg.get("sync_only")`` (bench/sync_only.py; the models of bench.moe
+    and bench.pipeline know it)."""
     names = ["fairring", ranks.baseline_name]
     groups = [ranks.fairring, ranks.baseline]
     fake = compute_only_group() if cfg["compute_only"] else None
     if fake is not None:
         names.append("compute only")
         groups.append(fake)
+    if cfg.get("sync_only"):
+        timeout = datetime.timedelta(seconds=float(cfg.get("pg_timeout_s", 300)))
+        names.append("sync only")
+        groups.append(sync_only.SyncOnly(dist.new_group(backend="fairring", timeout=timeout)))
     return names, groups
 
 
@@ -103,7 +111,7 @@ def local_shards(model) -> torch.Tensor:
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
-def _recent(group=None):
+def recent_ops(group=None):
     import fairring_py
 
     return fairring_py.dump_recent(group, file=io.StringIO())
@@ -111,7 +119,7 @@ def _recent(group=None):
 
 def last_seq(group=None) -> int:
     try:
-        recs = _recent(group)
+        recs = recent_ops(group)
     except Exception:  # informational only
         return -1
     return recs[-1]["seq"] if recs else -1
@@ -121,7 +129,7 @@ def fairring_kinds(since: int, group=None) -> dict:
     """How many of the fairring group's collectives after sequence number
     ``since`` ran as each kind (of the last 64 it keeps)."""
     try:
-        recs = _recent(group)
+        recs = recent_ops(group)
     except Exception as e:  # informational only
         return {f"unknown ({e})": 0}
     return dict(collections.Counter(r["kind"] for r in recs if r["seq"] > since))

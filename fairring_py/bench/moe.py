@@ -30,6 +30,9 @@ step / median step time.  Checks: the losses of the two runs agree to
 --rtol relative on every rank and step.  A third run over torch's "fake"
 group (collectives that move nothing) times the compute alone, so "step
 minus compute only" is each backend's communication per step.
+A fourth, over a Fairring group whose exchanges move one element each
+(bench/sync_only.py), keeps every wait of the step but moves no data: it
+splits that communication into waiting and moving the bytes.
 """
 from __future__ import annotations
 
@@ -38,9 +41,8 @@ import math
 import sys
 
 import torch
-import torch.distributed as dist
 
-from . import ddp, fsdp, launch, metrics
+from . import ddp, fsdp, launch, metrics, sync_only
 
 SEED = 9876
 
@@ -53,13 +55,13 @@ class _AllToAll(torch.autograd.Function):
     def forward(ctx, x, group):
         ctx.group = group
         out = torch.zeros_like(x)  # (the compute-only group leaves it as it is)
-        dist.all_to_all_single(out, x.contiguous(), group=group)
+        sync_only.all_to_all_single(out, x.contiguous(), group=group)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         out = torch.zeros_like(grad)
-        dist.all_to_all_single(out, grad.contiguous(), group=ctx.group)
+        sync_only.all_to_all_single(out, grad.contiguous(), group=ctx.group)
         return out, None
 
 
@@ -71,13 +73,13 @@ class _AllToAllV(torch.autograd.Function):
     def forward(ctx, x, group, out_splits, in_splits):
         ctx.group, ctx.out_splits, ctx.in_splits = group, out_splits, in_splits
         out = x.new_zeros(sum(out_splits), *x.shape[1:])
-        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        sync_only.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         out = grad.new_zeros(sum(ctx.in_splits), *grad.shape[1:])
-        dist.all_to_all_single(out, grad.contiguous(), ctx.in_splits, ctx.out_splits, group=ctx.group)
+        sync_only.all_to_all_single(out, grad.contiguous(), ctx.in_splits, ctx.out_splits, group=ctx.group)
         return out, None, None, None
 
 
@@ -133,7 +135,7 @@ class MoELayer(torch.nn.Module):
         # (over the fake group this stays our own counts: the compute-only
         # run then has as many tokens per expert as on average)
         got = counts.clone()
-        dist.all_to_all_single(got, counts, group=self.group)
+        sync_only.all_to_all_single(got, counts, group=self.group)
         send, recv = counts.tolist(), got.tolist()
         received = _AllToAllV.apply(h[order], self.group, recv, send)
         done = self.w2(torch.nn.functional.gelu(self.w1(received)))
@@ -165,7 +167,7 @@ class MoEModel(torch.nn.Module):
         all-reduce of them flattened, as DDP's bucket would)."""
         grads = [p.grad for m in self.layers for p in m.shared() if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.group)
+        sync_only.all_reduce(flat, group=self.group)
         flat /= self.world
         offset = 0
         for g in grads:
@@ -213,6 +215,7 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
             "check": {"ok": ok, "loss_max_rel_diff": loss_rel, "rtol": cfg["rtol"],
                       "final_loss": {nm: ls[-1] for nm, ls in zip(names[:2], losses)}},
             "fairring_kinds": kinds,
+            "sync_only_largest_op_bytes": sync_only.largest_op_bytes(groups),
         }
         launch.publish(summary, moe_table(summary), cfg.get("out"), "moe.json")
     return 0 if ok else 1
@@ -242,6 +245,7 @@ def parser() -> argparse.ArgumentParser:
                    help="largest relative difference of the losses between the runs (default 1e-5)")
     p.add_argument("--no-compute-only", dest="compute_only", action="store_false",
                    help="skip the run over torch's fake group that times the step without communication")
+    sync_only.add_option(p)
     return p
 
 
@@ -252,7 +256,7 @@ def main(argv=None) -> int:
     if a.hidden < 1 or a.capacity_factor <= 0:
         p.error("--hidden must be >= 1 and --capacity-factor > 0")
     cfg.update(hidden=a.hidden, capacity_factor=a.capacity_factor, rtol=a.rtol, compute_only=a.compute_only,
-               dropless=a.dropless)
+               dropless=a.dropless, sync_only=a.sync_only)
     return ddp.run_training(cfg, rank_main, a, "bench.moe")
 
 

@@ -23,6 +23,9 @@ last stage's losses of the two runs agree to --rtol relative.  A third
 run over torch's "fake" group (sends and receives that move nothing)
 times the compute alone, so "step minus compute only" is each backend's
 communication per step.
+A fourth, over a Fairring group whose exchanges move one element each
+(bench/sync_only.py), keeps every wait of the step but moves no data: it
+splits that communication into waiting and moving the bytes.
 """
 from __future__ import annotations
 
@@ -31,9 +34,8 @@ import sys
 import time
 
 import torch
-import torch.distributed as dist
 
-from . import ddp, fsdp, launch, metrics
+from . import ddp, fsdp, launch, metrics, sync_only
 
 SEED = 4242
 
@@ -68,14 +70,14 @@ def one_f_one_b(stage: Stage, group, rank: int, world: int, x, y, cfg: dict) -> 
             inp = x[i]
         else:
             inp = torch.zeros(shape, device=x.device)  # (the compute-only group leaves it as it is)
-            dist.recv(inp, prev, group=group, tag=i)
+            sync_only.recv(inp, prev, group=group, tag=i)
             inp.requires_grad_()
         out = stage(inp)
         if nxt == world:
             out = torch.nn.functional.mse_loss(out, y[i]) / m
             total += out.item()
         else:
-            sends.append(dist.isend(out.detach(), nxt, group=group, tag=i))
+            sends.append(sync_only.isend(out.detach(), nxt, group=group, tag=i))
         kept[i] = (inp, out)
 
     def backward(i):
@@ -84,10 +86,10 @@ def one_f_one_b(stage: Stage, group, rank: int, world: int, x, y, cfg: dict) -> 
             out.backward()
         else:
             grad = torch.zeros(shape, device=x.device)
-            dist.recv(grad, nxt, group=group, tag=m + i)
+            sync_only.recv(grad, nxt, group=group, tag=m + i)
             out.backward(grad)
         if rank > 0:
-            sends.append(dist.isend(inp.grad, prev, group=group, tag=m + i))
+            sends.append(sync_only.isend(inp.grad, prev, group=group, tag=m + i))
 
     warm = min(world - rank - 1, m)
     f = b = 0
@@ -151,6 +153,7 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
             "check": {"ok": ok, "loss_max_rel_diff": loss_rel, "rtol": cfg["rtol"],
                       "final_loss": dict(zip(names[:2], final))},
             "fairring_kinds": kinds,
+            "sync_only_largest_op_bytes": sync_only.largest_op_bytes(groups),
         }
         launch.publish(summary, pipeline_table(summary), cfg.get("out"), "pipeline.json")
     return 0 if ok else 1
@@ -177,6 +180,7 @@ def parser() -> argparse.ArgumentParser:
                    help="largest relative difference of the losses between the runs (default 1e-5)")
     p.add_argument("--no-compute-only", dest="compute_only", action="store_false",
                    help="skip the run over torch's fake group that times the step without communication")
+    sync_only.add_option(p)
     return p
 
 
@@ -188,7 +192,7 @@ def main(argv=None) -> int:
         p.error("--microbatches must be >= 1")
     if a.nodes * a.ranks_per_node < 2:
         p.error("a pipeline needs at least 2 ranks (stages)")
-    cfg.update(microbatches=a.microbatches, rtol=a.rtol, compute_only=a.compute_only)
+    cfg.update(microbatches=a.microbatches, rtol=a.rtol, compute_only=a.compute_only, sync_only=a.sync_only)
     return ddp.run_training(cfg, rank_main, a, "bench.pipeline")
 
 
