@@ -365,3 +365,21 @@ def bad_sizes(rank, world):
     y = torch.empty(world * 2)
     dist.all_to_all_single(y, x)
     return {"errors": errors, "group_still_works": bool(torch.all(y == 1))}
+
+
+def profiler_events(rank, world):
+    """torch.profiler shows an all_to_all with splits as its two ops: the sizes
+    exchange and the blocks, each under its own name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    splits = [1 + r for r in range(world)]
+    out = torch.empty(world * (1 + rank))
+    inp = torch.arange(float(sum(splits)))
+    dist.all_to_all_single(out, inp, [1 + rank] * world, splits)  # warm-up, outside the trace
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        dist.all_to_all_single(out, inp, [1 + rank] * world, splits)
+    names = [e.name for e in prof.events() if e.name.startswith("fairring:")]
+    if sorted(names) != ["fairring:all_to_all", "fairring:all_to_all_sizes"]:
+        return [f"fairring events {names}, want one fairring:all_to_all_sizes and one fairring:all_to_all"]
+    return []
+

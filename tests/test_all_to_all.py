@@ -75,6 +75,7 @@ def test_splits_on_some_ranks_only_fail_on_every_rank(ids):
     for r in res:
         err = r.value["error"]
         assert err and "mismatch" in err and "all_to_all_sizes" in err, f"rank {r.rank}: {err}"
+        assert "needs its splits passed on every rank or on none" in err, f"rank {r.rank}: {err}"
 
 
 @pytest.mark.parametrize("which", ["size", "all_reduce"])
@@ -85,6 +86,13 @@ def test_mismatched_all_to_alls_fail_on_every_rank(which, ids):
         err = r.value["error"]
         assert err, f"rank {r.rank} raised nothing though the ranks issued different ops"
         assert "mismatch" in err and "all_to_all of" in err, f"rank {r.rank}: {err[:400]}"
+        assert "splits passed on every rank" not in err, f"rank {r.rank}: a hint about splits, none passed: {err}"
+
+
+def test_profiler_shows_both_steps_of_an_all_to_all_with_splits():
+    res = launch.run_ranks(rank_all_to_all.profiler_events, ["a", "a"], timeout_s=60)
+    for r in res:
+        assert r.value == [], f"rank {r.rank}: {r.value}"
 
 
 def test_sizes_that_are_not_equal_blocks_are_a_clear_error():

@@ -78,13 +78,25 @@ std::string mismatch_prefix(const OpKey& mine, const char* device) {
 }
 }  // namespace
 
+// What to do about the one mismatch a correct program can hit by accident:
+// an all_to_all given splits on some ranks and none on others (the first
+// runs a sizes exchange, the second goes straight to the blocks).
+std::string mismatch_hint(const OpKey& a, const OpKey& b) {
+  auto is = [](const OpKey& k, Collective c) { return k.collective == static_cast<int32_t>(c); };
+  const bool splits_on_one_side = (is(a, Collective::kAllToAllSizes) && is(b, Collective::kAllToAll)) ||
+                                  (is(b, Collective::kAllToAllSizes) && is(a, Collective::kAllToAll));
+  return splits_on_one_side ? " An all_to_all needs its splits passed on every rank or on none (torch "
+                              "all_to_all_single's output_split_sizes and input_split_sizes)."
+                            : "";
+}
+
 void check_same_op(const OpKey& mine, int self, const OpKey& theirs, int peer, const char* device) {
   if (mine == theirs) return;
-  throw Error(ErrorKind::kBackend, mismatch_prefix(mine, device) + "for collective #" + std::to_string(mine.number) +
-                                       " rank " + std::to_string(self) + " has " + describe(mine) + " but rank " +
-                                       std::to_string(peer) + " has collective #" + std::to_string(theirs.number) +
-                                       ": " + describe(theirs) +
-                                       ". Every rank must issue the same collectives in the same order.");
+  throw Error(ErrorKind::kBackend,
+              mismatch_prefix(mine, device) + "for collective #" + std::to_string(mine.number) + " rank " +
+                  std::to_string(self) + " has " + describe(mine) + " but rank " + std::to_string(peer) +
+                  " has collective #" + std::to_string(theirs.number) + ": " + describe(theirs) +
+                  ". Every rank must issue the same collectives in the same order." + mismatch_hint(mine, theirs));
 }
 
 void throw_out_of_step(const OpKey& mine, int self, int peer, const char* device) {
