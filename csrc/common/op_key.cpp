@@ -76,7 +76,6 @@ namespace {
 std::string mismatch_prefix(const OpKey& mine, const char* device) {
   return std::string(device) + collective_name(static_cast<Collective>(mine.collective)) + " mismatch between ranks: ";
 }
-}  // namespace
 
 // What to do about the one mismatch a correct program can hit by accident:
 // an all_to_all given splits on some ranks and none on others (the first
@@ -89,6 +88,7 @@ std::string mismatch_hint(const OpKey& a, const OpKey& b) {
                               "all_to_all_single's output_split_sizes and input_split_sizes)."
                             : "";
 }
+}  // namespace
 
 void check_same_op(const OpKey& mine, int self, const OpKey& theirs, int peer, const char* device) {
   if (mine == theirs) return;
