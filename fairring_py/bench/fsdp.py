@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime
 import io
 import sys
 
@@ -95,9 +94,8 @@ def compared_groups(ranks, cfg: dict):
         names.append("compute only")
         groups.append(fake)
     if cfg.get("sync_only"):
-        timeout = datetime.timedelta(seconds=float(cfg.get("pg_timeout_s", 300)))
         names.append("sync only")
-        groups.append(sync_only.SyncOnly(dist.new_group(backend="fairring", timeout=timeout)))
+        groups.append(sync_only.SyncOnly(dist.new_group(backend="fairring", timeout=ranks.timeout)))
     return names, groups
 
 
@@ -111,7 +109,7 @@ def local_shards(model) -> torch.Tensor:
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
-def recent_ops(group=None):
+def _recent(group=None):
     import fairring_py
 
     return fairring_py.dump_recent(group, file=io.StringIO())
@@ -119,7 +117,7 @@ def recent_ops(group=None):
 
 def last_seq(group=None) -> int:
     try:
-        recs = recent_ops(group)
+        recs = _recent(group)
     except Exception:  # informational only
         return -1
     return recs[-1]["seq"] if recs else -1
@@ -129,7 +127,7 @@ def fairring_kinds(since: int, group=None) -> dict:
     """How many of the fairring group's collectives after sequence number
     ``since`` ran as each kind (of the last 64 it keeps)."""
     try:
-        recs = recent_ops(group)
+        recs = _recent(group)
     except Exception as e:  # informational only
         return {f"unknown ({e})": 0}
     return dict(collections.Counter(r["kind"] for r in recs if r["seq"] > since))

@@ -308,7 +308,8 @@ class Ranks:
             self.device = torch.device("cuda", torch.cuda.current_device())
         torch.set_num_threads(int(config.get("threads", 1)))
 
-        timeout = datetime.timedelta(seconds=float(config.get("pg_timeout_s", 300)))
+        # Every group's timeout (benches that make groups of their own use it too).
+        self.timeout = timeout = datetime.timedelta(seconds=float(config.get("pg_timeout_s", 300)))
         dist.init_process_group("fairring", init_method="env://", timeout=timeout)
         self.fairring = dist.group.WORLD
         # Measurement plumbing (barriers, gathering times) never shares a

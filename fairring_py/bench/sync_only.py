@@ -65,8 +65,8 @@ def add_option(p) -> None:
 
 def largest_op_bytes(groups) -> int | None:
     """The most bytes any op of the sync-only group moved (of the last 64 it
-    keeps): the bench's own check that its exchanges are what it says; None
-    without one."""
+    keeps), so that a reader or a test can check that its exchanges are what
+    it says; None without one."""
     import fairring_py
 
     for g in groups:
