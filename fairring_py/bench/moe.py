@@ -48,39 +48,24 @@ SEED = 9876
 
 
 class _AllToAll(torch.autograd.Function):
-    """all_to_all_single of equal blocks with its gradient (the same exchange
-    back: equal blocks are their own inverse)."""
+    """all_to_all_single with its gradient: the same exchange back, the
+    splits (rows per rank; None: equal blocks) swapped."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        out = torch.zeros_like(x)  # (the compute-only group leaves it as it is)
-        sync_only.all_to_all_single(out, x.contiguous(), group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        out = torch.zeros_like(grad)
-        sync_only.all_to_all_single(out, grad.contiguous(), group=ctx.group)
-        return out, None
-
-
-class _AllToAllV(torch.autograd.Function):
-    """all_to_all_single with splits (rows per rank) and its gradient: the
-    same exchange back, with the splits swapped."""
-
-    @staticmethod
-    def forward(ctx, x, group, out_splits, in_splits):
+    def forward(ctx, x, group, out_splits=None, in_splits=None):
         ctx.group, ctx.out_splits, ctx.in_splits = group, out_splits, in_splits
-        out = x.new_zeros(sum(out_splits), *x.shape[1:])
-        sync_only.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
-        return out
+        return _exchange(x, group, out_splits, in_splits)
 
     @staticmethod
     def backward(ctx, grad):
-        out = grad.new_zeros(sum(ctx.in_splits), *grad.shape[1:])
-        sync_only.all_to_all_single(out, grad.contiguous(), ctx.in_splits, ctx.out_splits, group=ctx.group)
-        return out, None, None, None
+        return _exchange(grad, ctx.group, ctx.in_splits, ctx.out_splits), None, None, None
+
+
+def _exchange(x, group, out_splits, in_splits):
+    # (the compute-only group leaves the zeros as they are)
+    out = torch.zeros_like(x) if out_splits is None else x.new_zeros(sum(out_splits), *x.shape[1:])
+    sync_only.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+    return out
 
 
 class MoELayer(torch.nn.Module):
@@ -137,9 +122,9 @@ class MoELayer(torch.nn.Module):
         got = counts.clone()
         sync_only.all_to_all_single(got, counts, group=self.group)
         send, recv = counts.tolist(), got.tolist()
-        received = _AllToAllV.apply(h[order], self.group, recv, send)
+        received = _AllToAll.apply(h[order], self.group, recv, send)
         done = self.w2(torch.nn.functional.gelu(self.w1(received)))
-        back = _AllToAllV.apply(done, self.group, send, recv)
+        back = _AllToAll.apply(done, self.group, send, recv)
         out = x.new_zeros(x.shape).index_put((order,), back * top_p[order].unsqueeze(1))
         return x + out
 
