@@ -124,7 +124,9 @@ setup(
     packages=find_packages(include=["fairring_py", "fairring_py.*"]),
     # torch imports this module's register() at `import torch` (its device-backend
     # autoload), so init_process_group("fairring") works without `import fairring_py`.
-    py_modules=["_fairring_autoload"],
+    # fairring: `import fairring`, what Meta's PARAM benchmark runs for its
+    # `--backend fairring` (README).
+    py_modules=["_fairring_autoload", "fairring"],
     entry_points={
         "torch.backends": ["fairring = _fairring_autoload:register"],
         "console_scripts": ["fairring-server = fairring_py.server:main"],

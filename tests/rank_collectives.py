@@ -258,15 +258,27 @@ def _rs_coalesced(rank, world, ck, seed):
 
 
 def _rs_in_place(rank, world, ck, seed):
-    """The output is the rank's own block of the input (in place)."""
-    for i, (dtype, op, n) in enumerate([(torch.float32, "SUM", 1031), (torch.int32, "MAX", 13),
-                                        (torch.bfloat16, "AVG", 4099), (torch.float64, "SUM", BIG)]):
+    """The output is the rank's own block of the input (in place), in the
+    tensor form and in the list form (whose blocks are read where they are);
+    and, in the list form, the output is another rank's block (read by the
+    op: the result must not overwrite it before it is read)."""
+    cases = [(torch.float32, "SUM", 1031, "tensor"), (torch.int32, "MAX", 13, "tensor"),
+             (torch.bfloat16, "AVG", 4099, "list"), (torch.float64, "SUM", BIG, "tensor"),
+             (torch.float32, "SUM", BIG, "list"), (torch.int64, "PRODUCT", 1031, "list, another block")]
+    for i, (dtype, op, n, form) in enumerate(cases):
         inputs = [make_input(seed + i, r, n * world, dtype, op) for r in range(world)]
         buf = inputs[rank].clone()
-        out = buf[rank * n:(rank + 1) * n]
-        label = f"reduce_scatter in place (output = own block of the input) {_case_name(dtype, op, n)}"
+        blocks = [b.clone() for b in buf.chunk(world)] if form != "tensor" else None
+        if form == "tensor":
+            out = buf[rank * n:(rank + 1) * n]
+        else:
+            out = blocks[rank if form == "list" else (rank + 1) % world]
+        label = f"reduce_scatter in place ({form}: output = a block of the input) {_case_name(dtype, op, n)}"
         try:
-            dist.reduce_scatter_tensor(out, buf, op=op_of(op))
+            if blocks is not None:
+                dist.reduce_scatter(out, blocks, op=op_of(op))
+            else:
+                dist.reduce_scatter_tensor(out, buf, op=op_of(op))
         except Exception as e:  # noqa: BLE001
             ck.add(f"{label}: raised {type(e).__name__}: {str(e)[:300]}", dtype)
             continue

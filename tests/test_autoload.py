@@ -73,7 +73,7 @@ def test_setup_declares_the_entry_point():
     with open(os.path.join(REPO, "setup.py")) as f:
         setup_py = f.read()
     assert f'"torch.backends": ["{ENTRY_POINT}"]' in setup_py
-    assert 'py_modules=["_fairring_autoload"]' in setup_py
+    assert 'py_modules=["_fairring_autoload", "fairring"]' in setup_py
 
 
 def _installed_entry_point():

@@ -19,6 +19,21 @@ def test_backend_registered():
     assert opts.parallelism == 2 and opts.node_id == "n"
 
 
+def test_import_fairring_registers_the_backend():
+    """`import fairring` (what PARAM runs for --backend fairring), in a fresh
+    interpreter with torch's autoload off, so that only the import registers."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    code = ("import torch.distributed as dist; assert 'fairring' not in dist.Backend.backend_list; "
+            "import fairring; assert 'fairring' in dist.Backend.backend_list; print(fairring.BACKEND_NAME)")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=repo, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "fairring", out.stdout + out.stderr
+
+
 def _solo(rank, world):
     out = {}
     t = torch.arange(1031, dtype=torch.float32)

@@ -422,8 +422,11 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
   // The tensors read, as one contiguous buffer (a copy if several or strided,
   // or scaled for PREMUL_SUM: the caller's input is only read).
   auto scale = scatter && !inputs.empty() ? premul_factor(reduce_op, inputs[0].scalar_type(), kind) : nullptr;
-  ReduceInput in =
-      scatter ? prepare_reduce_input(inputs, redop, kind, /*copy=*/scale != nullptr) : prepare_input(inputs, kind);
+  // A reduce-scatter's list of one tensor per rank is read where it is:
+  // the same schedule as one tensor of the blocks, no copy first.
+  const bool rank_blocks = scatter && !padded && static_cast<int>(inputs.size()) == world && world > 1;
+  ReduceInput in = scatter ? prepare_reduce_input(inputs, redop, kind, /*copy=*/scale != nullptr, rank_blocks)
+                           : prepare_input(inputs, kind);
   int64_t out_numel = 0;
   for (size_t i = 0; i < outputs.size(); ++i) {
     const at::Tensor& t = outputs[i];
@@ -461,6 +464,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
   op->numel = small;
   op->layout = padded ? padded->layout : 0;
   op->stage = stage_of(in, std::move(scale));
+  op->input_blocks = in.blocks;
   for (const at::Tensor& t : inputs) op->footprint.read(t);
   for (const at::Tensor& t : outputs) op->footprint.write(t);
   // The result goes straight into the caller's tensor when it is one plain
@@ -470,8 +474,12 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
   const int64_t esize = c10::elementSize(in.dtype);
   const char* out_at = static_cast<const char*>(out.data_ptr());
   const char* in_at = static_cast<const char*>(op->buffer.data_ptr());
-  const bool own_block = !exchange && (scatter ? out_at == in_at + getRank() * small * esize
-                                               : in_at == out_at + getRank() * small * esize);
+  const char* own_in =
+      in.blocks.empty() ? in_at + getRank() * small * esize : static_cast<const char*>(in.blocks[getRank()].data_ptr());
+  const bool own_block = !exchange && (scatter ? out_at == own_in : in_at == out_at + getRank() * small * esize);
+  const bool out_aliases_input =
+      out.is_alias_of(op->buffer) ||
+      std::any_of(in.blocks.begin(), in.blocks.end(), [&](const at::Tensor& b) { return out.is_alias_of(b); });
   const bool plain = outputs.size() == 1 && plain_tensor(out);
   // A list of one tensor per rank (all_gather's, all_to_all's): each block
   // straight into its tensor, unless one shares memory with the input (but
@@ -483,7 +491,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
     const bool in_place = r == getRank() && outputs[r].data_ptr() == op->buffer.data_ptr();
     if (outputs[r].is_alias_of(op->buffer) && !in_place) blocks_apart = false;
   }
-  if (!padded && plain && (!out.is_alias_of(op->buffer) || own_block)) {
+  if (!padded && plain && (!out_aliases_input || own_block)) {
     op->output = out;
   } else if (!padded && blocks_apart) {
     op->output_blocks = outputs;
@@ -581,6 +589,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor
                                                           const c10d::BroadcastOptions& opts) {
   // One dense tensor on the CPU (or on the GPU, in a CUDA build) is native;
   // the rest (several tensors, sparse, conjugate or negative views) goes to gloo.
+  check_rank("broadcast", "src", opts.rootRank);
   const bool native = tensors.size() == 1 && opts.rootTensor == 0 && native_tensors(tensors) && !tensors[0].is_conj() &&
                       !tensors[0].is_neg();
   if (!native) {
@@ -588,8 +597,6 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::broadcast(std::vector<at::Tensor
                          [&](c10d::Backend& gloo) { return gloo.broadcast(tensors, opts); });
   }
   check_same_process("broadcast");
-  TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < getSize(), "fairring: broadcast from rank ", opts.rootRank,
-                    ", which is not a rank of this group of ", getSize());
   // The tensor's bytes, whatever its dtype: the root's reach every rank
   // exactly (pipeline/slice_schedule.h, the broadcast's phases).
   const at::Tensor& t = tensors[0];
@@ -623,14 +630,13 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::reduce(std::vector<at::Tensor>& 
                                                        const c10d::ReduceOptions& opts) {
   // One dense CPU tensor is native (collectives/reduce.cpp); the rest
   // (several tensors, sparse, device tensors) goes to gloo.
+  check_rank("reduce", "dst", opts.rootRank);
   const bool native = tensors.size() == 1 && opts.rootTensor == 0 && tensors[0].layout() == c10::kStrided &&
                       tensors[0].device().is_cpu();
   if (!native) {
     return run_delegated("reduce", touched(tensors), [&](c10d::Backend& gloo) { return gloo.reduce(tensors, opts); });
   }
   check_same_process("reduce");
-  TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < getSize(), "fairring: reduce to rank ", opts.rootRank,
-                    ", which is not a rank of this group of ", getSize());
   const at::Tensor& t = tensors[0];
   const RedOp redop = to_redop(opts.reduceOp, t.scalar_type());
   const bool root = getRank() == opts.rootRank;
@@ -728,6 +734,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::gather(std::vector<std::vector<a
                                                        const c10d::GatherOptions& opts) {
   // Native for one dense CPU or CUDA input (the same test on every rank);
   // the root's list is checked in submit_rooted.
+  check_rank("gather", "dst", opts.rootRank);
   if (inputs.size() != 1 || !native_tensors(inputs) || outputs.size() > 1) {
     return run_delegated("gather", touched(outputs, inputs),
                          [&](c10d::Backend& gloo) { return gloo.gather(outputs, inputs, opts); });
@@ -738,6 +745,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::gather(std::vector<std::vector<a
 c10::intrusive_ptr<c10d::Work> FairringBackend::scatter(std::vector<at::Tensor>& outputs,
                                                         std::vector<std::vector<at::Tensor>>& inputs,
                                                         const c10d::ScatterOptions& opts) {
+  check_rank("scatter", "src", opts.rootRank);
   if (outputs.size() != 1 || !native_tensors(outputs) || inputs.size() > 1) {
     return run_delegated("scatter", touched(outputs, inputs),
                          [&](c10d::Backend& gloo) { return gloo.scatter(outputs, inputs, opts); });
@@ -753,8 +761,6 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_rooted(Collective collect
   const char* kind = collective_name(collective);
   check_same_process(kind);
   const int world = getSize();
-  TORCH_CHECK_VALUE(root >= 0 && root < world, "fairring: ", kind, gather ? " to" : " from", " rank ", root,
-                    ", which is not a rank of this group of ", world);
   const bool is_root = getRank() == root;
   if (is_root) {
     TORCH_CHECK(static_cast<int>(blocks.size()) == world, "fairring: ", kind, " needs one tensor per rank (", world,
@@ -984,11 +990,16 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::alltoall(std::vector<at::Tensor>
       },
       c10d::OpType::ALLTOALL);
 }
-bool FairringBackend::p2p_native(const char* kind, const std::vector<at::Tensor>& tensors, int peer) const {
-  if (peer != kAnySource) {
-    TORCH_CHECK_VALUE(peer >= 0 && peer < getSize(), "fairring: ", kind, " with rank ", peer, ", but the group has ",
-                      getSize(), " ranks (0 to ", getSize() - 1, ")");
-    TORCH_CHECK_VALUE(peer != getRank(), "fairring: ", kind, " with rank ", peer,
+void FairringBackend::check_rank(const char* kind, const char* arg, int64_t rank) const {
+  TORCH_CHECK_VALUE(rank >= 0 && rank < getSize(), "fairring: ", kind, " with ", arg, "=", rank,
+                    ", which is not a rank of this group: it has ", getSize(), " ranks (0 to ", getSize() - 1, ")");
+}
+
+bool FairringBackend::p2p_native(const char* kind, const char* arg, const std::vector<at::Tensor>& tensors,
+                                 int peer) const {
+  if (arg) {
+    check_rank(kind, arg, peer);
+    TORCH_CHECK_VALUE(peer != getRank(), "fairring: ", kind, " with ", arg, "=", peer,
                       ", which is this rank: a rank cannot send to or receive from itself");
   }
   if (!p2p_ || tensors.size() != 1) return false;
@@ -1179,19 +1190,19 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::exchange_blocks(const std::vecto
 // Delegated sends and receives are remembered like delegated collectives:
 // what is issued after them on their memory waits for them.
 c10::intrusive_ptr<c10d::Work> FairringBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
-  if (p2p_native("send", tensors, dst)) return submit_p2p(true, tensors[0], dst, tag);
+  if (p2p_native("send", "dst", tensors, dst)) return submit_p2p(true, tensors[0], dst, tag);
   return run_delegated(
       "send", read_only(tensors),
       [&](c10d::Backend& b) { return once_waited(b.send(tensors, dst, tag), getRank(), c10d::OpType::SEND); }, true);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
-  if (p2p_native("recv", tensors, src)) return submit_p2p(false, tensors[0], src, tag);
+  if (p2p_native("recv", "src", tensors, src)) return submit_p2p(false, tensors[0], src, tag);
   return run_delegated(
       "recv", touched(tensors),
       [&](c10d::Backend& b) { return once_waited(b.recv(tensors, src, tag), getRank(), c10d::OpType::RECV); }, true);
 }
 c10::intrusive_ptr<c10d::Work> FairringBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  if (p2p_native("recv", tensors, kAnySource)) return submit_p2p(false, tensors[0], kAnySource, tag);
+  if (p2p_native("recv", nullptr, tensors, kAnySource)) return submit_p2p(false, tensors[0], kAnySource, tag);
   return run_delegated(
       "recvAnysource", touched(tensors),
       [&](c10d::Backend& b) {

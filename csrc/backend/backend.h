@@ -217,9 +217,16 @@ class FairringBackend : public c10d::Backend {
                                                  const std::vector<at::Tensor>& recvs, std::vector<at::Tensor> outputs,
                                                  c10d::OpType type, const char* kind);
   uint64_t exchange_seq_ = 0;  // exchange_blocks calls so far (their tags)
-  // Whether a send or receive of `tensors` with `peer` runs natively; throws
-  // on a peer that is not one (itself, out of the group).
-  bool p2p_native(const char* kind, const std::vector<at::Tensor>& tensors, int peer) const;
+  // A ValueError unless `rank`, the argument `arg` of `kind` as torch names
+  // it (dst, src), is a rank of this group.  Every entry point that takes a
+  // rank calls it first, before anything is numbered or delegated: a bad
+  // one must never reach an engine (a send to -1 indexed its peers) nor be
+  // narrowed to int (2^32 would be rank 0).
+  void check_rank(const char* kind, const char* arg, int64_t rank) const;
+  // Whether a send or receive of `tensors` with `peer` (the argument `arg`:
+  // dst or src; null for recvAnysource, whose peer is kAnySource) runs
+  // natively; throws on a peer that is not one (itself, out of the group).
+  bool p2p_native(const char* kind, const char* arg, const std::vector<at::Tensor>& tensors, int peer) const;
   // Every native CPU collective, once: its Work (`outputs`, profiler title
   // "fairring:<kind>"), its record in recent_ops, and the op on the pipeline.
   c10::intrusive_ptr<c10d::Work> submit_cpu(std::shared_ptr<HostOp> op, c10d::OpType type,

@@ -3,6 +3,8 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
+
 #include "backend/stand_in.h"
 #include "common/dtype_name.h"
 #include "kernels/reduce_cpu.h"
@@ -11,7 +13,7 @@ namespace fairring {
 
 bool plain_tensor(const at::Tensor& t) { return t.is_contiguous() && !t.is_conj() && !t.is_neg(); }
 
-ReduceInput prepare_input(const std::vector<at::Tensor>& tensors, const char* kind, bool copy) {
+ReduceInput prepare_input(const std::vector<at::Tensor>& tensors, const char* kind, bool copy, bool as_blocks) {
   TORCH_CHECK(!tensors.empty(), "fairring: ", kind, " got an empty list of tensors");
   const at::Tensor& first = tensors[0];
   int64_t total = 0;
@@ -34,6 +36,9 @@ ReduceInput prepare_input(const std::vector<at::Tensor>& tensors, const char* ki
   // and copy back through the view (copy_ applies the bit again).
   if (tensors.size() == 1 && plain_tensor(first) && !copy) {
     in.buffer = first;
+  } else if (as_blocks && !copy && std::all_of(tensors.begin(), tensors.end(), plain_tensor)) {
+    in.buffer = first;
+    in.blocks = tensors;
   } else {
     // Only allocated here: the caller's tensors are read when the stage runs.
     in.buffer = stand_in(total, first.options());
@@ -49,7 +54,7 @@ ReduceInput prepare_input(const std::vector<at::Tensor>& tensors, const char* ki
     if (!(tensors.size() == 1 && plain_tensor(first))) in.users = tensors;
   }
   in.dtype = in.buffer.scalar_type();
-  in.numel = in.buffer.numel();
+  in.numel = in.blocks.empty() ? in.buffer.numel() : total;
   if (in.buffer.is_complex()) {
     in.dtype = c10::toRealValueType(in.dtype);
     in.numel *= 2;
@@ -57,8 +62,9 @@ ReduceInput prepare_input(const std::vector<at::Tensor>& tensors, const char* ki
   return in;
 }
 
-ReduceInput prepare_reduce_input(const std::vector<at::Tensor>& tensors, RedOp op, const char* kind, bool copy) {
-  ReduceInput in = prepare_input(tensors, kind, copy);
+ReduceInput prepare_reduce_input(const std::vector<at::Tensor>& tensors, RedOp op, const char* kind, bool copy,
+                                 bool as_blocks) {
+  ReduceInput in = prepare_input(tensors, kind, copy, as_blocks);
   TORCH_CHECK(!in.buffer.is_complex() || op == RedOp::kSum || op == RedOp::kAvg, "fairring: ", kind,
               " of complex tensors supports SUM and AVG only, got ", redop_name(op));
   const std::string why = reduce_unsupported_reason(in.dtype, op);

@@ -22,6 +22,10 @@ struct ReduceInput {
   // (null otherwise): the op's stage (pipeline_op.h), which runs it when
   // the issue order allows, not necessarily at the call.
   std::function<void()> fill;
+  // The caller's tensors read where they are, one block each (a blockwise
+  // collective's list of one tensor per rank: PipelineOp::input_blocks);
+  // `buffer` is then the first of them, for its dtype and device only.
+  std::vector<at::Tensor> blocks;
 };
 
 // A tensor whose memory is its values, in order (contiguous, no conjugate or
@@ -33,12 +37,15 @@ bool plain_tensor(const at::Tensor& t);
 // reduced: elements that share memory (expanded or overlapping views),
 // mixed dtypes, an op the dtype does not support.
 // `kind` names the collective in the errors.
+// `as_blocks`: several plain tensors are kept as `blocks` instead of being
+// copied into one buffer (unless `copy`).
 ReduceInput prepare_reduce_input(const std::vector<at::Tensor>& tensors, RedOp op, const char* kind = "all_reduce",
-                                 bool copy = false);
+                                 bool copy = false, bool as_blocks = false);
 // The same checks and buffer, for a collective that only moves the data.
 // `copy`: `buffer` is always a copy, never the caller's tensor (the op
 // changes it, but must only read the caller's).
-ReduceInput prepare_input(const std::vector<at::Tensor>& tensors, const char* kind, bool copy = false);
+ReduceInput prepare_input(const std::vector<at::Tensor>& tensors, const char* kind, bool copy = false,
+                          bool as_blocks = false);
 
 // The op's stage (pipeline_op.h): `in.fill`, then `scale` (PREMUL_SUM's
 // factor, or null) applied to the buffer in place.
