@@ -58,7 +58,7 @@ def test_an_op_gets_the_timeout_from_when_it_became_the_oldest():
     assert sorted(r["released"]) == [0, 1], r
 
 
-GRACE_MS = 2000  # held_ops.cpp's kPeerGoneGrace
+GRACE_MS = 2000  # PeerWatch::kGrace (held_ops.h)
 
 
 def test_dead_peer_fails_the_op_after_a_grace_not_at_the_timeout():

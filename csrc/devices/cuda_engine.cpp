@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -348,22 +349,18 @@ bool CudaEngine::let_go(TimePoint until) {
 }
 
 bool CudaEngine::caught_up(cudaStream_t stream, TimePoint until) {
-  c10::cuda::CUDAGuard guard(device_);
-  CudaEvent reached(device_);
-  cuda_check(cudaEventRecord(reached.get(), stream), "cudaEventRecord (waiting for the device)");
-  auto pause = std::chrono::microseconds(20);
-  auto next_check = Clock::now();
-  for (;;) {
-    if (cuda_done(cudaEventQuery(reached.get()), "waiting for the CUDA collectives' device work")) return true;
+  PeerWatch peers;
+  return stream_caught_up(device_, stream, until, [&] {
     const auto now = Clock::now();
-    if (now >= next_check) {
-      next_check = now + std::chrono::milliseconds(200);
+    if (!peers.due(now)) return;
+    std::optional<Error> trouble;
+    try {
       check_peers();
+    } catch (const std::exception& e) {
+      trouble.emplace(error_of(e));
     }
-    if (now > until) return false;
-    std::this_thread::sleep_for(pause);
-    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
-  }
+    if (auto gone = peers.saw(now, std::move(trouble))) throw *gone;
+  });
 }
 
 void CudaEngine::check_peers() {

@@ -91,8 +91,9 @@ class CudaEngine : public Pipeline {
   // Waits for the work queued so far on `stream`, at most until `until`;
   // false if it is still running then.  Device work can wait on a local
   // peer's IPC event forever, so the wait is polled (never a blocking
-  // synchronize) and throws, naming it, once a local peer has exited or the
-  // node has aborted.
+  // synchronize) and throws, naming it, once a local peer has been gone (or
+  // the node aborted) for the watchdog's grace (PeerWatch): a node-mate that
+  // exits after doing its part is no failure.
   bool caught_up(cudaStream_t stream, TimePoint until);
   // Throws, naming it, if a local peer has exited, the node has aborted or
   // the rail's transport has failed.
