@@ -20,6 +20,7 @@
 #include "common/fault_injection.h"
 #include "common/same_settings.h"
 #include "common/log.h"
+#include "common/op_key.h"
 #include "kernels/reduce_cuda.h"
 #include "transport/socket.h"
 
@@ -142,6 +143,7 @@ CudaEngine::CudaEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
     hooks.finished = [this](const PipelineOp& op) {
       const auto& c = static_cast<const CudaOp&>(op);
       if (!c.enqueued) return true;  // nothing of it reached the device
+      if (c.end_unknown) return false;
       return cuda_done(cudaEventQuery(c.done->get()), "querying a collective's completion");
     };
     hooks.check_peers = [this] { check_peers(); };
@@ -295,6 +297,9 @@ void CudaEngine::stage(PipelineOp& base, bool on_caller) {
   // runs after that op's device work and after the caller's (`ready`); the
   // op's slices start after the new `ready`.
   c10::cuda::CUDAStreamGuard on_tail(tail_->c10());
+  // The stage writes the op's memory on the tail: a failure from here on
+  // must still record `done` after it (settle).
+  op.enqueued = true;
   cuda_check(cudaStreamWaitEvent(tail_->stream(), op.ready, 0), "cudaStreamWaitEvent (caller's stream)");
   if (op.stage) op.stage();
   cuda_check(cudaEventRecord(op.ready, tail_->stream()), "cudaEventRecord (op staged)");
@@ -310,8 +315,13 @@ void CudaEngine::op_done(PipelineOp& base) {
   cuda_check(cudaEventRecord(op.done->get(), tail_->stream()), "cudaEventRecord (op done)");
 }
 
-void CudaEngine::settle(PipelineOp& base, std::exception_ptr&) {
+void CudaEngine::settle(PipelineOp& base, std::exception_ptr& error) {
   auto& op = static_cast<CudaOp&>(base);
+  // A failed op (drained by the loop, or the inline path's): `done` was
+  // never recorded, and a never-recorded event reads as complete.  The
+  // rail's threads have let go by now (Pipeline::after_let_go), so what is
+  // queued for it is all there is.
+  if (error && op.enqueued) fence_failed(op);
   if (op.ready) {
     cudaEventDestroy(op.ready);  // its waits are enqueued (or never will be)
     op.ready = nullptr;
@@ -335,6 +345,32 @@ std::function<void()> CudaEngine::completion_call(const std::shared_ptr<Pipeline
         if (on_device) cuda_check(cudaStreamWaitEvent(stream->stream(), done->get(), 0), "cudaStreamWaitEvent");
         after(error, stream->c10());
       };
+}
+
+void CudaEngine::fence_failed(CudaOp& op) noexcept {
+  try {
+    c10::cuda::CUDAGuard guard(device_);
+    const int slots = num_slots();
+    // The slot streams (CudaMover::end: the tail waits for each), then the
+    // rail's own stream (NCCL), whose transfers into the op's memory a slot
+    // stream may not have waited for yet.
+    fence_failed_op(
+        slots + 1,
+        [&](int s) {
+          if (s < slots) {
+            mover_->end(s);
+          } else if (rail_) {
+            rail_->order_before(tail_->stream());
+          }
+        },
+        [&] { cuda_check(cudaEventRecord(op.done->get(), tail_->stream()), "cudaEventRecord (a failed op's end)"); });
+  } catch (const std::exception& e) {
+    op.end_unknown = true;
+    FAIRRING_LOG(topo().rank,
+                 "%s #%llu failed and the end of its device work cannot be marked (%s): its tensors are kept until "
+                 "the group is destroyed",
+                 collective_name(op.collective), static_cast<unsigned long long>(op.number), e.what());
+  }
 }
 
 void CudaEngine::on_failed(const Error& why) {

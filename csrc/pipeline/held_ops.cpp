@@ -33,6 +33,11 @@ std::optional<Error> PeerWatch::saw(Clock::time_point now, std::optional<Error> 
   return trouble;
 }
 
+void fence_failed_op(int streams, const std::function<void(int)>& join, const std::function<void()>& record_done) {
+  for (int s = 0; s < streams; ++s) join(s);
+  record_done();
+}
+
 HeldOps::HeldOps(int rank, Hooks hooks, std::chrono::milliseconds timeout)
     : rank_(rank), hooks_(std::move(hooks)), timeout_(timeout) {
   thread_ = std::thread([this] { loop(); });

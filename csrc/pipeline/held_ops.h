@@ -59,6 +59,16 @@ class PeerWatch {
   Clock::time_point trouble_since_{};
 };
 
+// The ordering that keeps a failed op held until its device work ends, on
+// a device whose streams run what was queued even after the group failed
+// (CUDA: ncclCommAbort ends NCCL's kernels, and what waits behind them then
+// runs): for each of the `streams` the op's work may be on, `join(s)` makes
+// the tail wait for what stream s has queued so far; then `record_done()`
+// marks the op's end on the tail, the mark HeldOps' `finished` hook looks
+// at.  Without it, a failed op's `done` is never recorded, reads as
+// finished, and its memory goes back while copies into it are queued.
+void fence_failed_op(int streams, const std::function<void(int)>& join, const std::function<void()>& record_done);
+
 class HeldOps {
  public:
   struct Hooks {

@@ -208,6 +208,7 @@ CudaNcclRail::CudaNcclRail(const c10::intrusive_ptr<c10d::Store>& store, const T
   staging_ = static_cast<char*>(staging);
   ready_ = new_event();
   finished_ = new_event();
+  fenced_ = new_event();
 }
 
 CudaNcclRail::~CudaNcclRail() {
@@ -221,6 +222,7 @@ CudaNcclRail::~CudaNcclRail() {
   nccl_.reset();
   if (ready_) cuda_ok_or_log(cudaEventDestroy(ready_), rank, "cudaEventDestroy");
   if (finished_) cuda_ok_or_log(cudaEventDestroy(finished_), rank, "cudaEventDestroy");
+  if (fenced_) cuda_ok_or_log(cudaEventDestroy(fenced_), rank, "cudaEventDestroy");
   if (staging_ && !leak_) cuda_ok_or_log(cudaFree(staging_), rank, "cudaFree (NCCL staging)");
 }
 
@@ -232,6 +234,11 @@ void CudaNcclRail::abort(const Error&) {
 void CudaNcclRail::check() {
   const std::string error = nccl_->async_error();
   if (!error.empty()) throw Error(ErrorKind::kBackend, "the NCCL rail failed: " + error);
+}
+
+void CudaNcclRail::order_before(cudaStream_t stream) {
+  cuda_check(cudaEventRecord(fenced_, stream_->stream()), "cudaEventRecord (NCCL stream)");
+  cuda_check(cudaStreamWaitEvent(stream, fenced_, 0), "cudaStreamWaitEvent (after NCCL)");
 }
 
 // The exchange of one chunk on the NCCL stream, after the slot stream's work
