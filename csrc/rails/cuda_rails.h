@@ -167,6 +167,7 @@ class CudaNcclRail : public CudaRail {
 
   Topology topo_;
   c10::Device device_;
+  std::chrono::milliseconds timeout_;
   SlotStream slot_stream_;
   SliceDone done_;
   std::unique_ptr<NcclRail> nccl_;
