@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <algorithm>
+#include <climits>
 #include <cstddef>
 #include <cstring>
 #include <mutex>
@@ -41,15 +42,19 @@ constexpr int kNcclUint8 = 1;
 struct UniqueId {
   char internal[128];
 };
-// ncclConfig_t as NCCL 2.14 declared it.  Later versions only append
-// fields, read `size` bytes of the caller's struct, and take the defaults
-// for what a config of an older `version` lacks.
+// The head of ncclConfig_t as NCCL 2.14 declared it.  Later versions only
+// append fields, read `size` bytes of the caller's struct, and take the
+// defaults for what a config of an older `version` lacks.  The struct ends
+// with cgaClusterSize, declared rather than left as padding: NCCL reads
+// those 4 bytes too.
 struct CommConfig {
   size_t size;
   unsigned int magic;
   unsigned int version;
   int blocking;
+  int cga_cluster_size;
 };
+constexpr int kNcclConfigUndefInt = INT_MIN;  // NCCL_CONFIG_UNDEF_INT: NCCL's default
 constexpr unsigned int kNcclApiMagic = 0xcafebeef;
 constexpr unsigned int kConfigVersion = 21400;  // NCCL_VERSION(2, 14, 0)
 
@@ -61,8 +66,10 @@ static_assert(sizeof(UniqueId) == sizeof(ncclUniqueId), "NCCL unique id size cha
 static_assert(kNcclApiMagic == NCCL_API_MAGIC, "NCCL config magic changed");
 static_assert(offsetof(CommConfig, magic) == offsetof(ncclConfig_t, magic) &&
                   offsetof(CommConfig, version) == offsetof(ncclConfig_t, version) &&
-                  offsetof(CommConfig, blocking) == offsetof(ncclConfig_t, blocking),
+                  offsetof(CommConfig, blocking) == offsetof(ncclConfig_t, blocking) &&
+                  offsetof(CommConfig, cga_cluster_size) == offsetof(ncclConfig_t, cgaClusterSize),
               "ncclConfig_t's first fields moved");
+static_assert(kNcclConfigUndefInt == NCCL_CONFIG_UNDEF_INT, "NCCL's undefined config value changed");
 #endif
 
 struct NcclApi {
@@ -184,7 +191,14 @@ NcclRail::NcclRail(const c10::intrusive_ptr<c10d::Store>& store, const std::stri
     if (raw.size() != sizeof(id)) throw Error(ErrorKind::kBackend, "fairring: malformed NCCL unique id in the store");
     std::memcpy(&id, raw.data(), sizeof(id));
   }
-  CommConfig config{sizeof(CommConfig), kNcclApiMagic, kConfigVersion, /*blocking=*/0};
+  // Zeroed first, then every field set: NCCL copies `size` bytes of it.
+  CommConfig config;
+  std::memset(&config, 0, sizeof(config));
+  config.size = sizeof(CommConfig);
+  config.magic = kNcclApiMagic;
+  config.version = kConfigVersion;
+  config.blocking = 0;
+  config.cga_cluster_size = kNcclConfigUndefInt;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const int r = api.comm_init_rank_config(&comm_, size, id, index, &config);
