@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -175,9 +176,25 @@ void check(int result, const char* what, void* comm = nullptr) {
 
 }  // namespace
 
+std::string nccl_environment_refusal(const char* comm_blocking) {
+  if (!comm_blocking || !*comm_blocking) return "";
+  // As NCCL reads its parameters (strtoll, base 0, the rest of the text
+  // ignored); it applies 0 or 1 over the config and ignores other values.
+  if (std::strtoll(comm_blocking, nullptr, 0) != 1) return "";
+  return std::string(
+             "fairring: FAIRRING_GPU_TRANSPORT=nccl needs a non-blocking NCCL communicator, but "
+             "NCCL_COMM_BLOCKING=") +
+         comm_blocking +
+         " is set in the environment, and NCCL applies it over Fairring's config: its calls would then block "
+         "without the group's timeout (a dead rail peer would hang this rank). Unset NCCL_COMM_BLOCKING (or set "
+         "it to 0) for this process, or use FAIRRING_GPU_TRANSPORT=tcp.";
+}
+
 NcclRail::NcclRail(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, int size, int index,
                    std::chrono::milliseconds timeout, int rank, std::function<void()> interrupted)
     : rank_(rank), timeout_(timeout) {
+  const std::string refusal = nccl_environment_refusal(std::getenv("NCCL_COMM_BLOCKING"));
+  if (!refusal.empty()) throw Error(ErrorKind::kInvalidArgument, refusal);
   const NcclApi& api = nccl(rank);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   UniqueId id;
