@@ -13,10 +13,16 @@ from gpu_support import requires_gpu
 
 SIZES = [1, 13, 1031, 4099, 65537, 262147]
 
+# gpu_check.sh's first session: every dtype and op small, a few large (4M
+# elements: several slices), on one rank, on one node (CUDA IPC) and on two
+# (no IPC).
+SMOKE = {"sizes": [1, 4099], "large_size": (4 << 20) + 3,
+         "large_cases": [(torch.float32, "SUM"), (torch.bfloat16, "AVG"), (torch.int32, "MAX")]}
 TOPOLOGIES = {
-    # gpu_check.sh's first session: small and large on one node and on two.
-    "smoke-1x2": (["a", "a"], {}, ["correctness"], {"sizes": [1, 4099, (4 << 20) + 3]}),
-    "smoke-2x1": (["a", "b"], {}, ["correctness"], {"sizes": [1, 4099, (4 << 20) + 3]}),
+    "smoke-1x1": (["a"], {}, ["correctness"], SMOKE),
+    "smoke-1x2": (["a", "a"], {}, ["correctness"], SMOKE),
+    "smoke-2x1": (["a", "b"], {}, ["correctness"], SMOKE),
+    "1x1": (["a"], {}, ["correctness", "streams", "collectives", "exchanges"], {"sizes": SIZES}),
     "1x2": (["a", "a"], {}, ["correctness", "streams", "errors", "ddp", "collectives", "exchanges", "p2p", "issue_order"],
             {"sizes": SIZES}),
     "2x1": (["a", "b"], {}, ["correctness", "streams", "collectives", "exchanges", "p2p", "issue_order"], {"sizes": SIZES}),

@@ -31,3 +31,16 @@ def test_gpu_transport_unknown_names_the_variable():
 
 def test_build_flag_is_a_bool():
     assert _C._built_with_cuda() in (True, False)
+
+
+@pytest.mark.skipif(not _C._built_with_cuda(), reason="the NCCL rail is in the CUDA build")
+def test_nccl_comm_blocking_1_is_refused_naming_the_variable():
+    # NCCL applies NCCL_COMM_BLOCKING over the config's blocking = 0: a
+    # blocking communicator would wait without the group's timeout.
+    why = _C._nccl_environment_refusal_for_test("1")
+    assert "NCCL_COMM_BLOCKING=1" in why and "non-blocking" in why and "Unset NCCL_COMM_BLOCKING" in why, why
+    # NCCL reads it with strtoll (base 0), ignoring what follows the number.
+    assert _C._nccl_environment_refusal_for_test("0x1") != ""
+    assert _C._nccl_environment_refusal_for_test(" 1") != ""
+    for fine in (None, "", "0", "2", "abc"):
+        assert _C._nccl_environment_refusal_for_test(fine) == "", fine

@@ -58,7 +58,7 @@ def test_an_op_gets_the_timeout_from_when_it_became_the_oldest():
     assert sorted(r["released"]) == [0, 1], r
 
 
-GRACE_MS = 2000  # held_ops.cpp's kPeerGoneGrace
+GRACE_MS = 2000  # PeerWatch::kGrace (held_ops.h)
 
 
 def test_dead_peer_fails_the_op_after_a_grace_not_at_the_timeout():
@@ -107,3 +107,27 @@ def test_teardown_waits_for_running_work_then_releases_it():
     r = scenario(timeout_ms=2000, finish_ms=[300], run_ms=100)
     assert r["released"].get(0, -1) >= 300, r
     assert not r["faults"] and not r["device_failed"], r
+
+
+def fence_scenario(fence):
+    released, written_at_release, written, after_release, reported = _C._failed_op_fence_scenario_for_test(
+        streams=3, writes_per_stream=4, step_ms=15, fence=fence)
+    return {"released": released, "written_at_release": written_at_release, "written": written,
+            "after_release": after_release, "reported": reported}
+
+
+def test_failed_op_with_queued_device_work_is_held_until_it_has_run():
+    # The engine's fence on failure (fence_failed_op): the tail waits for
+    # every stream the op used, then records `done`; the op, failed to its
+    # Work at once, goes back only after its queued writes have all landed.
+    r = fence_scenario(fence=True)
+    assert r["written"] == 12, r
+    assert r["released"] and r["written_at_release"] == 12 and r["after_release"] == 0, r
+    assert r["reported"] == 1, "the failed op's Work was not told while its device work was pending"
+
+
+def test_without_the_fence_a_failed_op_goes_back_under_its_queued_work():
+    # What the fence prevents: `done` never recorded reads as finished, so
+    # the op is released while writes into its memory are still queued.
+    r = fence_scenario(fence=False)
+    assert r["released"] and r["written_at_release"] < 12 and r["after_release"] > 0, r

@@ -265,8 +265,9 @@ class FairringBackend : public c10d::Backend {
   static at::Tensor host_copy(const at::Tensor& t, const char* kind);
   // ... and, for a receive into `t`, what copies the received bytes from
   // host memory into it, after the work the caller's stream has queued at
-  // this call, and is done with it when it returns.
-  static std::function<void(const at::Tensor&)> device_landing(const at::Tensor& t, const char* kind);
+  // this call, and is done with it when it returns (it throws if the copy
+  // has not finished within the group's timeout).
+  std::function<void(const at::Tensor&)> device_landing(const at::Tensor& t, const char* kind) const;
   // abort() of the CPU and CUDA engines (not of gloo).
   void abort_engines(const std::string& why);
   // f(the CUDA engine) if there is one (its abort(), drain(), close()); else true.

@@ -20,8 +20,12 @@
 #include "common/cuda_check.h"
 #include "common/cuda_resources.h"
 
+#include <chrono>
 #include <map>
 #include <mutex>
+#include <string>
+#include <utility>
+
 #include "common/error.h"
 #endif
 
@@ -166,7 +170,7 @@ DedicatedStream* landing_stream(c10::Device device) {
 }  // namespace
 #endif
 
-std::function<void(const at::Tensor&)> FairringBackend::device_landing(const at::Tensor& t, const char* kind) {
+std::function<void(const at::Tensor&)> FairringBackend::device_landing(const at::Tensor& t, const char* kind) const {
 #ifdef FAIRRING_WITH_CUDA
   check_not_capturing(t.device(), kind);
   c10::cuda::CUDAGuard guard(t.device());
@@ -175,7 +179,8 @@ std::function<void(const at::Tensor&)> FairringBackend::device_landing(const at:
   cuda_check(cudaEventRecord(ready->get(), c10::cuda::getCurrentCUDAStream(t.device().index()).stream()),
              "cudaEventRecord on the caller's stream");
   DedicatedStream* stream = landing_stream(t.device());
-  return [t, ready, stream](const at::Tensor& host) {
+  const auto timeout = config_.timeout;
+  return [t, ready, stream, timeout, kind = std::string(kind)](const at::Tensor& host) {
     // A completion worker: relaxed capture mode for the copy only, so that a
     // graph captured meanwhile on another thread stays valid.
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
@@ -192,7 +197,16 @@ std::function<void(const at::Tensor&)> FairringBackend::device_landing(const at:
       t.copy_(host);
     }
     // Done before the Work is: whoever waits on it may read `t` on any stream.
-    cuda_check(cudaStreamSynchronize(stream->stream()), "cudaStreamSynchronize (received bytes to the GPU)");
+    // Polled under the group's timeout: the copy waits for the caller's
+    // stream, which may wait on anything.
+    if (!stream_caught_up(t.device(), stream->stream(), std::chrono::steady_clock::now() + timeout)) {
+      // The copy may still run: neither its source nor its target may go back.
+      (void)new std::pair<at::Tensor, at::Tensor>(t, host);  // deliberately leaked
+      throw Error(ErrorKind::kBackend,
+                  "fairring: Timed out: " + kind + "'s copy of the received bytes to " + t.device().str() +
+                      " did not finish within " + std::to_string(timeout.count()) +
+                      " ms (it runs after the work queued before the call on the caller's stream: is that stalled?)");
+    }
   };
 #else
   (void)t;

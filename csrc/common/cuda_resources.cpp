@@ -4,6 +4,7 @@
 
 #include <c10/cuda/CUDAGuard.h>
 
+#include "common/backoff.h"
 #include "common/cuda_check.h"
 
 namespace fairring {
@@ -52,6 +53,20 @@ DedicatedStream::~DedicatedStream() {
     // Returns at once; CUDA frees the stream when its queued work is done.
     cuda_ok_or_log(cudaStreamDestroy(stream_), -1, "cudaStreamDestroy");
   } catch (const std::exception&) {
+  }
+}
+
+bool stream_caught_up(c10::Device device, cudaStream_t stream, std::chrono::steady_clock::time_point until,
+                      const std::function<void()>& look) {
+  c10::cuda::CUDAGuard guard(device);
+  CudaEvent reached(device);
+  cuda_check(cudaEventRecord(reached.get(), stream), "cudaEventRecord (waiting for the device)");
+  Backoff pause(std::chrono::microseconds(20), std::chrono::milliseconds(1));
+  for (;;) {
+    if (cuda_done(cudaEventQuery(reached.get()), "waiting for queued device work")) return true;
+    if (look) look();
+    if (std::chrono::steady_clock::now() > until) return false;
+    pause.sleep();
   }
 }
 

@@ -8,6 +8,9 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include <chrono>
+#include <functional>
+
 namespace fairring {
 
 // A new event of the current device, timing disabled (the owner destroys it).
@@ -49,6 +52,13 @@ class DedicatedStream {
   cudaStream_t stream_ = nullptr;
   c10::cuda::CUDAStream wrapped_;
 };
+
+// Waits for the work queued so far on `stream` (of `device`), at most until
+// `until`; false if it is still running then.  Polled, never a blocking
+// synchronize: device work may wait on a peer's event or an NCCL transfer
+// forever.  `look`, if given, runs between polls and may throw to give up.
+bool stream_caught_up(c10::Device device, cudaStream_t stream, std::chrono::steady_clock::time_point until,
+                      const std::function<void()>& look = nullptr);
 
 }  // namespace fairring
 

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -19,6 +20,7 @@
 #include "common/fault_injection.h"
 #include "common/same_settings.h"
 #include "common/log.h"
+#include "common/op_key.h"
 #include "kernels/reduce_cuda.h"
 #include "transport/socket.h"
 
@@ -141,6 +143,7 @@ CudaEngine::CudaEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
     hooks.finished = [this](const PipelineOp& op) {
       const auto& c = static_cast<const CudaOp&>(op);
       if (!c.enqueued) return true;  // nothing of it reached the device
+      if (c.end_unknown) return false;
       return cuda_done(cudaEventQuery(c.done->get()), "querying a collective's completion");
     };
     hooks.check_peers = [this] { check_peers(); };
@@ -294,6 +297,9 @@ void CudaEngine::stage(PipelineOp& base, bool on_caller) {
   // runs after that op's device work and after the caller's (`ready`); the
   // op's slices start after the new `ready`.
   c10::cuda::CUDAStreamGuard on_tail(tail_->c10());
+  // The stage writes the op's memory on the tail: a failure from here on
+  // must still record `done` after it (settle).
+  op.enqueued = true;
   cuda_check(cudaStreamWaitEvent(tail_->stream(), op.ready, 0), "cudaStreamWaitEvent (caller's stream)");
   if (op.stage) op.stage();
   cuda_check(cudaEventRecord(op.ready, tail_->stream()), "cudaEventRecord (op staged)");
@@ -309,8 +315,13 @@ void CudaEngine::op_done(PipelineOp& base) {
   cuda_check(cudaEventRecord(op.done->get(), tail_->stream()), "cudaEventRecord (op done)");
 }
 
-void CudaEngine::settle(PipelineOp& base, std::exception_ptr&) {
+void CudaEngine::settle(PipelineOp& base, std::exception_ptr& error) {
   auto& op = static_cast<CudaOp&>(base);
+  // A failed op (drained by the loop, or the inline path's): `done` was
+  // never recorded, and a never-recorded event reads as complete.  The
+  // rail's threads have let go by now (Pipeline::after_let_go), so what is
+  // queued for it is all there is.
+  if (error && op.enqueued) fence_failed(op);
   if (op.ready) {
     cudaEventDestroy(op.ready);  // its waits are enqueued (or never will be)
     op.ready = nullptr;
@@ -336,6 +347,32 @@ std::function<void()> CudaEngine::completion_call(const std::shared_ptr<Pipeline
       };
 }
 
+void CudaEngine::fence_failed(CudaOp& op) noexcept {
+  try {
+    c10::cuda::CUDAGuard guard(device_);
+    const int slots = num_slots();
+    // The slot streams (CudaMover::end: the tail waits for each), then the
+    // rail's own stream (NCCL), whose transfers into the op's memory a slot
+    // stream may not have waited for yet.
+    fence_failed_op(
+        slots + 1,
+        [&](int s) {
+          if (s < slots) {
+            mover_->end(s);
+          } else if (rail_) {
+            rail_->order_before(tail_->stream());
+          }
+        },
+        [&] { cuda_check(cudaEventRecord(op.done->get(), tail_->stream()), "cudaEventRecord (a failed op's end)"); });
+  } catch (const std::exception& e) {
+    op.end_unknown = true;
+    FAIRRING_LOG(topo().rank,
+                 "%s #%llu failed and the end of its device work cannot be marked (%s): its tensors are kept until "
+                 "the group is destroyed",
+                 collective_name(op.collective), static_cast<unsigned long long>(op.number), e.what());
+  }
+}
+
 void CudaEngine::on_failed(const Error& why) {
   if (rail_) rail_->abort(why);  // the NCCL rail aborts its communicator: its kernels end
   if (held_) held_->group_failed(why);
@@ -348,22 +385,18 @@ bool CudaEngine::let_go(TimePoint until) {
 }
 
 bool CudaEngine::caught_up(cudaStream_t stream, TimePoint until) {
-  c10::cuda::CUDAGuard guard(device_);
-  CudaEvent reached(device_);
-  cuda_check(cudaEventRecord(reached.get(), stream), "cudaEventRecord (waiting for the device)");
-  auto pause = std::chrono::microseconds(20);
-  auto next_check = Clock::now();
-  for (;;) {
-    if (cuda_done(cudaEventQuery(reached.get()), "waiting for the CUDA collectives' device work")) return true;
+  PeerWatch peers;
+  return stream_caught_up(device_, stream, until, [&] {
     const auto now = Clock::now();
-    if (now >= next_check) {
-      next_check = now + std::chrono::milliseconds(200);
+    if (!peers.due(now)) return;
+    std::optional<Error> trouble;
+    try {
       check_peers();
+    } catch (const std::exception& e) {
+      trouble.emplace(error_of(e));
     }
-    if (now > until) return false;
-    std::this_thread::sleep_for(pause);
-    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
-  }
+    if (auto gone = peers.saw(now, std::move(trouble))) throw *gone;
+  });
 }
 
 void CudaEngine::check_peers() {

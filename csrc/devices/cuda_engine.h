@@ -48,7 +48,12 @@ struct CudaOp : PipelineOp {
   // the caching allocator cannot hand the memory out while the engine's
   // streams still use it.
   std::shared_ptr<CudaEvent> done;
-  bool enqueued = false;  // some of its device work was enqueued (loop thread)
+  // Some of its device work was enqueued (its first slice began, or its
+  // stage ran on the tail): `done` must be recorded before it is let go.
+  bool enqueued = false;
+  // It failed and its `done` could not be recorded after its device work:
+  // when that work ends is unknown, so it stays held (leaked at teardown).
+  bool end_unknown = false;
   // Then from a completion worker, in order, with `stream` waiting on `done`:
   // completes the future (its callbacks may block).
   std::function<void(std::exception_ptr, const c10::cuda::CUDAStream& stream)> after_complete;
@@ -91,9 +96,14 @@ class CudaEngine : public Pipeline {
   // Waits for the work queued so far on `stream`, at most until `until`;
   // false if it is still running then.  Device work can wait on a local
   // peer's IPC event forever, so the wait is polled (never a blocking
-  // synchronize) and throws, naming it, once a local peer has exited or the
-  // node has aborted.
+  // synchronize) and throws, naming it, once a local peer has been gone (or
+  // the node aborted) for the watchdog's grace (PeerWatch): a node-mate that
+  // exits after doing its part is no failure.
   bool caught_up(cudaStream_t stream, TimePoint until);
+  // A failed op with device work enqueued: its `done` is recorded on the
+  // tail after everything queued on the slot streams and the rail's, so that
+  // it stays held until that work has run (fence_failed_op, held_ops.h).
+  void fence_failed(CudaOp& op) noexcept;
   // Throws, naming it, if a local peer has exited, the node has aborted or
   // the rail's transport has failed.
   void check_peers();

@@ -17,21 +17,18 @@ namespace {
 constexpr int kMaxDelayUs = 200;
 }  // namespace
 
-DeferredMover::DeferredMover(NodeArena& arena, int local_rank, int ranks_per_node, int slots, int rank,
-                             std::chrono::milliseconds timeout)
-    : arena_(arena), me_(local_rank), has_peers_(ranks_per_node > 1), timeout_(timeout) {
-  for (int i = 0; i < slots; ++i) {
+DeferredStreams::DeferredStreams(int count, unsigned seed) {
+  for (int i = 0; i < count; ++i) {
     streams_.push_back(std::make_unique<Stream>());
     Stream& s = *streams_.back();
-    const unsigned seed = static_cast<unsigned>(rank * 1009 + i);
-    s.worker = std::thread([this, &s, seed] {
+    s.worker = std::thread([this, &s, seed, i] {
       pthread_setname_np(pthread_self(), "fairring-mover");
-      run(s, seed);
+      run(s, seed + static_cast<unsigned>(i));
     });
   }
 }
 
-DeferredMover::~DeferredMover() {
+DeferredStreams::~DeferredStreams() {
   cancelled_ = true;
   stopping_ = true;
   for (auto& s : streams_) {
@@ -43,7 +40,7 @@ DeferredMover::~DeferredMover() {
   }
 }
 
-void DeferredMover::run(Stream& s, unsigned seed) {
+void DeferredStreams::run(Stream& s, unsigned seed) {
   std::mt19937 rng(seed);
   for (;;) {
     std::function<void()> fn;
@@ -78,8 +75,8 @@ void DeferredMover::run(Stream& s, unsigned seed) {
   }
 }
 
-void DeferredMover::enqueue(int slot, std::function<void()> fn) {
-  Stream& s = *streams_[slot];
+void DeferredStreams::enqueue(int i, std::function<void()> fn) {
+  Stream& s = *streams_.at(static_cast<size_t>(i));
   {
     std::lock_guard<std::mutex> lock(s.mu);
     s.tasks.push_back(std::move(fn));
@@ -87,7 +84,18 @@ void DeferredMover::enqueue(int slot, std::function<void()> fn) {
   s.cv.notify_all();
 }
 
-void DeferredMover::synchronize() {
+void DeferredStreams::join(int to, int from) {
+  auto reached = std::make_shared<std::atomic<bool>>(false);
+  enqueue(from, [reached] { reached->store(true, std::memory_order_release); });
+  // A dropped mark (cancel) never comes: the wait ends with the streams.
+  enqueue(to, [this, reached] {
+    while (!reached->load(std::memory_order_acquire) && !cancelled_) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  });
+}
+
+void DeferredStreams::synchronize() {
   for (auto& s : streams_) {
     std::unique_lock<std::mutex> lock(s->mu);
     s->cv.wait(lock, [&] { return s->tasks.empty() && !s->busy; });
@@ -96,13 +104,23 @@ void DeferredMover::synchronize() {
   if (error_) std::rethrow_exception(error_);
 }
 
-bool DeferredMover::let_go(std::chrono::steady_clock::time_point until) {
+bool DeferredStreams::let_go(std::chrono::steady_clock::time_point until) {
   for (auto& s : streams_) {
     std::unique_lock<std::mutex> lock(s->mu);
     if (!s->cv.wait_until(lock, until, [&] { return !s->busy; })) return false;
   }
   return true;
 }
+
+DeferredMover::DeferredMover(NodeArena& arena, int local_rank, int ranks_per_node, int slots, int rank,
+                             std::chrono::milliseconds timeout)
+    : arena_(arena),
+      me_(local_rank),
+      has_peers_(ranks_per_node > 1),
+      timeout_(timeout),
+      streams_(slots, static_cast<unsigned>(rank * 1009)) {}
+
+DeferredMover::~DeferredMover() = default;
 
 void DeferredMover::require_peers(const char* what) const {
   if (!has_peers_) {

@@ -32,6 +32,46 @@
 
 namespace fairring {
 
+// Streams of host work that behave like a device's: each runs what it is
+// given later, in order (a worker thread each), one step in four after a
+// random delay.  join() is the model of cudaEventRecord on one stream and
+// cudaStreamWaitEvent on another.
+class DeferredStreams {
+ public:
+  DeferredStreams(int count, unsigned seed);
+  ~DeferredStreams();  // drops what is queued, joins the workers
+
+  // Queues `fn` on stream i.
+  void enqueue(int i, std::function<void()> fn);
+  // What stream `to` runs from now on runs after what stream `from` has
+  // queued so far.
+  void join(int to, int from);
+  // Waits until every stream has run all it was given; rethrows a stream's
+  // failure (the first step that threw; after it, steps are skipped).
+  void synchronize();
+  // The group failed: what is queued is dropped (its ops' tensors may go).
+  void cancel() { cancelled_ = true; }
+  // After cancel(): blocks until no stream is inside a step (each is done
+  // with the memory it was given), or `until` passes; true if so.
+  bool let_go(std::chrono::steady_clock::time_point until);
+
+ private:
+  struct Stream {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> tasks;
+    bool busy = false;
+    std::thread worker;
+  };
+  void run(Stream& s, unsigned seed);
+
+  std::vector<std::unique_ptr<Stream>> streams_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> cancelled_{false};
+  std::mutex error_mu_;
+  std::exception_ptr error_;
+};
+
 class DeferredMover : public Mover {
  public:
   // The arena carries 2 * kPeerSteps counters per slot and rank (made with
@@ -52,25 +92,17 @@ class DeferredMover : public Mover {
               int64_t divisor) override;
 
   // Queues `fn` on the slot's stream.
-  void enqueue(int slot, std::function<void()> fn);
+  void enqueue(int slot, std::function<void()> fn) { streams_.enqueue(slot, std::move(fn)); }
   // Waits until every stream has run all it was given; rethrows a stream's
   // failure (a wait on a peer that timed out, or the node aborted).
-  void synchronize();
+  void synchronize() { streams_.synchronize(); }
   // The group failed: what is queued is dropped (its ops' tensors may go).
-  void cancel() { cancelled_ = true; }
-  // After cancel(): blocks until no stream is inside a step (each is done
-  // with the memory it was given), or `until` passes; true if so.
-  bool let_go(std::chrono::steady_clock::time_point until);
+  void cancel() { streams_.cancel(); }
+  // After cancel(): blocks until no stream is inside a step, or `until`
+  // passes; true if so.
+  bool let_go(std::chrono::steady_clock::time_point until) { return streams_.let_go(until); }
 
  private:
-  struct Stream {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::deque<std::function<void()>> tasks;
-    bool busy = false;
-    std::thread worker;
-  };
-  void run(Stream& s, unsigned seed);
   SharedCounter& enqueued(int slot, int x, PeerStep step) { return arena_.counter(slot, x, static_cast<int>(step)); }
   SharedCounter& completed(int slot, int x, PeerStep step) {
     return arena_.counter(slot, x, kPeerSteps + static_cast<int>(step));
@@ -82,11 +114,7 @@ class DeferredMover : public Mover {
   const int me_;
   const bool has_peers_;
   std::chrono::milliseconds timeout_;
-  std::vector<std::unique_ptr<Stream>> streams_;
-  std::atomic<bool> stopping_{false};
-  std::atomic<bool> cancelled_{false};
-  std::mutex error_mu_;
-  std::exception_ptr error_;
+  DeferredStreams streams_;  // one per slot
 };
 
 // The rail's fence: a chunk is posted to `inner`, in slice order, once the

@@ -15,13 +15,28 @@ constexpr auto kPoll = std::chrono::milliseconds(1);
 // After a failure, only to release what finishes after all (an aborted NCCL
 // communicator lets its kernels end).
 constexpr auto kPollAfterFailure = std::chrono::milliseconds(10);
-// How often the local peers are looked at while the oldest op runs.
-constexpr auto kPeerCheckEvery = std::chrono::milliseconds(200);
-// How long the oldest op may still run once a peer is found gone: a peer
-// that exits normally has done its part, and what is left of ours (copies
-// of what it wrote) ends within this; work that really waits on it does not.
-constexpr auto kPeerGoneGrace = std::chrono::seconds(2);
 }  // namespace
+
+bool PeerWatch::due(Clock::time_point now) {
+  if (now < next_check_) return false;
+  next_check_ = now + kCheckEvery;
+  return true;
+}
+
+std::optional<Error> PeerWatch::saw(Clock::time_point now, std::optional<Error> trouble) {
+  if (!trouble) return std::nullopt;
+  if (trouble_since_ == Clock::time_point{}) {
+    trouble_since_ = now;
+    return std::nullopt;
+  }
+  if (now - trouble_since_ < kGrace) return std::nullopt;
+  return trouble;
+}
+
+void fence_failed_op(int streams, const std::function<void(int)>& join, const std::function<void()>& record_done) {
+  for (int s = 0; s < streams; ++s) join(s);
+  record_done();
+}
 
 HeldOps::HeldOps(int rank, Hooks hooks, std::chrono::milliseconds timeout)
     : rank_(rank), hooks_(std::move(hooks)), timeout_(timeout) {
@@ -85,7 +100,7 @@ void HeldOps::release_finished(std::unique_lock<std::mutex>& lock) {
         held_.pop_front();
         // The next one's time starts now if it was waiting behind this one.
         if (!held_.empty()) held_.front().since = std::max(held_.front().since, now);
-        peer_trouble_since_ = Clock::time_point{};
+        peers_.reset();
         drop(std::move(op), lock);
         continue;
       }
@@ -95,8 +110,7 @@ void HeldOps::release_finished(std::unique_lock<std::mutex>& lock) {
             ErrorKind::kBackend,
             "Timed out: " + op_name + "'s device work did not finish within " + std::to_string(timeout_.count()) +
                 " ms (this rank's CUDA work waits on its local peers' and its rail's: is one of them stalled?)");
-      } else if (now >= next_peer_check_) {
-        next_peer_check_ = now + kPeerCheckEvery;
+      } else if (peers_.due(now)) {
         std::optional<Error> trouble;
         lock.unlock();
         try {
@@ -105,12 +119,8 @@ void HeldOps::release_finished(std::unique_lock<std::mutex>& lock) {
           trouble.emplace(error_of(e));
         }
         lock.lock();
-        if (trouble) {
-          if (peer_trouble_since_ == Clock::time_point{}) {
-            peer_trouble_since_ = now;
-          } else if (now - peer_trouble_since_ >= kPeerGoneGrace) {
-            why.emplace(reworded(*trouble, op_name + "'s device work cannot finish: " + trouble->what()));
-          }
+        if (auto gone = peers_.saw(now, std::move(trouble))) {
+          why.emplace(reworded(*gone, op_name + "'s device work cannot finish: " + gone->what()));
         }
       }
     } catch (const std::exception& e) {

@@ -12,8 +12,7 @@
 // enqueued (as with NCCL), so a device that never gets there (a local peer
 // killed with work queued, a stalled NCCL transfer) would otherwise go
 // unseen.  The oldest op gets the group's timeout from when it became the
-// oldest; past it, or 2 s after a peer is found gone (its own part done, a
-// peer that exits leaves ours to finish within that), the group fails
+// oldest; past it, or 2 s after a peer is found gone (PeerWatch), the group fails
 // naming the op, and every held op whose device work has not finished is
 // reported failed to its Work (device_failed).
 #pragma once
@@ -32,6 +31,43 @@
 #include "pipeline/pipeline_op.h"
 
 namespace fairring {
+
+// How a wait on device work that may depend on local peers treats trouble
+// with them (a check that throws: a peer gone, the node aborted): it looks
+// every kCheckEvery and gives up only once the trouble has lasted kGrace.
+// A peer that exits normally has done its part, and what is left of ours
+// (copies of what it wrote) ends within the grace; work that really waits
+// on it does not.  The watchdog and the engine's host-side waits share it.
+class PeerWatch {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static constexpr std::chrono::milliseconds kCheckEvery{200};
+  static constexpr std::chrono::milliseconds kGrace{2000};
+
+  // Whether the peers are due for a look at `now` (then pass what it found
+  // to saw()).  The first look is due at once.
+  bool due(Clock::time_point now);
+  // What a look at `now` found (nullopt: nothing wrong).  Returns the
+  // trouble to give up with once it has lasted kGrace; trouble stays until
+  // reset() (a peer found gone stays gone).
+  std::optional<Error> saw(Clock::time_point now, std::optional<Error> trouble);
+  // A new wait (the next op): no trouble seen yet.
+  void reset() { trouble_since_ = Clock::time_point{}; }
+
+ private:
+  Clock::time_point next_check_{};
+  Clock::time_point trouble_since_{};
+};
+
+// The ordering that keeps a failed op held until its device work ends, on
+// a device whose streams run what was queued even after the group failed
+// (CUDA: ncclCommAbort ends NCCL's kernels, and what waits behind them then
+// runs): for each of the `streams` the op's work may be on, `join(s)` makes
+// the tail wait for what stream s has queued so far; then `record_done()`
+// marks the op's end on the tail, the mark HeldOps' `finished` hook looks
+// at.  Without it, a failed op's `done` is never recorded, reads as
+// finished, and its memory goes back while copies into it are queued.
+void fence_failed_op(int streams, const std::function<void(int)>& join, const std::function<void()>& record_done);
 
 class HeldOps {
  public:
@@ -99,8 +135,7 @@ class HeldOps {
   bool failed_ = false;
   bool dropping_ = false;  // the thread is dropping an op outside the lock
   bool stopping_ = false;
-  Clock::time_point next_peer_check_{};
-  Clock::time_point peer_trouble_since_{};  // check_peers first threw for the oldest op
+  PeerWatch peers_;  // of the oldest op
   std::thread thread_;
 };
 

@@ -12,6 +12,7 @@
 #include "plan/rail_walk.h"
 #include "common/cuda_check.h"
 #include "common/errors.h"
+#include "common/log.h"
 #include "kernels/convert_cuda.h"
 #include "kernels/reduce_cuda.h"
 #include "common/error.h"
@@ -188,6 +189,7 @@ CudaNcclRail::CudaNcclRail(const c10::intrusive_ptr<c10d::Store>& store, const T
                            std::function<void()> interrupted)
     : topo_(topo),
       device_(device),
+      timeout_(config.timeout),
       slot_stream_(std::move(slot_stream)),
       done_(std::move(done)),
       codec_(wire_dtype_from_name(config.wire_dtype)) {
@@ -208,19 +210,34 @@ CudaNcclRail::CudaNcclRail(const c10::intrusive_ptr<c10d::Store>& store, const T
   staging_ = static_cast<char*>(staging);
   ready_ = new_event();
   finished_ = new_event();
+  fenced_ = new_event();
 }
 
 CudaNcclRail::~CudaNcclRail() {
   c10::cuda::CUDAGuard guard(device_);
   const int rank = topo_.rank;
-  if (leak_) {
-    nccl_->abort_on_destroy();
-  } else {
-    cuda_ok_or_log(cudaStreamSynchronize(stream_->stream()), rank, "cudaStreamSynchronize (NCCL)");
+  if (!leak_) {
+    // The owner has seen the slot streams idle, and each waits for its
+    // exchange; a walk that failed half-way may still have transfers queued
+    // for a peer that is gone: bounded, like every other wait on the device.
+    bool idle = false;
+    try {
+      idle = stream_caught_up(device_, stream_->stream(), std::chrono::steady_clock::now() + timeout_);
+      if (!idle) {
+        FAIRRING_LOG(rank, "NCCL rail teardown: its stream's work did not finish within %lld ms",
+                     static_cast<long long>(timeout_.count()));
+      }
+    } catch (const std::exception& e) {
+      FAIRRING_LOG(rank, "NCCL rail teardown: %s", e.what());
+    }
+    // Aborting ends its kernels; the buffers they used go to the process's exit.
+    if (!idle) leak_on_destroy();
   }
+  if (leak_) nccl_->abort_on_destroy();
   nccl_.reset();
   if (ready_) cuda_ok_or_log(cudaEventDestroy(ready_), rank, "cudaEventDestroy");
   if (finished_) cuda_ok_or_log(cudaEventDestroy(finished_), rank, "cudaEventDestroy");
+  if (fenced_) cuda_ok_or_log(cudaEventDestroy(fenced_), rank, "cudaEventDestroy");
   if (staging_ && !leak_) cuda_ok_or_log(cudaFree(staging_), rank, "cudaFree (NCCL staging)");
 }
 
@@ -232,6 +249,11 @@ void CudaNcclRail::abort(const Error&) {
 void CudaNcclRail::check() {
   const std::string error = nccl_->async_error();
   if (!error.empty()) throw Error(ErrorKind::kBackend, "the NCCL rail failed: " + error);
+}
+
+void CudaNcclRail::order_before(cudaStream_t stream) {
+  cuda_check(cudaEventRecord(fenced_, stream_->stream()), "cudaEventRecord (NCCL stream)");
+  cuda_check(cudaStreamWaitEvent(stream, fenced_, 0), "cudaStreamWaitEvent (after NCCL)");
 }
 
 // The exchange of one chunk on the NCCL stream, after the slot stream's work

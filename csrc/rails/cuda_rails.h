@@ -83,6 +83,10 @@ class CudaRail : public RailExchange {
   // From the watchdog, any thread: throws, naming it, if the rail's
   // transport has failed on its own (NCCL reports such errors only when asked).
   virtual void check() {}
+  // Makes `stream` wait for what the rail has queued so far on a stream of
+  // its own (a failed op's fence: its transfers may write the op's memory).
+  // Nothing for a rail whose device work is all on the slot streams.
+  virtual void order_before(cudaStream_t stream) { (void)stream; }
 
  protected:
   bool leak_ = false;
@@ -146,6 +150,7 @@ class CudaNcclRail : public CudaRail {
   // end, and the device work queued behind them can finish.
   void abort(const Error& why) override;
   void check() override;
+  void order_before(cudaStream_t stream) override;
   // No thread of its own: its work is on the slot streams, held by the engine.
   bool let_go(std::chrono::steady_clock::time_point) override { return true; }
 
@@ -162,6 +167,7 @@ class CudaNcclRail : public CudaRail {
 
   Topology topo_;
   c10::Device device_;
+  std::chrono::milliseconds timeout_;
   SlotStream slot_stream_;
   SliceDone done_;
   std::unique_ptr<NcclRail> nccl_;
@@ -171,6 +177,7 @@ class CudaNcclRail : public CudaRail {
   char* staging_ = nullptr;         // device: buffers_.total() bytes
   cudaEvent_t ready_ = nullptr;     // slot stream -> NCCL stream
   cudaEvent_t finished_ = nullptr;  // NCCL stream -> slot stream
+  cudaEvent_t fenced_ = nullptr;    // NCCL stream -> a failed op's fence (order_before)
 };
 
 }  // namespace fairring

@@ -5,6 +5,7 @@
 
 #include <torch/extension.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "rails/wire_codec.h"
 #include "kernels/convert_cuda.h"
 #include "kernels/reduce_cuda.h"
+#include "transport/nccl_rail.h"
 #endif
 
 namespace fairring {
@@ -138,9 +140,18 @@ void register_cuda_kernel_bindings(pybind11::module& m) {
         "Test hook: _wire_encode_for_test with the CUDA codec (the NCCL rail's): prefix computed on the device.");
   m.def("_wire_decode_cuda_for_test", &wire_decode_cuda_for_test, pybind11::arg("msg"), pybind11::arg("fmt"),
         pybind11::arg("dtype"), "Test hook: _wire_decode_for_test with the CUDA codec (a bad prefix gives NaNs).");
+  m.def(
+      "_nccl_environment_refusal_for_test",
+      [](const std::optional<std::string>& comm_blocking) {
+        return nccl_environment_refusal(comm_blocking ? comm_blocking->c_str() : nullptr);
+      },
+      pybind11::arg("comm_blocking"),
+      "Test hook: the error the NCCL rail refuses to start with for this NCCL_COMM_BLOCKING (None: unset), "
+      "or ''.");
 #else
-  for (const char* name : {"_reduce_cuda_for_test", "_wire_narrow_cuda_for_test", "_wire_widen_cuda_for_test",
-                           "_wire_encode_cuda_for_test", "_wire_decode_cuda_for_test"}) {
+  for (const char* name :
+       {"_reduce_cuda_for_test", "_wire_narrow_cuda_for_test", "_wire_widen_cuda_for_test",
+        "_wire_encode_cuda_for_test", "_wire_decode_cuda_for_test", "_nccl_environment_refusal_for_test"}) {
     m.def(
         name,
         [](pybind11::args, pybind11::kwargs) {

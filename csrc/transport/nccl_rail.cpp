@@ -11,7 +11,9 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <algorithm>
+#include <climits>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -41,15 +43,19 @@ constexpr int kNcclUint8 = 1;
 struct UniqueId {
   char internal[128];
 };
-// ncclConfig_t as NCCL 2.14 declared it.  Later versions only append
-// fields, read `size` bytes of the caller's struct, and take the defaults
-// for what a config of an older `version` lacks.
+// The head of ncclConfig_t as NCCL 2.14 declared it.  Later versions only
+// append fields, read `size` bytes of the caller's struct, and take the
+// defaults for what a config of an older `version` lacks.  The struct ends
+// with cgaClusterSize, declared rather than left as padding: NCCL reads
+// those 4 bytes too.
 struct CommConfig {
   size_t size;
   unsigned int magic;
   unsigned int version;
   int blocking;
+  int cga_cluster_size;
 };
+constexpr int kNcclConfigUndefInt = INT_MIN;  // NCCL_CONFIG_UNDEF_INT: NCCL's default
 constexpr unsigned int kNcclApiMagic = 0xcafebeef;
 constexpr unsigned int kConfigVersion = 21400;  // NCCL_VERSION(2, 14, 0)
 
@@ -61,8 +67,10 @@ static_assert(sizeof(UniqueId) == sizeof(ncclUniqueId), "NCCL unique id size cha
 static_assert(kNcclApiMagic == NCCL_API_MAGIC, "NCCL config magic changed");
 static_assert(offsetof(CommConfig, magic) == offsetof(ncclConfig_t, magic) &&
                   offsetof(CommConfig, version) == offsetof(ncclConfig_t, version) &&
-                  offsetof(CommConfig, blocking) == offsetof(ncclConfig_t, blocking),
+                  offsetof(CommConfig, blocking) == offsetof(ncclConfig_t, blocking) &&
+                  offsetof(CommConfig, cga_cluster_size) == offsetof(ncclConfig_t, cgaClusterSize),
               "ncclConfig_t's first fields moved");
+static_assert(kNcclConfigUndefInt == NCCL_CONFIG_UNDEF_INT, "NCCL's undefined config value changed");
 #endif
 
 struct NcclApi {
@@ -168,9 +176,25 @@ void check(int result, const char* what, void* comm = nullptr) {
 
 }  // namespace
 
+std::string nccl_environment_refusal(const char* comm_blocking) {
+  if (!comm_blocking || !*comm_blocking) return "";
+  // As NCCL reads its parameters (strtoll, base 0, the rest of the text
+  // ignored); it applies 0 or 1 over the config and ignores other values.
+  if (std::strtoll(comm_blocking, nullptr, 0) != 1) return "";
+  return std::string(
+             "fairring: FAIRRING_GPU_TRANSPORT=nccl needs a non-blocking NCCL communicator, but "
+             "NCCL_COMM_BLOCKING=") +
+         comm_blocking +
+         " is set in the environment, and NCCL applies it over Fairring's config: its calls would then block "
+         "without the group's timeout (a dead rail peer would hang this rank). Unset NCCL_COMM_BLOCKING (or set "
+         "it to 0) for this process, or use FAIRRING_GPU_TRANSPORT=tcp.";
+}
+
 NcclRail::NcclRail(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, int size, int index,
                    std::chrono::milliseconds timeout, int rank, std::function<void()> interrupted)
     : rank_(rank), timeout_(timeout) {
+  const std::string refusal = nccl_environment_refusal(std::getenv("NCCL_COMM_BLOCKING"));
+  if (!refusal.empty()) throw Error(ErrorKind::kInvalidArgument, refusal);
   const NcclApi& api = nccl(rank);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   UniqueId id;
@@ -184,7 +208,14 @@ NcclRail::NcclRail(const c10::intrusive_ptr<c10d::Store>& store, const std::stri
     if (raw.size() != sizeof(id)) throw Error(ErrorKind::kBackend, "fairring: malformed NCCL unique id in the store");
     std::memcpy(&id, raw.data(), sizeof(id));
   }
-  CommConfig config{sizeof(CommConfig), kNcclApiMagic, kConfigVersion, /*blocking=*/0};
+  // Zeroed first, then every field set: NCCL copies `size` bytes of it.
+  CommConfig config;
+  std::memset(&config, 0, sizeof(config));
+  config.size = sizeof(CommConfig);
+  config.magic = kNcclApiMagic;
+  config.version = kConfigVersion;
+  config.blocking = 0;
+  config.cga_cluster_size = kNcclConfigUndefInt;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const int r = api.comm_init_rank_config(&comm_, size, id, index, &config);

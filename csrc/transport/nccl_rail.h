@@ -9,6 +9,9 @@
 // from another thread (the group failed) ends it and whatever NCCL kernels
 // are running.  NCCL allows one thread at a time on a communicator: every
 // call here holds `mu_` (an exchange from group_start() to group_end()).
+// That is why NCCL_COMM_BLOCKING=1 is refused: with it, group_end() would
+// hold `mu_` inside ncclGroupEnd for as long as a peer takes, and abort()
+// and async_error() would wait behind it.
 // Only compiled with CUDA (FAIRRING_WITH_CUDA).
 #pragma once
 
@@ -28,6 +31,12 @@ class Store;
 }
 
 namespace fairring {
+
+// The error NcclRail's constructor refuses to start with given the value of
+// NCCL_COMM_BLOCKING (null: unset), or "" when it is fine: NCCL applies
+// NCCL_COMM_BLOCKING=1 over the config's `blocking = 0`, and a blocking
+// communicator waits in NCCL calls without a deadline.
+std::string nccl_environment_refusal(const char* comm_blocking);
 
 class NcclRail {
  public:
