@@ -47,6 +47,12 @@ def _create_backend(dist_opts, pg_options):
     except Exception as e:
         _C._init_failed(store, rank, size, timeout, f"{type(e).__name__}: {e}")
         raise
+    return _build(store, rank, size, timeout, resolved)
+
+
+def _build(store, rank, size, timeout, resolved):
+    """A Fairring backend with `resolved` options; the groups made from it
+    (shrink, split) are built here too, with the same options."""
     _C._init_checkpoint(store, rank, size, timeout, "options")
     # Collectives other than all-reduce go to gloo, on its own corner of the store.
     fallback = dist.ProcessGroupGloo(dist.PrefixStore("fairring-gloo/", store), rank, size, timeout)
@@ -61,6 +67,8 @@ def _create_backend(dist_opts, pg_options):
     config.reduction_servers = resolved.reduction_servers
     config.timeout = timeout
     backend = _C.FairringBackend(store, rank, size, config, _node_key(resolved), fallback)
+    # Captures the options, never the backend (no reference cycle).
+    backend._set_child_factory(lambda store, rank, size, timeout: _build(store, rank, size, timeout, resolved))
     if rank == 0 and backend.topology()["flattened"]:
         _warn_uneven(store, size)
     return backend

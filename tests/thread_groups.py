@@ -33,21 +33,24 @@ def make_group(store, rank: int, world: int, timeout_s: float = 30.0):
     return pg
 
 
-def run_threads(fn: Callable, world: int, *, timeout_s: float = 60.0, pg_timeout_s: float = 30.0) -> list:
+def run_threads(fn: Callable, world: int, *, timeout_s: float = 60.0, pg_timeout_s: float = 30.0,
+                boxed: bool = False) -> list:
+    """`boxed`: fn gets a one-element list holding the group instead, and
+    may empty it to drop the last reference to the group."""
     store = dist.PrefixStore(f"threads-{next(_runs)}/", dist.HashStore())
     results: list = [None] * world
     errors: list = [None] * world
 
     def body(rank):
-        pg = None
+        box = []
         try:
-            pg = make_group(store, rank, world, pg_timeout_s)
-            results[rank] = fn(pg, rank, world)
+            box.append(make_group(store, rank, world, pg_timeout_s))
+            results[rank] = fn(box if boxed else box[0], rank, world)
         except BaseException as e:  # noqa: BLE001
             errors[rank] = e
         finally:
-            if pg is not None:
-                pg.shutdown()
+            if box:
+                box.pop().shutdown()
 
     threads = [threading.Thread(target=body, args=(r,), name=f"rank-{r}", daemon=True) for r in range(world)]
     for t in threads:

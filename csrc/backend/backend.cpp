@@ -5,9 +5,12 @@
 #include <unistd.h>
 
 #include <ATen/MemoryOverlap.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <numeric>
+#include <optional>
 
 #include "devices/cuda_engine.h"
 #include "devices/host_engine.h"
@@ -238,6 +241,9 @@ FairringBackend::~FairringBackend() {
   }
   // The engines join their threads, which may need the GIL.
   GilReleaseIfHeld no_gil;
+  // Dropped without shutdown() (its last reference gone): the peers learn
+  // it now, not when they next wait for this rank in vain.
+  leave("dropped it (its last reference went away)");
   if (abort_hook_) abort_hook_->clear();
   if (p2p_poller_) p2p_poller_->clear();  // (waits for a poll in progress)
   cuda_engine_.reset();
@@ -286,8 +292,140 @@ void FairringBackend::shutdown() {
       p.close(closed);
       return true;
     });
+    leave("shut it down or destroyed it");
   }
   if (fallback_) fallback_->shutdown();
+}
+
+void FairringBackend::setTimeout(std::chrono::milliseconds timeout) {
+  TORCH_CHECK_VALUE(timeout.count() > 0, "fairring: set_timeout(", timeout.count(),
+                    " ms): a process group's timeout must be positive");
+  config_.timeout = timeout;  // a CUDA engine created later takes it too
+  if (engine_) engine_->set_timeout(timeout);
+  if (p2p_) p2p_->set_timeout(timeout);
+  with_device_pipeline([&](Pipeline& p) {
+    p.set_timeout(timeout);
+    return true;
+  });
+  if (fallback_) fallback_->setTimeout(timeout);
+}
+
+std::optional<Error> FairringBackend::first_error() const {
+  std::optional<Error> first;
+  if (engine_ && engine_->failed()) first = engine_->failure();
+  with_device_pipeline([&](Pipeline& p) {
+    if (!first && p.failed()) first = p.failure();
+    return true;
+  });
+  return first;
+}
+
+c10d::ErrorType FairringBackend::getError() {
+  const std::optional<Error> first = first_error();
+  if (!first) return c10d::ErrorType::SUCCESS;
+  // A lost peer (exited, left, its connection closed), or a failure another
+  // rank reported ("rank N: ..." names where it happened).
+  const std::string what = first->what();
+  int origin = -1;
+  if (first->kind() == ErrorKind::kNetwork ||
+      (std::sscanf(what.c_str(), "rank %d", &origin) == 1 && origin != getRank())) {
+    return c10d::ErrorType::REMOTE_ERROR;
+  }
+  if (what.find("Timed out") != std::string::npos) return c10d::ErrorType::TIMEOUT;
+  return c10d::ErrorType::COMM_ERROR;
+}
+
+c10::intrusive_ptr<c10d::Backend::Options> FairringBackend::getBackendOptions() {
+  return c10::make_intrusive<Options>(getBackendName(), config_.timeout);
+}
+
+c10::intrusive_ptr<c10d::Backend> FairringBackend::shrink(const std::vector<int64_t>& ranks_to_exclude,
+                                                          int shrink_flags,
+                                                          const c10::intrusive_ptr<Options>& opts_override) {
+  check_same_process("shrink");
+  const int world = getSize();
+  std::vector<bool> excluded(world, false);
+  std::string list;
+  for (int64_t r : ranks_to_exclude) {
+    check_rank("shrink", "ranks_to_exclude", r);
+    TORCH_CHECK_VALUE(!excluded[r], "fairring: shrink: rank ", r, " is excluded twice");
+    excluded[r] = true;
+  }
+  for (int r = 0; r < world; ++r) {
+    if (excluded[r]) list += (list.empty() ? "" : ",") + std::to_string(r);
+  }
+  TORCH_CHECK_VALUE(!ranks_to_exclude.empty(), "fairring: shrink with no rank to exclude");
+  TORCH_CHECK_VALUE(static_cast<int>(ranks_to_exclude.size()) < world, "fairring: shrink excludes every rank (", world,
+                    ")");
+  TORCH_CHECK_VALUE(!excluded[getRank()], "fairring: shrink called by rank ", getRank(),
+                    ", which it excludes: only the ranks that stay call it");
+  if (shrink_flags & 1) {  // SHRINK_ABORT: what is in flight here fails now
+    GilReleaseIfHeld no_gil;
+    abort_engines("rank " + std::to_string(getRank()) + ": this process group was aborted to shrink it");
+  }
+  int new_rank = 0;
+  for (int r = 0; r < getRank(); ++r) new_rank += excluded[r] ? 0 : 1;
+  const int new_size = world - static_cast<int>(ranks_to_exclude.size());
+  // The survivors meet in a corner of the parent's store of their own: the
+  // how-manieth shrink of this group, and the ranks it excludes (survivors
+  // that disagree meet nobody, and their creation says so at its timeout).
+  auto store = c10::make_intrusive<c10d::PrefixStore>(
+      "fairring-shrink/" + std::to_string(shrinks_++) + "/" + list + "/", store_);
+  const auto timeout = opts_override ? opts_override->timeout : config_.timeout;
+  return make_child("shrink", store, new_rank, new_size, timeout);
+}
+
+c10::intrusive_ptr<c10d::Backend> FairringBackend::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                         const std::vector<int>& ranks,
+                                                         const c10::intrusive_ptr<Options>& opts) {
+  check_same_process("split");
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    check_rank("split", "ranks", sorted[i]);
+    TORCH_CHECK_VALUE(i == 0 || sorted[i] != sorted[i - 1], "fairring: split: rank ", sorted[i], " is listed twice");
+  }
+  const auto at = std::find(sorted.begin(), sorted.end(), getRank());
+  if (at == sorted.end()) return nullptr;
+  // torch may split this backend once per device type it serves (CPU and
+  // CUDA), under one group name and store: the second call gets the child of
+  // the first (a second child would wait on the first's rendezvous).
+  const std::string name = opts ? opts->group_name : "";
+  if (!name.empty() && name == last_split_name_) {
+    if (auto child = last_split_.lock()) return child;
+  }
+  const auto timeout = opts && opts->timeout.count() > 0 ? opts->timeout : config_.timeout;
+  auto child =
+      make_child("split", store, static_cast<int>(at - sorted.begin()), static_cast<int>(sorted.size()), timeout);
+  last_split_name_ = name;
+  last_split_ = c10::weak_intrusive_ptr<c10d::Backend>(child);
+  return child;
+}
+
+c10::intrusive_ptr<c10d::Backend> FairringBackend::make_child(const char* kind,
+                                                              const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                              int size, std::chrono::milliseconds timeout) {
+  TORCH_CHECK(child_factory_, "fairring: ", kind, " of a group created without fairring_py (no child factory)");
+  return child_factory_(store, rank, size, timeout);
+}
+
+void FairringBackend::leave(const char* how) {
+  if (left_) return;
+  left_ = true;
+  // What the peers read: how, and after which op (the last one issued).
+  std::string why = how;
+  const auto ops = recent_->snapshot();
+  if (ops.empty()) {
+    why += " before its first operation";
+  } else {
+    why += " after " + ops.back().kind + " #" + std::to_string(ops.back().seq);
+  }
+  if (engine_) engine_->leave(why);
+  if (p2p_) p2p_->leave(why);
+  with_device_pipeline([&](Pipeline& p) {
+    p.leave(why);
+    return true;
+  });
 }
 
 void FairringBackend::check_same_process(const char* what) const {

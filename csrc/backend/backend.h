@@ -15,11 +15,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "backend/recent_ops.h"
 #include "backend/work.h"
 #include "common/config.h"
+#include "common/error.h"
 #include "common/reduce_op.h"
 #include "pipeline/pipeline_op.h"
 #include "topology/topology.h"
@@ -52,6 +54,33 @@ class FairringBackend : public c10d::Backend {
   // it does not), then later ops fail ("this process group was shut down").
   // destroy_process_group() calls it.
   void shutdown() override;
+  // The timeout of the waits started from now on (torch's set_timeout).
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  // How the group failed, from its first error: SUCCESS (it has not),
+  // TIMEOUT, REMOTE_ERROR (another rank failed, exited or left) or
+  // COMM_ERROR (this rank's own failure, an abort() included).
+  c10d::ErrorType getError() override;
+  // The group's first error (CPU engine, then CUDA), if it failed.
+  std::optional<Error> first_error() const;
+
+  // Groups made from this one (shrink, split): the same options, a store of
+  // their own, the hierarchy of their own ranks.  Each child is a new group
+  // (its own numbering, failure and memory), built by `ChildFactory`, which
+  // fairring_py sets at creation (it also builds the child's gloo fallback).
+  using ChildFactory = std::function<c10::intrusive_ptr<c10d::Backend>(
+      const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout)>;
+  void set_child_factory(ChildFactory factory) { child_factory_ = std::move(factory); }
+  bool supportsShrinking() const override { return true; }
+  bool supportsSplitting() const override { return true; }
+  // The survivors' group, without `ranks_to_exclude`; only the survivors
+  // call it, all with the same list.  SHRINK_ABORT (1) aborts this group first.
+  c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& ranks_to_exclude, int shrink_flags = 0,
+                                           const c10::intrusive_ptr<Options>& opts_override = nullptr) override;
+  // The group of `ranks` (this group's ranks) on `store`, or null when this
+  // rank is not among them.
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override;
+  c10::intrusive_ptr<Options> getBackendOptions() override;
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
@@ -270,6 +299,18 @@ class FairringBackend : public c10d::Backend {
   std::function<void(const at::Tensor&)> device_landing(const at::Tensor& t, const char* kind) const;
   // abort() of the CPU and CUDA engines (not of gloo).
   void abort_engines(const std::string& why);
+  // Tells the peers this rank left the group (`how`: "shut it down", ...),
+  // after which op: their ops that need it fail at once (Pipeline::leave).
+  void leave(const char* how);
+  bool left_ = false;  // leave() ran
+  ChildFactory child_factory_;
+  c10::intrusive_ptr<c10d::Backend> make_child(const char* kind, const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                               int size, std::chrono::milliseconds timeout);
+  uint64_t shrinks_ = 0;  // shrink() calls so far: each child's store prefix
+  // The last split's group name and child (weak: a child dropped by its
+  // users must go, and tell its peers).
+  std::string last_split_name_;
+  c10::weak_intrusive_ptr<c10d::Backend> last_split_{c10::intrusive_ptr<c10d::Backend>()};
   // f(the CUDA engine) if there is one (its abort(), drain(), close()); else true.
   bool with_device_pipeline(const std::function<bool(Pipeline&)>& f) const;
   c10::intrusive_ptr<c10d::Store> store_;

@@ -147,7 +147,32 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "The group's last collectives, oldest first (fairring_py.dump_recent)")
       .def(
           "format_recent_ops", [](const FairringBackend& b) { return b.recent_ops().format(); },
-          "recent_ops() as text, one line per collective, as logged at the group's first failure");
+          "recent_ops() as text, one line per collective, as logged at the group's first failure")
+      .def(
+          "_set_child_factory",
+          [](FairringBackend& b, py::function make) {
+            // Called from shrink() and split(), whatever thread and GIL
+            // state; the function is released under the GIL too.
+            auto fn = std::shared_ptr<py::function>(new py::function(std::move(make)), [](py::function* f) {
+              py::gil_scoped_acquire gil;
+              delete f;
+            });
+            b.set_child_factory([fn](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                     std::chrono::milliseconds timeout) {
+              py::gil_scoped_acquire gil;
+              return (*fn)(store, rank, size, timeout).cast<c10::intrusive_ptr<FairringBackend>>();
+            });
+          },
+          "make(store, rank, size, timeout) -> the FairringBackend of a child group (shrink, split); set by "
+          "fairring_py at creation")
+      .def(
+          "error",
+          [](FairringBackend& b) {
+            const auto first = b.first_error();
+            return py::make_tuple(static_cast<int>(b.getError()), first ? std::string(first->what()) : std::string());
+          },
+          "(getError() as an int: 0 SUCCESS, 1 TIMEOUT, 2 COMM_ERROR, 3 REMOTE_ERROR; the group's first error "
+          "or '')");
 
   // Group creation steps run from Python (fairring_py._create_backend),
   // through the same failure-aware store as the C++ ones.

@@ -116,6 +116,14 @@ void HostEngine::on_failed(const Error& why) {
   }
 }
 
+void HostEngine::on_set_timeout(std::chrono::milliseconds timeout) {
+  if (rail_) rail_->set_timeout(timeout);
+}
+
+void HostEngine::on_leave() {
+  if (rail_) rail_->leave();  // nothing is in flight: its fence, if any, is idle too
+}
+
 bool HostEngine::let_go(TimePoint until) {
   // The deferred mover's streams, and the rail's thread (behind its fence).
   if (deferred_ && !deferred_->let_go(until)) return false;

@@ -111,6 +111,22 @@ void NodeArena::abort(int rank, const Error& why, uint64_t first_failed_op) {
   }
 }
 
+void NodeArena::leave(int local, uint64_t issued, const std::string& why) {
+  std::strncpy(control_->left_why[local], why.c_str(), sizeof(control_->left_why[local]) - 1);
+  control_->left[local].store(issued + 1, std::memory_order_release);
+  for (int i = 0; i < ranks_; ++i) {
+    counter_wake_all(control_->in_ready[i]);
+    counter_wake_all(control_->chunk_done[i]);
+    counter_wake_all(control_->consumed[i]);
+  }
+}
+
+std::string NodeArena::left_before(int local, uint64_t op_seq) const {
+  const uint64_t left = control_->left[local].load(std::memory_order_acquire);
+  if (left == 0 || left - 1 > op_seq) return "";
+  return std::string(control_->left_why[local], strnlen(control_->left_why[local], sizeof(control_->left_why[local])));
+}
+
 Error NodeArena::abort_error() const {
   if (control_->abort_state.load(std::memory_order_acquire) != 2) {
     return Error(ErrorKind::kBackend, "a rank of this node aborted");

@@ -47,6 +47,11 @@ struct NodeControl {
   SharedCounter in_ready[kMaxLocalRanks];    // input copied into its slot area
   SharedCounter chunk_done[kMaxLocalRanks];  // its chunk fully reduced (after the network)
   SharedCounter consumed[kMaxLocalRanks];    // finished reading the slot (all-gather done)
+  // A local rank that left the group (shut it down, destroyed or dropped
+  // it) while its process may live on: the ops it had issued, + 1 (0: still
+  // here; written after `left_why`), and what it said of its leaving.
+  std::atomic<uint64_t> left[kMaxLocalRanks];
+  char left_why[kMaxLocalRanks][256];
   // CUDA engine teardown: 1 once local rank x has closed its mappings of the
   // others' IPC memory and events, so they may free theirs.
   SharedCounter cuda_closed[kMaxLocalRanks];
@@ -87,6 +92,12 @@ class NodeArena {
   bool aborts_op(uint64_t op_seq) const {
     return control_->abort_state.load(std::memory_order_acquire) == 2 && control_->abort_op <= op_seq;
   }
+  // Local rank `local` leaves after issuing `issued` ops, saying `why` (its
+  // node-mates' waits on it for a later op fail at once); wakes every wait.
+  void leave(int local, uint64_t issued, const std::string& why);
+  // Why local rank `local` left before issuing op `op_seq` ("" if it did
+  // not: it is here, or it issued that op, and so did its part of it).
+  std::string left_before(int local, uint64_t op_seq) const;
   // Why the node aborted (call once aborted()).
   Error abort_error() const;
   bool aborted() const { return control_->abort_state.load(std::memory_order_acquire) != 0; }

@@ -55,6 +55,13 @@ std::function<void()> make_wait_check(const Topology& topo, NodeArena& arena, st
       return;
     }
     NodeControl& c = arena.control();
+    // A peer that left took part in the ops it issued; one it never issued
+    // will not come.  The conventional words last: code that retries on a
+    // lost peer looks for them.
+    if (const std::string why = arena.left_before(local_peer, op_seq); !why.empty()) {
+      throw Error(ErrorKind::kNetwork, "rank " + std::to_string(peer_rank) + " left the group (" + why +
+                                           ") before calling " + op + ": Connection closed by peer");
+    }
     if (now >= next_pid_check) {
       next_pid_check = now + kPidCheckEvery;
       if (!process_alive(c.pids[local_peer])) {

@@ -244,6 +244,10 @@ void P2pEngine::close(const std::string& why) {
   closed_ = why;
 }
 
+void P2pEngine::leave(const std::string& why) {
+  if (arena_) arena_->leave(topo_.local_rank, 0, why);
+}
+
 bool P2pEngine::drain(std::chrono::milliseconds limit) {
   std::unique_lock<std::mutex> lock(mu_);
   return idle_cv_.wait_for(lock, limit, [&] { return pending_.load() == 0; });
@@ -372,13 +376,13 @@ void P2pEngine::check(Clock::time_point now) {
   const auto seconds_since = [&](Clock::time_point t) {
     return seconds(std::chrono::duration<double>(now - t).count());
   };
-  std::vector<Peer*> dead;
+  std::vector<std::pair<Peer*, std::string>> gone;  // node-mates that exited or left, and how
   {
     std::lock_guard<std::mutex> lock(match_mu_);
     // Receives that no message reached within the timeout.
     std::vector<std::shared_ptr<Op>> late;
     for (auto& [id, op] : posted_) {
-      if (now - op->last_progress > timeout_) late.push_back(op);
+      if (now - op->last_progress > timeout_.load()) late.push_back(op);
     }
     for (auto& op : late) {
       matcher_.cancel_recv(op->id);
@@ -398,14 +402,22 @@ void P2pEngine::check(Clock::time_point now) {
       const bool waits_on_it =
           !peer.sends.empty() || peer.inbound.active || any_source ||
           std::any_of(posted_.begin(), posted_.end(), [&](const auto& e) { return e.second->peer == peer.rank; });
-      if (waits_on_it && !process_alive(arena_->control().pids[peer.local])) dead.push_back(&peer);
+      if (!waits_on_it) continue;
+      // A node-mate that left its group sends and receives nothing more.
+      std::string why = arena_->left_before(peer.local, 0);
+      if (!why.empty()) {
+        why = "rank " + std::to_string(peer.rank) + " left the group (" + why + "): Connection closed by peer";
+      } else if (!process_alive(arena_->control().pids[peer.local])) {
+        why = "rank " + std::to_string(peer.rank) + " (pid " + std::to_string(arena_->control().pids[peer.local]) +
+              ") exited";
+      }
+      if (!why.empty()) gone.emplace_back(&peer, std::move(why));
     }
   }
-  for (Peer* peer : dead) {
+  for (auto& [peer, why] : gone) {
     std::lock_guard<std::mutex> in(*peer->in_mu);
-    pump_in(*peer);  // what it sent before it exited is whole in the ring
-    fail_peer(*peer, "rank " + std::to_string(peer->rank) + " (pid " +
-                         std::to_string(arena_->control().pids[peer->local]) + ") exited");
+    pump_in(*peer);  // what it sent before it went is whole in the ring
+    fail_peer(*peer, why);
   }
   // Sends to node-mates and messages from them that stopped moving (a peer
   // that is stalled; the net thread watches its own).
@@ -420,7 +432,7 @@ void P2pEngine::check(Clock::time_point now) {
       if (!peer.gone.empty()) continue;
       if (!peer.sends.empty()) oldest = peer.sends.front()->last_progress;
     }
-    if (oldest != Clock::time_point{} && now - oldest > timeout_) {
+    if (oldest != Clock::time_point{} && now - oldest > timeout_.load()) {
       fail_peer(peer, "Timed out: rank " + std::to_string(peer.rank) + " took none of its bytes for " +
                           seconds_since(oldest) + " (is it stalled?)");
     }
@@ -429,7 +441,7 @@ void P2pEngine::check(Clock::time_point now) {
 
 void P2pEngine::check_inbound(Peer& peer, Clock::time_point now) {
   const Inbound& in = peer.inbound;
-  if (!in.active || peer.dropping || now - in.last_progress <= timeout_) return;
+  if (!in.active || peer.dropping || now - in.last_progress <= timeout_.load()) return;
   fail_peer(peer, "Timed out: rank " + std::to_string(peer.rank) + " sent no more of a message for " +
                       seconds(std::chrono::duration<double>(now - in.last_progress).count()) +
                       " (is it stalled, or did its send fail?)");

@@ -116,6 +116,11 @@ class P2pEngine {
   void abort(const Error& why);
   // Later ops fail with `why`; pending ones go on.
   void close(const std::string& why);
+  // This rank leaves the group (after close): node-mates that wait on it
+  // (a send to it, a receive from it) fail at once, naming `why`.
+  void leave(const std::string& why);
+  // The group's new timeout, for the waits from now on.
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_.store(timeout, std::memory_order_relaxed); }
   // Waits until no op is pending, at most `limit`; true if none is.
   bool drain(std::chrono::milliseconds limit);
 
@@ -227,7 +232,7 @@ class P2pEngine {
   bool write_to(Peer& peer);
 
   Topology topo_;
-  std::chrono::milliseconds timeout_;
+  std::atomic<std::chrono::milliseconds> timeout_;  // set_timeout may change it
   std::chrono::microseconds wait_poll_;
   c10::intrusive_ptr<c10d::Store> store_;
   Secret secret_;

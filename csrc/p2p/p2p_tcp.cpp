@@ -156,7 +156,7 @@ void P2pEngine::net_loop() {
         std::lock_guard<std::mutex> lock(*peer.out_mu);
         if (!peer.sends.empty()) oldest = peer.sends.front()->last_progress;
       }
-      if (oldest != Clock::time_point{} && now - oldest > timeout_) {
+      if (oldest != Clock::time_point{} && now - oldest > timeout_.load()) {
         fail_peer(peer, "Timed out: rank " + std::to_string(peer.rank) + " took none of its bytes for " +
                             seconds(std::chrono::duration<double>(now - oldest).count()) + " (is it stalled?)");
       }
@@ -170,7 +170,7 @@ bool P2pEngine::connect_peer(Peer& peer) {
     const std::string value(raw.begin(), raw.end());
     // It listens since before it published the address: a refusal means it
     // is gone, so this does not wait long.
-    const auto deadline = Clock::now() + std::min<std::chrono::milliseconds>(timeout_, kConnectTimeout);
+    const auto deadline = Clock::now() + std::min<std::chrono::milliseconds>(timeout_.load(), kConnectTimeout);
     Socket s = connect_to(value, deadline);
     Hello hello{};
     std::memcpy(hello.magic, kHelloMagic, sizeof(kHelloMagic));

@@ -34,7 +34,12 @@ std::set<Pipeline*> g_live;
 }  // namespace
 
 Pipeline::Pipeline(const Topology& topo, const Config& config, const char* device)
-    : topo_(topo), config_(config), device_(device), creator_pid_(getpid()), completions_(topo.rank) {
+    : topo_(topo),
+      config_(config),
+      device_(device),
+      creator_pid_(getpid()),
+      timeout_(config.timeout),
+      completions_(topo.rank) {
   params_.slice_bytes = config_.slice_size;
 }
 
@@ -58,7 +63,7 @@ void Pipeline::set_arena(std::unique_ptr<NodeArena> arena) {
       [this](int local_peer, const char* what, const SliceId& s, bool via_network) {
         const std::string op_name = std::string(device_) + collective_name(s.collective);
         return make_wait_check(
-            topo_, *arena_, config_.timeout, [this] { failure_.throw_if_failed(); }, op_name.c_str(), local_peer, what,
+            topo_, *arena_, timeout(), [this] { failure_.throw_if_failed(); }, op_name.c_str(), local_peer, what,
             s.op_seq, s.op_number, via_network);
       },
       device_, config_.wait_spin);
@@ -108,6 +113,26 @@ bool Pipeline::drain(std::chrono::milliseconds limit) {
 void Pipeline::close(const std::string& why) {
   std::lock_guard<std::mutex> lock(mu_);
   closed_ = why;
+}
+
+void Pipeline::leave(const std::string& why) {
+  uint64_t issued;
+  bool idle;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (left_) return;
+    left_ = true;
+    if (closed_.empty()) closed_ = "this rank left the process group (" + why + ")";
+    issued = submitted_;
+    idle = completed_ == submitted_;
+  }
+  arena_->leave(topo_.local_rank, issued, why);
+  if (idle && !failure_.failed()) on_leave();
+}
+
+void Pipeline::set_timeout(std::chrono::milliseconds timeout) {
+  timeout_.store(timeout, std::memory_order_relaxed);
+  on_set_timeout(timeout);
 }
 
 void Pipeline::submit(std::shared_ptr<PipelineOp> op) {
@@ -269,7 +294,7 @@ void Pipeline::quiesce_all() {
   for (Pipeline* p : g_live) {
     // In a fork()ed child the engine's threads do not exist: nothing to wait for.
     if (p->creator_pid_ != getpid()) continue;
-    if (!p->quiesce(std::min(kExitQuiesceLimit, p->config_.timeout))) {
+    if (!p->quiesce(std::min(kExitQuiesceLimit, p->timeout()))) {
       FAIRRING_LOG(p->topo_.rank, "%sall_reduces still in flight at exit (a peer is stalled?); not waiting for them",
                    p->device_);
     }
@@ -310,7 +335,7 @@ void Pipeline::complete(const std::shared_ptr<PipelineOp>& op, std::exception_pt
 std::exception_ptr Pipeline::after_let_go(const std::shared_ptr<PipelineOp>& op, std::exception_ptr error) {
   std::lock_guard<std::mutex> lock(let_go_mu_);
   if (let_go_ == LetGo::kNotAsked) {
-    const auto limit = config_.timeout;
+    const auto limit = timeout();
     let_go_ = let_go(std::chrono::steady_clock::now() + limit) ? LetGo::kReleased : LetGo::kStuck;
     if (let_go_ == LetGo::kStuck) {
       FAIRRING_LOG(topo_.rank,

@@ -82,8 +82,21 @@ class Pipeline {
   // Later ops fail at once with `why` (the group was shut down); nothing is
   // told to the peers, what is in flight goes on.
   void close(const std::string& why);
+  // This rank leaves the group (shut down, destroyed or dropped) while its
+  // process may live on, saying `why`: its node-mates' waits for an op it
+  // never issued fail at once, naming it; when nothing is in flight the
+  // device's rails end their streams too (on_leave), so that peers on other
+  // nodes fail their next op at once.  Later ops here fail (as after close).
+  void leave(const std::string& why);
+  // The group's timeout from now on (setTimeout): the waits started after
+  // it, here and on the device's rails, give up after `timeout`.
+  void set_timeout(std::chrono::milliseconds timeout);
+  std::chrono::milliseconds timeout() const { return timeout_.load(std::memory_order_relaxed); }
 
   int rank() const { return topo_.rank; }
+  bool failed() const { return failure_.failed(); }
+  // The group's first error; call only once failed().
+  Error failure() const { return failure_.error(); }
   // Ops that waited for an earlier op under the order rule (op_order.h).
   uint64_t order_waits() const { return order_waits_.load(std::memory_order_relaxed); }
 
@@ -111,8 +124,6 @@ class Pipeline {
   // Records the first failure, tells the node and the rails (on_failed),
   // wakes every wait.
   void fail(const Error& why);
-  bool failed() const { return failure_.failed(); }
-
   const Topology& topo() const { return topo_; }
   const Config& config() const { return config_; }
   const PlanParams& params() const { return params_; }
@@ -156,6 +167,11 @@ class Pipeline {
   bool completions_idle() const { return completions_.idle(); }
   // The group failed: stop the device's own threads and rails.
   virtual void on_failed(const Error& why) { (void)why; }
+  // set_timeout: the device's rails take the new timeout too.
+  virtual void on_set_timeout(std::chrono::milliseconds timeout) { (void)timeout; }
+  // The rank left the group with nothing in flight: the rails may end their
+  // streams now (peers on other nodes see them end) rather than at teardown.
+  virtual void on_leave() {}
   // After on_failed: blocks until no thread of the device's own (rails,
   // streams) reads or writes host memory of an op any more, or `until`
   // passes; true if so.  Device work already enqueued is the engine's to
@@ -205,6 +221,8 @@ class Pipeline {
   std::atomic<uint64_t> order_waits_{0};
   uint64_t submitted_ = 0;  // also the next op's number
   uint64_t completed_ = 0;
+  bool left_ = false;                               // leave() ran
+  std::atomic<std::chrono::milliseconds> timeout_;  // Config::timeout, then set_timeout's
   bool stopping_ = false;
   std::string closed_;  // close()'s reason; later ops fail with it
   bool registered_ = false;

@@ -140,15 +140,21 @@ void RailStage::start() {
 }
 
 RailStage::~RailStage() {
+  leave();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void RailStage::leave() {
   bool failed;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (left_) return;
+    left_ = true;
     stopping_ = true;
     failed = abort_reason_.has_value();
   }
   wake();
   if (thread_.joinable()) thread_.join();
-  if (wake_fd_ >= 0) close(wake_fd_);
   if (!failed) close_gracefully();
 }
 
@@ -194,6 +200,7 @@ void RailStage::wake() {
 void RailStage::post(RailTask task) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (left_) throw Error(ErrorKind::kBackend, "fairring: a rail task posted after this rank left the group");
     incoming_.push_back(std::move(task));
   }
   wake();
@@ -431,14 +438,15 @@ void RailStage::loop() {
   std::vector<struct pollfd> fds;
   const std::vector<Channel*> chans = all_channels();
   // Later than a local peer's deadline: see deadlines.h.
-  const auto remote_timeout = rail_peer_deadline(timeout_);
+  const std::chrono::milliseconds timeout = timeout_.load(std::memory_order_relaxed);
+  const auto remote_timeout = rail_peer_deadline(timeout);
   // A silent peer whose rail thread still runs (its heartbeats arrive) is
   // not stuck on the network: it has not issued the collective, or it waits
   // for another rank (a node-mate, or a rail peer of its own) that is the
   // real culprit.  Its deadline is deferred a little, so that the rank that
   // sees the culprit itself names it first and its abort reaches us, still
   // before the network-wide deadline (half of the gap to it).
-  const auto alive_grace = (network_deadline(timeout_) - remote_timeout) / 2;
+  const auto alive_grace = (network_deadline(timeout) - remote_timeout) / 2;
   const auto heartbeat_every = std::clamp<std::chrono::milliseconds>(
       std::chrono::duration_cast<std::chrono::milliseconds>(alive_grace / 4), kHeartbeatMin, kHeartbeatMax);
   const auto alive_window = 2 * heartbeat_every + kHeartbeatSlack;

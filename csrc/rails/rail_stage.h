@@ -70,6 +70,12 @@ class RailStage : public RailExchange {
   void post(RailTask task) override;
   void abort(const Error& why) override;
   bool let_go(std::chrono::steady_clock::time_point until) override;
+  // With no task in flight (the rank leaves its group): stops the stage's
+  // thread and ends every stream, so that the peers see ours end now rather
+  // than at destruction.  No task may be posted after it.
+  void leave();
+  // The group's new timeout, for the transfers' deadlines from now on.
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_.store(timeout, std::memory_order_relaxed); }
 
  private:
   struct SliceState;
@@ -100,12 +106,13 @@ class RailStage : public RailExchange {
   Topology topo_;
   ReduceFn reduce_;
   Callbacks callbacks_;
-  std::chrono::milliseconds timeout_;
+  std::atomic<std::chrono::milliseconds> timeout_;           // set_timeout may change it
   std::chrono::milliseconds reduce_delay_{0};                // tests only (rail_stage.cpp)
   std::vector<std::unique_ptr<Channel>> clients_;            // by node; null for ours
   std::vector<std::unique_ptr<Channel>> servers_;            // by node; null for ours
   std::vector<std::unique_ptr<Channel>> reduction_servers_;  // by server index; empty: none
   int wake_fd_ = -1;
+  bool left_ = false;  // leave() ran (under mu_)
   // Where the server receives the peers' shards: [slot][node], allocated once.
   std::vector<std::vector<std::vector<char>>> staging_;
   // Compressed rails (wire_codec.h), [slot][node], allocated once if a wire

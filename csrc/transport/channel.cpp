@@ -19,6 +19,13 @@ constexpr int kAbortFlushPollMs = 10;
   throw Error(ErrorKind::kNetwork,
               "fairring: connection to " + peer + " " + what + " (did that " + noun + " exit or crash?)");
 }
+// The peer ended its stream where we expect more: it exited, or left the
+// group (shut it down, destroyed or dropped it).  The conventional words
+// last: code that retries on a lost peer looks for them.
+[[noreturn]] void closed(const std::string& peer, const std::string& noun) {
+  throw Error(ErrorKind::kNetwork, "fairring: connection to " + peer + " was closed (did that " + noun +
+                                       " exit, crash or leave the group?): Connection closed by peer");
+}
 }  // namespace
 
 Channel::Channel(Socket socket, int peer_rank, std::string peer_name, std::string peer_noun)
@@ -103,7 +110,7 @@ bool Channel::start_parked_header() {
 }
 
 void Channel::post_recv(Recv r) {
-  if (peer_closed_) lost(peer_name_, peer_noun_, "was closed");
+  if (peer_closed_) closed(peer_name_, peer_noun_);
   recvq_.push_back(std::move(r));
 }
 
@@ -117,7 +124,7 @@ size_t Channel::recv_some(char* dst, size_t len) {
       peer_closed_ = true;
       return 0;
     }
-    lost(peer_name_, peer_noun_, "was closed");
+    closed(peer_name_, peer_noun_);
   }
   if (r < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
