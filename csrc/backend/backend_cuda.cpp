@@ -202,10 +202,10 @@ std::function<void(const at::Tensor&)> FairringBackend::device_landing(const at:
     if (!stream_caught_up(t.device(), stream->stream(), std::chrono::steady_clock::now() + timeout)) {
       // The copy may still run: neither its source nor its target may go back.
       (void)new std::pair<at::Tensor, at::Tensor>(t, host);  // deliberately leaked
-      throw Error(ErrorKind::kBackend,
-                  "fairring: Timed out: " + kind + "'s copy of the received bytes to " + t.device().str() +
-                      " did not finish within " + std::to_string(timeout.count()) +
-                      " ms (it runs after the work queued before the call on the caller's stream: is that stalled?)");
+      throw Error(ErrorKind::kBackend, "fairring: Timed out after " + std::to_string(timeout.count()) + " ms: " + kind +
+                                           "'s copy of the received bytes to " + t.device().str() +
+                                           " did not finish (it runs after the work queued before the call on the "
+                                           "caller's stream: is that stalled?)");
     }
   };
 #else

@@ -75,8 +75,8 @@ bool CudaFairringWork::wait(std::chrono::milliseconds timeout) {
     Backoff nap(kFutureNapFirst, kFutureNapCap);
     while (!future_->completed()) {
       TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "fairring: Work.wait(timeout=", timeout.count(),
-                  " ms): Timed out: the ", kind_,
-                  " is enqueued but its future was not completed in time "
+                  " ms): Timed out after ", timeout.count(), " ms: the ", kind_,
+                  " is enqueued but its future was not completed "
                   "(a callback chained on an earlier op's future is still running?)");
       nap.sleep();
     }

@@ -405,9 +405,9 @@ void CudaEngine::check_peers() {
   NodeControl& c = arena().control();
   for (int x = 0; x < topo().ranks_per_node; ++x) {
     if (x != topo().local_rank && !process_alive(c.pids[x])) {
-      throw Error(ErrorKind::kBackend, "rank " + std::to_string(topo().local_ranks()[x]) + " (pid " +
-                                           std::to_string(c.pids[x]) +
-                                           ") exited while this rank's CUDA work waited for it");
+      throw Error(ErrorKind::kBackend,
+                  "rank " + std::to_string(topo().local_ranks()[x]) + " (pid " + std::to_string(c.pids[x]) +
+                      ") exited while this rank's CUDA work waited for it: Connection closed by peer");
     }
   }
 }

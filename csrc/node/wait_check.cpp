@@ -67,18 +67,19 @@ std::function<void()> make_wait_check(const Topology& topo, NodeArena& arena, st
       if (!process_alive(c.pids[local_peer])) {
         throw Error(ErrorKind::kNetwork, "rank " + std::to_string(peer_rank) + " (pid " +
                                              std::to_string(c.pids[local_peer]) + ") exited while " + op +
-                                             " was in progress");
+                                             " was in progress: Connection closed by peer");
       }
     }
     if (now <= absent_at) return;
     const std::string waited = seconds(std::chrono::duration<double>(now - start).count());
     if (c.issued[local_peer].load(std::memory_order_acquire) <= op_seq) {
-      throw Error(ErrorKind::kBackend, "Timed out: rank " + std::to_string(peer_rank) + " has not called " + op +
-                                           " (waited " + waited + "). Is it stalled, or did it skip this collective?");
+      throw Error(ErrorKind::kBackend, "Timed out after " + waited + ": rank " + std::to_string(peer_rank) +
+                                           " has not called " + op +
+                                           ". Is it stalled, or did it skip this collective?");
     }
     if (now <= give_up_at) return;
-    throw Error(ErrorKind::kBackend, "Timed out: rank " + std::to_string(peer_rank) + " did not " + what + " for " +
-                                         op + " (waited " + waited + "). Is it stalled?");
+    throw Error(ErrorKind::kBackend, "Timed out after " + waited + ": rank " + std::to_string(peer_rank) + " did not " +
+                                         what + " for " + op + ". Is it stalled?");
   };
 }
 

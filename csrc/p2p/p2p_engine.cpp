@@ -409,7 +409,7 @@ void P2pEngine::check(Clock::time_point now) {
         why = "rank " + std::to_string(peer.rank) + " left the group (" + why + "): Connection closed by peer";
       } else if (!process_alive(arena_->control().pids[peer.local])) {
         why = "rank " + std::to_string(peer.rank) + " (pid " + std::to_string(arena_->control().pids[peer.local]) +
-              ") exited";
+              ") exited: Connection closed by peer";
       }
       if (!why.empty()) gone.emplace_back(&peer, std::move(why));
     }

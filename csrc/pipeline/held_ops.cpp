@@ -106,10 +106,9 @@ void HeldOps::release_finished(std::unique_lock<std::mutex>& lock) {
       }
       // Still running: watch it.
       if (now - held_.front().since > timeout_) {
-        why.emplace(
-            ErrorKind::kBackend,
-            "Timed out: " + op_name + "'s device work did not finish within " + std::to_string(timeout_.count()) +
-                " ms (this rank's CUDA work waits on its local peers' and its rail's: is one of them stalled?)");
+        why.emplace(ErrorKind::kBackend, "Timed out after " + std::to_string(timeout_.count()) + " ms: " + op_name +
+                                             "'s device work did not finish (this rank's CUDA work waits on its local "
+                                             "peers' and its rail's: is one of them stalled?)");
       } else if (peers_.due(now)) {
         std::optional<Error> trouble;
         lock.unlock();

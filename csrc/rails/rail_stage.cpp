@@ -455,12 +455,16 @@ void RailStage::loop() {
     for (;;) {
       std::deque<RailTask> fresh;
       std::optional<Error> abort_reason;
+      bool done = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
         abort_reason = abort_reason_;
-        if (!abort_reason && stopping_ && incoming_.empty() && active_.empty()) return;
+        done = !abort_reason && stopping_ && incoming_.empty() && active_.empty();
         fresh.swap(incoming_);
       }
+      // Stopping with no task left: still send what is queued (a result this
+      // rank served, which a peer still waits for) before the streams end.
+      if (done && std::none_of(chans.begin(), chans.end(), [](Channel* ch) { return ch->data_pending(); })) return;
       if (abort_reason) {
         send_aborts(*abort_reason);
         return;
@@ -529,9 +533,9 @@ void RailStage::loop() {
                                             "another rank?)";
         if (ch->has_pending_recv() && now - ch->last_recv_progress > deadline) {
           throw Error(ErrorKind::kBackend,
-                      "Timed out: " + peer + " sent nothing for " +
-                          seconds(std::chrono::duration<double>(now - ch->last_recv_progress).count()) +
-                          " while this rank waited for its part of " + op +
+                      "Timed out after " +
+                          seconds(std::chrono::duration<double>(now - ch->last_recv_progress).count()) + ": " + peer +
+                          " sent nothing while this rank waited for its part of " + op +
                           (alive ? why_alive
                                  : " (is " + peer + " stalled" +
                                        (ch->peer_noun() == "server" ? "" : ", did it skip the collective") +
@@ -544,9 +548,10 @@ void RailStage::loop() {
         // the last slice), which the receive check above does not cover.
         if (ch->data_pending() && now - ch->last_send_progress > deadline) {
           throw Error(ErrorKind::kBackend,
-                      "Timed out: " + peer + " took none of the data this rank sent it for " +
-                          seconds(std::chrono::duration<double>(now - ch->last_send_progress).count()) + " during " +
-                          op + (alive ? why_alive : " (is " + peer + " stalled, or is the network between us down?)"));
+                      "Timed out after " +
+                          seconds(std::chrono::duration<double>(now - ch->last_send_progress).count()) + ": " + peer +
+                          " took none of the data this rank sent it during " + op +
+                          (alive ? why_alive : " (is " + peer + " stalled, or is the network between us down?)"));
         }
       }
     }
