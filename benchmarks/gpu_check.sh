@@ -180,11 +180,8 @@ judge() { if [ -n "$RC" ] && [ "$RC" != 0 ]; then fail=1; fi; }
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rA)
 # Without CUDA IPC only the topologies without node peers can run.
 NO_PEERS="1x1 or 2x1 or 3x1"
-if [ "$no_ipc" = 1 ]; then
-  session smoke "$CAP_SMOKE" "${PYTEST[@]}" tests/test_gpu_allreduce.py -k "smoke and (1x1 or 2x1)"
-else
-  session smoke "$CAP_SMOKE" "${PYTEST[@]}" tests/test_gpu_allreduce.py -k "smoke"
-fi
+only_runnable() { if [ "$no_ipc" = 1 ]; then echo "($1) and ($NO_PEERS)"; else echo "$1"; fi; }
+session smoke "$CAP_SMOKE" "${PYTEST[@]}" tests/test_gpu_allreduce.py -k "$(only_runnable smoke)"
 judge
 # 1x2 needs CUDA IPC, 2x1 and 1x1 do not: the rest is worth running unless
 # none of them passed.
@@ -196,17 +193,13 @@ session kernels "$CAP_KERNELS" "${PYTEST[@]}" tests/test_gpu_kernels.py tests/te
 judge
 ALLREDUCE="not smoke and not slice256K and not 3x1 and not shared_gpu and not nccl and not compressed and not budget and not watchdog and not killed_with"
 REVIEW="(slice256K or 3x1 or shared_gpu or nccl) and not compressed"
+session allreduce "$CAP_ALLREDUCE" "${PYTEST[@]}" tests/test_gpu_allreduce.py -k "$(only_runnable "$ALLREDUCE")"
+judge
+session review "$CAP_REVIEW" "${PYTEST[@]}" tests/test_gpu_allreduce.py -k "$(only_runnable "$REVIEW")"
+judge
 if [ "$no_ipc" = 1 ]; then
-  session allreduce "$CAP_ALLREDUCE" "${PYTEST[@]}" tests/test_gpu_allreduce.py -k "($ALLREDUCE) and ($NO_PEERS)"
-  judge
-  session review "$CAP_REVIEW" "${PYTEST[@]}" tests/test_gpu_allreduce.py -k "($REVIEW) and ($NO_PEERS)"
-  judge
   step "watchdog, wire, servers NOT RUN: they need CUDA IPC (node peers)"
 else
-  session allreduce "$CAP_ALLREDUCE" "${PYTEST[@]}" tests/test_gpu_allreduce.py -k "$ALLREDUCE"
-  judge
-  session review "$CAP_REVIEW" "${PYTEST[@]}" tests/test_gpu_allreduce.py -k "$REVIEW"
-  judge
   # Stalled device work (3 x a 3 s group timeout) and a peer killed with work queued.
   session watchdog "$CAP_WATCHDOG" "${PYTEST[@]}" tests/test_gpu_allreduce.py -k "watchdog or killed_with"
   judge

@@ -31,23 +31,8 @@ def _calls_on_group(pg, rank: int, world: int) -> dict:
     each builds what it needs, so a bad call touches nothing shared."""
     t = lambda: torch.ones(4)  # noqa: E731
 
-    def bopts(v):
-        o = dist.BroadcastOptions()
-        o.rootRank = v
-        return o
-
-    def ropts(v):
-        o = dist.ReduceOptions()
-        o.rootRank = v
-        return o
-
-    def gopts(v):
-        o = dist.GatherOptions()
-        o.rootRank = v
-        return o
-
-    def sopts(v):
-        o = dist.ScatterOptions()
+    def root(kind, v):
+        o = kind()
         o.rootRank = v
         return o
 
@@ -55,11 +40,11 @@ def _calls_on_group(pg, rank: int, world: int) -> dict:
         "pg.send": lambda v: pg.send([t()], v, 0).wait(),
         "pg.send (two tensors: delegated)": lambda v: pg.send([t(), t()], v, 0).wait(),
         "pg.recv": lambda v: pg.recv([t()], v, 0).wait(),
-        "pg.broadcast": lambda v: pg.broadcast([t()], bopts(v)).wait(),
-        "pg.broadcast (two tensors: delegated)": lambda v: pg.broadcast([t(), t()], bopts(v)).wait(),
-        "pg.reduce": lambda v: pg.reduce([t()], ropts(v)).wait(),
-        "pg.gather": lambda v: pg.gather([[t() for _ in range(world)]], [t()], gopts(v)).wait(),
-        "pg.scatter": lambda v: pg.scatter([t()], [[t() for _ in range(world)]], sopts(v)).wait(),
+        "pg.broadcast": lambda v: pg.broadcast([t()], root(dist.BroadcastOptions, v)).wait(),
+        "pg.broadcast (two tensors: delegated)": lambda v: pg.broadcast([t(), t()], root(dist.BroadcastOptions, v)).wait(),
+        "pg.reduce": lambda v: pg.reduce([t()], root(dist.ReduceOptions, v)).wait(),
+        "pg.gather": lambda v: pg.gather([[t() for _ in range(world)]], [t()], root(dist.GatherOptions, v)).wait(),
+        "pg.scatter": lambda v: pg.scatter([t()], [[t() for _ in range(world)]], root(dist.ScatterOptions, v)).wait(),
     }
 
 
