@@ -253,7 +253,12 @@ FairringBackend::~FairringBackend() {
 
 void FairringBackend::abort() {
   if (getpid() != creator_pid_) return;  // a fork()ed child: the threads are the parent's
-  const std::string why = "rank " + std::to_string(getRank()) + ": this process group was aborted (abort() was called)";
+  abort_hooks_->run_once(getRank());     // while the group can still be inspected
+  retire("rank " + std::to_string(getRank()) + ": this process group was aborted (abort() was called)");
+}
+
+void FairringBackend::retire(const std::string& why) {
+  if (getpid() != creator_pid_) return;
   GilReleaseIfHeld no_gil;
   abort_engines(why);
   if (fallback_) fallback_->abort();
@@ -446,12 +451,13 @@ std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind,
   }
   const int64_t bytes = elements * static_cast<int64_t>(c10::elementSize(op.dtype));
   auto recent = recent_;
+  auto hooks = abort_hooks_;
   op.number = seq_++;
   auto handle = recent->start(op.number, kind, suffix, op.key(), bytes);
   const int rank = getRank();
   FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s%s of %s: issued", static_cast<unsigned long long>(handle.seq), kind, suffix,
                   describe_args(op.key()).c_str());
-  return [recent, handle, rank, kind, suffix, done = std::move(done)](std::exception_ptr error) {
+  return [recent, hooks, handle, rank, kind, suffix, done = std::move(done)](std::exception_ptr error) {
     const std::string why = error ? error_of(error).what() : "";
     recent->finish(handle, why);
     FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s%s: %s", static_cast<unsigned long long>(handle.seq), kind, suffix,
@@ -460,6 +466,7 @@ std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind,
     if (error && recent->first_failure()) {
       FAIRRING_LOG(rank, "collective #%llu failed; this group's last collectives:\n%s",
                    static_cast<unsigned long long>(handle.seq), recent->format().c_str());
+      hooks->run_once(rank);
     }
     done(error);
   };

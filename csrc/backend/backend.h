@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 
+#include "backend/abort_hooks.h"
 #include "backend/recent_ops.h"
 #include "backend/work.h"
 #include "common/config.h"
@@ -62,6 +63,17 @@ class FairringBackend : public c10d::Backend {
   c10d::ErrorType getError() override;
   // The group's first error (CPU engine, then CUDA), if it failed.
   std::optional<Error> first_error() const;
+  // Fails every pending and later op with `why`, as abort() does, without
+  // running the abort hooks: the group is being replaced (reconfigure).
+  void retire(const std::string& why);
+  // Run once, before abort() or at the group's first failed op.
+  AbortHooks& abort_hooks() { return *abort_hooks_; }
+#ifdef C10D_BACKEND_HAS_HOOKS
+  void registerAbortHook(int64_t hook_id, c10d::AbortHook hook) override {
+    abort_hooks_->add(hook_id, std::move(hook));
+  }
+  void unregisterAbortHook(int64_t hook_id) override { abort_hooks_->remove(hook_id); }
+#endif
 
   // Groups made from this one (shrink, split): the same options, a store of
   // their own, the hierarchy of their own ranks.  Each child is a new group
@@ -271,6 +283,7 @@ class FairringBackend : public c10d::Backend {
   std::atomic<uint64_t> seq_{0};
   // The last collectives, for post-mortems (dumped on the first failure).
   std::shared_ptr<RecentOps> recent_ = std::make_shared<RecentOps>(kRecentOps);
+  std::shared_ptr<AbortHooks> abort_hooks_ = std::make_shared<AbortHooks>();
 
   // All-reduce of a tensor that is not on the CPU (backend_cuda.cpp): the
   // CUDA engine, created at the group's first CUDA all-reduce, or an error.
