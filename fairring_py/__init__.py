@@ -47,7 +47,22 @@ def _create_backend(dist_opts, pg_options):
     except Exception as e:
         _C._init_failed(store, rank, size, timeout, f"{type(e).__name__}: {e}")
         raise
+    if getattr(dist_opts, "enable_reconfigure", False):
+        return _reconfigurable(store, rank, size, timeout, resolved)
     return _build(store, rank, size, timeout, resolved)
+
+
+def _reconfigurable(store, rank, size, timeout, resolved):
+    """A group created with enable_reconfigure=True (torch >= 2.14): no members
+    until its first reconfigure(), which builds them here (``_build``)."""
+    if not _C.HAS_RECONFIGURE:
+        raise RuntimeError(
+            f"fairring: enable_reconfigure=True needs the reconfigure API of torch >= 2.14; this build of "
+            f"fairring_py was compiled against a torch without it (now running {torch.__version__})"
+        )
+    return _C.ReconfigurableBackend(
+        store, rank, size, timeout, lambda store, rank, size, timeout: _build(store, rank, size, timeout, resolved)
+    )
 
 
 def _build(store, rank, size, timeout, resolved):
@@ -101,6 +116,10 @@ def dump_recent(group=None, file=None):
     is written to stderr by itself when the group's first collective fails."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     backend = pg._get_backend(torch.device("cpu"))
+    if _C.HAS_RECONFIGURE and isinstance(backend, _C.ReconfigurableBackend):
+        backend = backend.current()
+        if backend is None:
+            return []  # no members yet, no collectives
     if not isinstance(backend, _C.FairringBackend):
         raise ValueError(f"fairring: dump_recent needs a Fairring process group, got {type(backend).__name__}")
     if file is not None:

@@ -200,3 +200,28 @@ def threads_shrink(pg, rank, world):
     out = {"failed": failed, "size": be.size(), "after": _sum_check(child, be.rank(), be.size(), 41, n=1031)}
     child.shutdown()
     return out
+
+
+def abort_hooks(rank, world):
+    """torch >= 2.14: each rank registers an abort hook on a Fairring group;
+    rank 0 aborts it, the others' next all_reduce fails.  Every rank's hook
+    ran exactly once (at abort(), or at the first failed op), and an
+    unregistered one never."""
+    g = dist.new_group(list(range(world)), backend="fairring", timeout=timedelta(seconds=30))
+    ran = []
+    g.register_abort_hook(1, lambda: ran.append("kept"))
+    g.register_abort_hook(2, lambda: ran.append("unregistered"))
+    g.unregister_abort_hook(2)
+    t = torch.ones(4)
+    dist.all_reduce(t, group=g)
+    dist.barrier()
+    out = {}
+    if rank == 0:
+        g.abort()
+        out["op"] = ""
+    else:
+        out["op"] = _timed_failure(lambda: dist.all_reduce(torch.ones(4), group=g))["error"]
+        _timed_failure(lambda: dist.all_reduce(torch.ones(4), group=g))  # a second failure runs nothing
+    dist.barrier()
+    out["ran"] = ran
+    return out

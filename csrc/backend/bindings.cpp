@@ -10,6 +10,7 @@
 #include "node/node_arena.h"
 #include "backend/backend.h"
 #include "backend/init_store.h"
+#include "backend/reconfigurable.h"
 #include "common/config.h"
 #include "common/error.h"
 #include "backend/stand_in.h"
@@ -42,6 +43,19 @@ py::dict topology_dict(const fairring::Topology& t) {
   d["node_ranks"] = t.node_ranks;
   d["rail"] = t.rail();
   return d;
+}
+
+// make(store, rank, size, timeout) -> FairringBackend, callable from any
+// thread and GIL state; the function is released under the GIL too.
+fairring::FairringBackend::ChildFactory wrap_factory(py::function make) {
+  auto fn = std::shared_ptr<py::function>(new py::function(std::move(make)), [](py::function* f) {
+    py::gil_scoped_acquire gil;
+    delete f;
+  });
+  return [fn](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout) {
+    py::gil_scoped_acquire gil;
+    return (*fn)(store, rank, size, timeout).cast<c10::intrusive_ptr<fairring::FairringBackend>>();
+  };
 }
 
 }  // namespace
@@ -150,19 +164,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "recent_ops() as text, one line per collective, as logged at the group's first failure")
       .def(
           "_set_child_factory",
-          [](FairringBackend& b, py::function make) {
-            // Called from shrink() and split(), whatever thread and GIL
-            // state; the function is released under the GIL too.
-            auto fn = std::shared_ptr<py::function>(new py::function(std::move(make)), [](py::function* f) {
-              py::gil_scoped_acquire gil;
-              delete f;
-            });
-            b.set_child_factory([fn](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                     std::chrono::milliseconds timeout) {
-              py::gil_scoped_acquire gil;
-              return (*fn)(store, rank, size, timeout).cast<c10::intrusive_ptr<FairringBackend>>();
-            });
-          },
+          [](FairringBackend& b, py::function make) { b.set_child_factory(wrap_factory(std::move(make))); },
           "make(store, rank, size, timeout) -> the FairringBackend of a child group (shrink, split); set by "
           "fairring_py at creation")
       .def(
@@ -173,6 +175,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           },
           "(getError() as an int: 0 SUCCESS, 1 TIMEOUT, 2 COMM_ERROR, 3 REMOTE_ERROR; the group's first error "
           "or '')");
+
+#ifdef C10D_BACKEND_HAS_RECONFIGURE
+  py::class_<ReconfigurableBackend, c10d::Backend, c10::intrusive_ptr<ReconfigurableBackend>>(m,
+                                                                                              "ReconfigurableBackend")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout, py::function make) {
+             return c10::make_intrusive<ReconfigurableBackend>(store, rank, size, timeout,
+                                                               wrap_factory(std::move(make)));
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("make"),
+           "A group created with enable_reconfigure=True; make(store, rank, size, timeout) builds its members' "
+           "FairringBackend at each reconfigure")
+      .def("current", &ReconfigurableBackend::current,
+           "The FairringBackend of the last reconfigure, or None before the first");
+  m.attr("HAS_RECONFIGURE") = true;
+#else
+  m.attr("HAS_RECONFIGURE") = false;
+#endif
 
   // Group creation steps run from Python (fairring_py._create_backend),
   // through the same failure-aware store as the C++ ones.
