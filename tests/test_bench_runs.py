@@ -158,9 +158,23 @@ def test_bench_fresh_buffers(tmp_path, collective, size):
             assert runs[True]["fairring"] < out_pages * 0.25, runs
 
 
-def test_bench_fresh_buffers_needs_a_separate_output():
-    p = _run(["--collective", "all_reduce", "--fresh-buffers", "--nodes", "1"])
-    assert p.returncode != 0 and "--fresh-buffers applies to --collective all_gather, reduce_scatter or all_to_all" in p.stderr
+def test_bench_fresh_buffers_needs_a_tensor():
+    p = _run(["--collective", "barrier", "--fresh-buffers", "--nodes", "1"])
+    assert p.returncode != 0 and "--fresh-buffers applies to the collectives with a tensor" in p.stderr
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "send_recv", "scatter"])
+def test_bench_fresh_buffers_in_place_and_send_recv(tmp_path, collective):
+    """--fresh-buffers for the in-place collectives (the input written into a
+    new tensor each op) and send/recv (received into new tensors): checked
+    results, and the warm twin beside them."""
+    out = str(tmp_path / "out")
+    p = _run(["--collective", collective, "--nodes", "1", "--ranks-per-node", "2", "--out", out, "--sizes", "1M",
+              "--time-per-size", "0.2", "--min-samples", "2", "--max-samples", "2", "--sample-ms", "2",
+              "--no-progress", "--fresh-buffers"])
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = _check_outputs(out, ["fairring", "gloo", "fairring-warm"], 2, [1 << 20])
+    assert res["meta"]["fresh_buffers"] is True and "check: OK" in p.stdout
 
 
 def test_bench_under_torchrun(tmp_path):

@@ -56,9 +56,11 @@ def parser() -> argparse.ArgumentParser:
                         "reported with its max relative error instead of the exact check (the plain 'fairring' "
                         "keeps FAIRRING_WIRE_DTYPE, default none)")
     w.add_argument("--fresh-buffers", action="store_true",
-                   help="a new output (torch.empty) for every op, as FSDP and ZeRO allocate theirs: first-touch page "
-                        "faults included (all_gather, reduce_scatter, all_to_all: the collectives with a separate output); "
-                        "'fairring-warm' is the same group on reused outputs, in the same run")
+                   help="a new tensor (torch.empty) for every op, as FSDP and ZeRO allocate their outputs and a "
+                        "pipeline stage its receive buffers: first-touch page faults included (all_reduce, broadcast, "
+                        "reduce: the input is written into it first, in the timed region, as a trainer writes its "
+                        "gradients; send_recv: both receives land in new tensors); 'fairring-warm' is the same group "
+                        "on reused tensors, in the same run")
     w.add_argument("--mpi", action="store_true",
                    help="also time OpenMPI's MPI_Allreduce (mpi4py); launches the ranks with mpirun")
     c = p.add_argument_group("cluster simulation (root only)")
@@ -111,9 +113,8 @@ def build_config(args, p) -> dict:
         p.error("--collective barrier takes no --sizes, --scaling or --inflight")
     if args.collective == "send_recv" and args.inflight != 1:
         p.error("--collective send_recv takes no --inflight (a ping-pong is one message at a time)")
-    if args.fresh_buffers and args.collective not in ("all_gather", "reduce_scatter", "all_to_all"):
-        p.error("--fresh-buffers applies to --collective all_gather, reduce_scatter or all_to_all (the others work "
-                "in place on a tensor that already holds the input)")
+    if args.fresh_buffers and args.collective == "barrier":
+        p.error("--fresh-buffers applies to the collectives with a tensor, not to barrier")
     wire = [w.strip().lower() for w in args.wire_dtype.split(",")] if args.wire_dtype else []
     if any(w not in ("bf16", "fp16") for w in wire) or len(set(wire)) != len(wire):
         p.error(f"--wire-dtype takes bf16, fp16 or bf16,fp16, got {args.wire_dtype!r}")

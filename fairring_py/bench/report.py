@@ -123,7 +123,8 @@ def table(summary: dict) -> str:
         f"alone, {mc['concurrent_per_rank_Bps'] / GB:.2f} GB/s per rank with all ranks copying (busbw% uses this)",
         "time: median (p10-p90) over samples of the slowest rank's time per op; busbw = algbw"
         + factor.get(collective, " x 2(P-1)/P"),
-        ("outputs: a new torch.empty output for every op (--fresh-buffers), except fairring-warm's: the same "
+        ("outputs: a new torch.empty output for every op (--fresh-buffers; in-place collectives: the input "
+         "written into it first, timed), except fairring-warm's: the same "
          "fairring group on reused outputs, in the same samples" if m.get("fresh_buffers")
          else "outputs: reused (warm) buffers")
         + f"; transparent huge pages: {m.get('thp', 'unknown')}; faults/op = minor page faults per op"

@@ -152,6 +152,10 @@ class Workload:
                              f"(at least {4 * world} bytes)")
         self.in_place = collective in ("all_reduce", "broadcast", "reduce", "send_recv")
         self.inp_ref = None if self.in_place else self.inp.clone()
+        # --fresh-buffers: a new tensor per op; the in-place collectives' gets
+        # the input written in (as a trainer writes its gradients into new
+        # memory), in the timed region.  send_recv's is only received into.
+        self.fresh_holds_input = self.in_place and collective != "send_recv"
 
     def magnitudes(self) -> torch.Tensor:
         """Per element of the expected output, the sum over ranks of |input|:
@@ -174,6 +178,13 @@ class Workload:
 
     def buffers(self, count: int):
         return [torch.empty(self.out_numel, dtype=torch.float32, device=self.inp.device) for _ in range(count)]
+
+    def fresh_buffers(self, count: int):
+        bufs = self.buffers(count)
+        if self.fresh_holds_input:
+            for b in bufs:
+                b.copy_(self.inp)
+        return bufs
 
     def reset(self, buf) -> None:
         if self.in_place:
@@ -223,10 +234,12 @@ class TorchBackend:
             self.op = dist.all_reduce
 
     def _ping_pong(self, b, group=None):
-        """Rank 0 sends to rank 1, which sends it back; other ranks idle."""
+        """Rank 0 sends its input to rank 1, which sends it back; each
+        receives into b (with --fresh-buffers a new tensor every op, as a
+        pipeline stage receives its activations); other ranks idle."""
         me = dist.get_rank(group)
         if me == 0:
-            dist.send(b, 1, group=group)
+            dist.send(self.inp, 1, group=group)
             dist.recv(b, 1, group=group)
         elif me == 1:
             dist.recv(b, 0, group=group)
@@ -445,7 +458,7 @@ def time_once(ranks, backend, bufs, prepared, work, inflight, fresh=False, outsi
     c0 = time.process_time()
     t0 = time.perf_counter()
     if fresh:
-        bufs = work.buffers(len(bufs))
+        bufs = work.fresh_buffers(len(bufs))
         prepared = backend.prepare(bufs)
     backend.run(prepared, inflight)
     ranks.sync()
