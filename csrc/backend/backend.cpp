@@ -1191,6 +1191,11 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const a
   std::function<void(const at::Tensor&)> land;  // a staged receive: into `t`
   if (!staged) {
     buffer = t;
+    // A receive buffer is often new each call (a pipeline stage's
+    // activations): first-touch faults, as a collective's output.
+    if (!is_send && config_.huge_pages == "advise") {
+      advise_fresh_memory(t.data_ptr(), static_cast<int64_t>(t.nbytes()));
+    }
   } else if (is_send) {
     buffer = device ? host_copy(t, kind) : t.contiguous();
   } else {

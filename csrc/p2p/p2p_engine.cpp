@@ -301,7 +301,7 @@ void P2pEngine::start_recv(std::shared_ptr<Op> op, const std::string& gone) {
   if (!bad.empty()) {
     finish(op, op->error(ErrorKind::kInvalidArgument, bad), u.src);
     if (u.whole) {
-      unexpected_.erase(it);
+      forget_unexpected(it);
     } else {
       u.dropped = true;
     }
@@ -311,10 +311,15 @@ void P2pEngine::start_recv(std::shared_ptr<Op> op, const std::string& gone) {
     u.taker = std::move(op);  // the rest is on its way
     return;
   }
-  if (op->bytes > 0) std::memcpy(op->data, u.data.get(), op->bytes);
+  if (op->bytes > 0) std::memcpy(op->data, u.data(), op->bytes);
   const int src = u.src;
-  unexpected_.erase(it);
+  forget_unexpected(it);
   finish(op, nullptr, src);
+}
+
+void P2pEngine::forget_unexpected(std::unordered_map<uint64_t, Unexpected>::iterator it) {
+  spares_.give(std::move(it->second.buffer));
+  unexpected_.erase(it);
 }
 
 char* P2pEngine::begin_message(Peer& peer, const CellHeader& h) {
@@ -342,8 +347,8 @@ char* P2pEngine::begin_message(Peer& peer, const CellHeader& h) {
   Unexpected u;
   u.src = peer.rank;
   u.meta = h;
-  u.data.reset(new char[std::max<uint64_t>(h.total, 1)]);
-  char* data = u.data.get();
+  u.buffer = spares_.take(h.total);
+  char* data = u.data();
   unexpected_.emplace(msg, std::move(u));
   in.unexpected = msg;
   return data;
@@ -362,11 +367,11 @@ void P2pEngine::end_message(Peer& peer) {
     u.whole = true;
     if (u.taker) {
       auto op = std::move(u.taker);
-      if (op->bytes > 0) std::memcpy(op->data, u.data.get(), op->bytes);
-      unexpected_.erase(it);
+      if (op->bytes > 0) std::memcpy(op->data, u.data(), op->bytes);
+      forget_unexpected(it);
       finish(op, nullptr, peer.rank);
     } else if (u.dropped) {
-      unexpected_.erase(it);
+      forget_unexpected(it);
     }
   }
   in.unexpected = 0;
@@ -465,7 +470,7 @@ void P2pEngine::fail_peer(Peer& peer, const std::string& why) {
     auto it = unexpected_.find(peer.inbound.unexpected);
     if (it->second.taker) finish(it->second.taker, it->second.taker->error(ErrorKind::kNetwork, why), peer.rank);
     matcher_.cancel_message(peer.inbound.unexpected);
-    unexpected_.erase(it);
+    forget_unexpected(it);
   }
   peer.inbound = Inbound{};
   peer.in_dst = nullptr;

@@ -48,7 +48,8 @@ struct P2pEngine::Op {
 struct P2pEngine::Unexpected {
   int src = -1;
   CellHeader meta;
-  std::unique_ptr<char[]> data;
+  SpareBuffers::Buffer buffer;  // from P2pEngine::spares_, given back when it goes
+  char* data() const { return buffer.data.get(); }
   bool whole = false;         // its last byte is in (a message of 0 bytes too)
   std::shared_ptr<Op> taker;  // the receive that matched it before it was whole
   bool dropped = false;       // matched by a receive that did not fit: dropped once whole

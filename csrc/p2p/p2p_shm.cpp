@@ -138,7 +138,7 @@ bool P2pEngine::pump_in(Peer& peer) {
       dst = begin_message(peer, *h);
     } else if (moved == false) {
       std::lock_guard<std::mutex> lock(match_mu_);  // the destination, as begin_message left it
-      dst = in.op ? in.op->data : in.unexpected ? unexpected_.at(in.unexpected).data.get() : nullptr;
+      dst = in.op ? in.op->data : in.unexpected ? unexpected_.at(in.unexpected).data() : nullptr;
     }
     in.last_progress = Clock::now();
     if (in.op) in.op->last_progress = in.last_progress;
