@@ -113,7 +113,8 @@ def main(argv=None) -> int:
             f"against {args.ref} ({git('rev-parse', '--short', args.ref)}), {args.rounds} rounds"
             + (", fresh buffers" if args.fresh_buffers else ""))
     print(head)
-    print(f"{'point':<28} {'size':>9}  {'new/ref time':>20}  {'ref vs gloo':>20}  {'new vs gloo':>20}")
+    print(f"{'point':<28} {'size':>9}  {'new/ref time':>20}  {'ref vs gloo':>20}  {'new vs gloo':>20}  "
+          f"{'ms: ref, new; gloo in their runs':>36}")
     worst = 0.0
     for pt in points:
         for size in sorted(results[pt["name"]]):
@@ -123,8 +124,9 @@ def main(argv=None) -> int:
             ref_x = [g / f for f, g in r["ref"]]
             new_x = [g / f for f, g in r["new"]]
             worst = max(worst, statistics.median(ratio))
+            ms = [statistics.median(x[k] for x in r[b]) * 1e3 for b in ("ref", "new") for k in (0, 1)]
             print(f"{pt['name'].rsplit(':', 1)[0]:<28} {size:>9}  {spread(ratio):>20}  {spread(ref_x) + 'x':>20}  "
-                  f"{spread(new_x) + 'x':>20}")
+                  f"{spread(new_x) + 'x':>20}  {ms[0]:>8.3f} {ms[2]:>8.3f}; {ms[1]:>8.3f} {ms[3]:>8.3f}")
     print(f"slowest point: new/ref {worst:.2f} (the median over rounds; above 1.05 needs a look)")
     return 0
 
