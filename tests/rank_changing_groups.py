@@ -232,3 +232,32 @@ def abort_hooks(rank, world):
     dist.barrier()
     out["ran"] = ran
     return out
+
+
+def shrink_keeps_options(rank, world, lost):
+    """The lost rank is SIGKILLed after op #0; the survivors shrink.  The
+    child keeps the parent's options (FAIRRING_REDUCTION_SERVERS,
+    FAIRRING_WIRE_DTYPE from the test's environment): its all_reduce of
+    values exact in bf16 matches the reference, and `fine` (1 + 2^-10 on
+    every rank) shows whether the rails rounded it."""
+    t = torch.full((1031,), float(rank + 1))
+    dist.all_reduce(t)
+    out = {"before": float(t[0])}
+    store = c10d._get_default_store()
+    store.set(f"past-op0/{rank}", "1")
+    store.wait([f"past-op0/{r}" for r in range(world)])
+    if rank == lost:
+        os.kill(os.getpid(), signal.SIGKILL)
+    out["failed"] = _timed_failure(lambda: dist.all_reduce(torch.ones(4)))
+    t0 = time.monotonic()
+    pg = dist.shrink_group([lost])
+    n = pg.size()
+    exact = torch.full((65537,), float(pg.rank() + 1))
+    dist.all_reduce(exact, group=pg)
+    out["recovery_s"] = time.monotonic() - t0
+    out["exact"] = bool((exact == n * (n + 1) / 2).all())
+    fine = torch.full((4099,), 1 + 2.0**-10)
+    dist.all_reduce(fine, group=pg)
+    out["fine"] = sorted(set(fine.tolist()))
+    out["nodes"] = _backend(pg).topology()["num_nodes"]
+    return out

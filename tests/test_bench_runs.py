@@ -128,7 +128,7 @@ def test_bench_reduce_scatter_all_gather(tmp_path, collective, nodes, k, infligh
     assert ("2 reduce-scatters in flight" in p.stdout) == (inflight == 2)
 
 
-@pytest.mark.parametrize("collective,size", [("all_gather", 64 << 20), ("reduce_scatter", 8 << 20)])
+@pytest.mark.parametrize("collective,size", [("all_gather", 40 << 20), ("reduce_scatter", 8 << 20)])
 def test_bench_fresh_buffers(tmp_path, collective, size):
     """`--fresh-buffers`: a new output every op, results still checked; the
     report says so, gives the THP mode and the page faults per op, and times
@@ -150,7 +150,7 @@ def test_bench_fresh_buffers(tmp_path, collective, size):
     assert runs[False]["fairring"] < out_pages * 0.1, runs
     assert runs[True]["fairring-warm"] < out_pages * 0.1, runs
     if collective == "all_gather":
-        # 64 MiB is above glibc's largest mmap threshold: each new output is
+        # 40 MiB is above glibc's largest mmap threshold (32 MiB): each new output is
         # fresh memory, and gloo (never advised) faults once per 4 KiB page;
         # Fairring's advised output far less where huge pages can be advised.
         assert runs[True]["gloo"] >= out_pages * 0.9, runs
@@ -163,7 +163,7 @@ def test_bench_fresh_buffers_needs_a_tensor():
     assert p.returncode != 0 and "--fresh-buffers applies to the collectives with a tensor" in p.stderr
 
 
-@pytest.mark.parametrize("collective", ["all_reduce", "send_recv", "scatter"])
+@pytest.mark.parametrize("collective", ["all_reduce", "send_recv"])
 def test_bench_fresh_buffers_in_place_and_send_recv(tmp_path, collective):
     """--fresh-buffers for the in-place collectives (the input written into a
     new tensor each op) and send/recv (received into new tensors): checked
@@ -413,14 +413,16 @@ def test_pipeline_bench_without_extra_runs(tmp_path):
 @pytest.mark.parametrize("collective", ["all_to_all", "gather", "scatter"])
 def test_bench_all_to_all_gather_scatter(tmp_path, collective):
     """`--collective all_to_all|gather|scatter`: results checked exactly (the
-    gather only on its root), busbw = algbw x (P-1)/P."""
+    gather only on its root), busbw = algbw x (P-1)/P.  (2 nodes of 1: the
+    rails; the collectives' 2 x 2 runs are test_all_to_all's and
+    test_gather_scatter's.)"""
     out = str(tmp_path / "out")
-    p = _run(["--collective", collective, "--nodes", "2", "--ranks-per-node", "2", "--out", out] + QUICK)
+    p = _run(["--collective", collective, "--nodes", "2", "--ranks-per-node", "1", "--out", out] + QUICK)
     assert p.returncode == 0, p.stdout + p.stderr
     res = json.load(open(os.path.join(out, "results.json")))
     assert res["meta"]["collective"] == collective and res["check"]["failed_ranks"] == 0
     for r in res["rows"]:
-        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 3 / 4)
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 1 / 2)
     assert p.stdout.startswith({"all_to_all": "all_to_all_single float32, equal blocks",
                                 "gather": "gather float32 to rank 0",
                                 "scatter": "scatter float32 from rank 0"}[collective]) and "check: OK" in p.stdout

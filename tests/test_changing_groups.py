@@ -144,3 +144,41 @@ def test_threads_shrink():
     for v in res[:-1]:
         assert v["failed"]["error"], v
         assert v["size"] == 2 and not v["after"], v
+
+
+def test_shrink_keeps_reduction_servers():
+    """4 nodes of 1 with 3 reduction servers; rank 3 is SIGKILLed; the 3
+    left shrink, and their group still reduces through the servers (3 nodes:
+    servers in use), exactly."""
+    from servers import Servers
+
+    port = launch.free_port()
+    servers = Servers(port, 3)
+    with servers:
+        res = launch.run_ranks(rcg.shrink_keeps_options, ["a", "b", "c", "d"], args=(3,), store_port=port,
+                               timeout_s=150, pg_timeout_s=30, check=False,
+                               env={"FAIRRING_REDUCTION_SERVERS": "3"})
+        servers.wait_exit(20)
+        for r in res:
+            if r.rank == 3:
+                continue
+            v = r.value
+            assert v, launch.describe_all(res) + servers.outputs()
+            assert v["failed"]["error"] and v["exact"] and v["nodes"] == 3, v
+            assert v["fine"] == [3 * (1 + 2.0**-10)], v  # full precision: no rounding on the way
+        assert sum(servers.served().values()) > 0, servers.outputs()
+
+
+def test_shrink_keeps_compressed_rails():
+    """3 nodes of 1 with bf16 rails; rank 2 is SIGKILLed; the 2 left shrink,
+    and their group's rails still carry bf16: 1 + 2^-10 (below bf16's
+    resolution) comes back rounded, the same on both ranks."""
+    res = launch.run_ranks(rcg.shrink_keeps_options, ["a", "b", "c"], args=(2,), timeout_s=150, pg_timeout_s=30,
+                           check=False, env={"FAIRRING_WIRE_DTYPE": "bf16"})
+    for r in res:
+        if r.rank == 2:
+            continue
+        v = r.value
+        assert v, launch.describe_all(res)
+        assert v["failed"]["error"] and v["exact"] and v["nodes"] == 2, v
+        assert v["fine"] == [2.0], v  # rounded by the bf16 rails, identically on both ranks
