@@ -261,3 +261,28 @@ def shrink_keeps_options(rank, world, lost):
     out["fine"] = sorted(set(fine.tolist()))
     out["nodes"] = _backend(pg).topology()["num_nodes"]
     return out
+
+
+def ephemeral_timeout(rank, world):
+    """torch >= 2.14: a group with a 2 s timeout; rank 0 adds 4 s for its
+    next ops (_add_ephemeral_timeout).  Rank 1 comes 3 s late to op A: rank
+    0 waits for it and A completes.  The extension ended with A: rank 1 is 3 s
+    late to op B too, and rank 0 times out at about 2 s."""
+    g = dist.new_group(list(range(world)), backend="fairring", timeout=timedelta(seconds=2))
+    dist.all_reduce(torch.ones(4), group=g)
+    dist.barrier()
+    out = {}
+    if rank == 0:
+        g._add_ephemeral_timeout(timedelta(seconds=4))
+        out["a"] = _timed_failure(lambda: dist.all_reduce(torch.ones(4), group=g))
+    else:
+        time.sleep(3)
+        dist.all_reduce(torch.ones(4), group=g)
+    dist.barrier()
+    if rank == 0:
+        out["b"] = _timed_failure(lambda: dist.all_reduce(torch.ones(4), group=g))
+    else:
+        time.sleep(3)
+        _timed_failure(lambda: dist.all_reduce(torch.ones(4), group=g))
+    dist.barrier()
+    return out

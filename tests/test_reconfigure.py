@@ -92,3 +92,13 @@ def test_abort_hooks_run_once_before_the_group_aborts():
         assert r.value["ran"] == ["kept"], f"rank {r.rank}: {r.value}"
         if r.rank:
             assert "rank 0" in r.value["op"], f"rank {r.rank}: {r.value}"
+
+
+def test_ephemeral_timeout_lasts_until_the_first_op_after_it_ends():
+    import launch
+    import rank_changing_groups as rcg
+
+    res = launch.run_ranks(rcg.ephemeral_timeout, ["a", "a"], timeout_s=90)
+    v = res[0].value
+    assert v["a"]["error"] is None and v["a"]["seconds"] > 2.5, v  # waited past the 2 s timeout
+    assert v["b"]["error"] and "Timed out after 2" in v["b"]["error"] and v["b"]["seconds"] < 4.5, v

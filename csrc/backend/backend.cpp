@@ -306,6 +306,11 @@ void FairringBackend::setTimeout(std::chrono::milliseconds timeout) {
   TORCH_CHECK_VALUE(timeout.count() > 0, "fairring: set_timeout(", timeout.count(),
                     " ms): a process group's timeout must be positive");
   config_.timeout = timeout;  // a CUDA engine created later takes it too
+  apply_timeout();
+}
+
+void FairringBackend::apply_timeout() {
+  const auto timeout = config_.timeout + ephemeral_->extra();
   if (engine_) engine_->set_timeout(timeout);
   if (p2p_) p2p_->set_timeout(timeout);
   with_device_pipeline([&](Pipeline& p) {
@@ -314,6 +319,15 @@ void FairringBackend::setTimeout(std::chrono::milliseconds timeout) {
   });
   if (fallback_) fallback_->setTimeout(timeout);
 }
+
+#ifdef C10D_BACKEND_HAS_RECONFIGURE
+void FairringBackend::addEphemeralTimeout(const std::chrono::milliseconds& timeout) {
+  TORCH_CHECK_VALUE(timeout.count() >= 0, "fairring: an ephemeral timeout extension must not be negative, got ",
+                    timeout.count(), " ms");
+  ephemeral_->add(timeout, seq_.load());
+  apply_timeout();
+}
+#endif
 
 std::optional<Error> FairringBackend::first_error() const {
   std::optional<Error> first;
@@ -452,24 +466,29 @@ std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind,
   const int64_t bytes = elements * static_cast<int64_t>(c10::elementSize(op.dtype));
   auto recent = recent_;
   auto hooks = abort_hooks_;
+  auto ephemeral = ephemeral_;
+  if (ephemeral->changed()) apply_timeout();  // an extension came or went
   op.number = seq_++;
+  const uint64_t number = op.number;
   auto handle = recent->start(op.number, kind, suffix, op.key(), bytes);
   const int rank = getRank();
   FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s%s of %s: issued", static_cast<unsigned long long>(handle.seq), kind, suffix,
                   describe_args(op.key()).c_str());
-  return [recent, hooks, handle, rank, kind, suffix, done = std::move(done)](std::exception_ptr error) {
-    const std::string why = error ? error_of(error).what() : "";
-    recent->finish(handle, why);
-    FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s%s: %s", static_cast<unsigned long long>(handle.seq), kind, suffix,
-                    error ? ("failed: " + why).c_str() : "done");
-    // The group's first failure: what led up to it, for the post-mortem.
-    if (error && recent->first_failure()) {
-      FAIRRING_LOG(rank, "collective #%llu failed; this group's last collectives:\n%s",
-                   static_cast<unsigned long long>(handle.seq), recent->format().c_str());
-      hooks->run_once(rank);
-    }
-    done(error);
-  };
+  return
+      [recent, hooks, ephemeral, number, handle, rank, kind, suffix, done = std::move(done)](std::exception_ptr error) {
+        ephemeral->op_ended(number);
+        const std::string why = error ? error_of(error).what() : "";
+        recent->finish(handle, why);
+        FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s%s: %s", static_cast<unsigned long long>(handle.seq), kind, suffix,
+                        error ? ("failed: " + why).c_str() : "done");
+        // The group's first failure: what led up to it, for the post-mortem.
+        if (error && recent->first_failure()) {
+          FAIRRING_LOG(rank, "collective #%llu failed; this group's last collectives:\n%s",
+                       static_cast<unsigned long long>(handle.seq), recent->format().c_str());
+          hooks->run_once(rank);
+        }
+        done(error);
+      };
 }
 
 std::string FairringBackend::listen_address() const { return engine_->listen_address(); }
@@ -1218,6 +1237,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const a
       dtype_name(t.scalar_type()) +
       (peer == kAnySource ? ", from any rank" : (is_send ? ", to rank " : ", from rank ") + std::to_string(peer));
   auto recent = recent_;
+  if (ephemeral_->changed()) apply_timeout();
   auto handle = recent->start(seq_++, kind, what, t.numel() * t.element_size());
   CompletionPool* pool = &p2p_->completions();
   // A receive into device memory lands off the engine's threads (the copy

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "backend/abort_hooks.h"
+#include "backend/ephemeral_timeouts.h"
 #include "backend/recent_ops.h"
 #include "backend/work.h"
 #include "common/config.h"
@@ -57,6 +58,12 @@ class FairringBackend : public c10d::Backend {
   void shutdown() override;
   // The timeout of the waits started from now on (torch's set_timeout).
   void setTimeout(std::chrono::milliseconds timeout) override;
+#ifdef C10D_BACKEND_HAS_RECONFIGURE
+  // `timeout` more for the ops issued from now on, until the first of them
+  // ends (torch >= 2.14; EphemeralTimeouts).  Applied to the waits those ops
+  // start, as setTimeout's is.
+  void addEphemeralTimeout(const std::chrono::milliseconds& timeout) override;
+#endif
   // How the group failed, from its first error: SUCCESS (it has not),
   // TIMEOUT, REMOTE_ERROR (another rank failed, exited or left) or
   // COMM_ERROR (this rank's own failure, an abort() included).
@@ -284,6 +291,9 @@ class FairringBackend : public c10d::Backend {
   // The last collectives, for post-mortems (dumped on the first failure).
   std::shared_ptr<RecentOps> recent_ = std::make_shared<RecentOps>(kRecentOps);
   std::shared_ptr<AbortHooks> abort_hooks_ = std::make_shared<AbortHooks>();
+  std::shared_ptr<EphemeralTimeouts> ephemeral_ = std::make_shared<EphemeralTimeouts>();
+  // Gives the engines config_.timeout plus the live ephemeral extensions.
+  void apply_timeout();
 
   // All-reduce of a tensor that is not on the CPU (backend_cuda.cpp): the
   // CUDA engine, created at the group's first CUDA all-reduce, or an error.

@@ -203,6 +203,10 @@ void ReconfigurableBackend::setTimeout(std::chrono::milliseconds timeout) {
   if (auto now = current()) now->setTimeout(timeout);
 }
 
+void ReconfigurableBackend::addEphemeralTimeout(const std::chrono::milliseconds& timeout) {
+  members("add_ephemeral_timeout")->addEphemeralTimeout(timeout);
+}
+
 c10d::ErrorType ReconfigurableBackend::getError() {
   auto now = current();
   return now ? now->getError() : c10d::ErrorType::SUCCESS;
@@ -235,51 +239,7 @@ uint64_t ReconfigurableBackend::getSequenceNumberForGroup() {
 // Every op goes to the current members' group.
 #define FAIRRING_FORWARD(name, params, args) \
   c10::intrusive_ptr<c10d::Work> ReconfigurableBackend::name params { return members(#name)->name args; }
-
-FAIRRING_FORWARD(allreduce, (std::vector<at::Tensor> & t, const c10d::AllreduceOptions& o), (t, o))
-FAIRRING_FORWARD(allreduce_coalesced, (std::vector<at::Tensor> & t, const c10d::AllreduceCoalescedOptions& o), (t, o))
-FAIRRING_FORWARD(allreduce_sparse, (std::vector<at::Tensor> & t, const c10d::AllreduceOptions& o), (t, o))
-FAIRRING_FORWARD(broadcast, (std::vector<at::Tensor> & t, const c10d::BroadcastOptions& o), (t, o))
-FAIRRING_FORWARD(reduce, (std::vector<at::Tensor> & t, const c10d::ReduceOptions& o), (t, o))
-FAIRRING_FORWARD(allgather,
-                 (std::vector<std::vector<at::Tensor>> & out, std::vector<at::Tensor>& in,
-                  const c10d::AllgatherOptions& o),
-                 (out, in, o))
-FAIRRING_FORWARD(_allgather_base, (at::Tensor & out, at::Tensor& in, const c10d::AllgatherOptions& o), (out, in, o))
-FAIRRING_FORWARD(allgather_coalesced,
-                 (std::vector<std::vector<at::Tensor>> & out, std::vector<at::Tensor>& in,
-                  const c10d::AllgatherOptions& o),
-                 (out, in, o))
-FAIRRING_FORWARD(allgather_into_tensor_coalesced,
-                 (std::vector<at::Tensor> & out, std::vector<at::Tensor>& in, const c10d::AllgatherOptions& o),
-                 (out, in, o))
-FAIRRING_FORWARD(gather,
-                 (std::vector<std::vector<at::Tensor>> & out, std::vector<at::Tensor>& in,
-                  const c10d::GatherOptions& o),
-                 (out, in, o))
-FAIRRING_FORWARD(scatter,
-                 (std::vector<at::Tensor> & out, std::vector<std::vector<at::Tensor>>& in,
-                  const c10d::ScatterOptions& o),
-                 (out, in, o))
-FAIRRING_FORWARD(reduce_scatter,
-                 (std::vector<at::Tensor> & out, std::vector<std::vector<at::Tensor>>& in,
-                  const c10d::ReduceScatterOptions& o),
-                 (out, in, o))
-FAIRRING_FORWARD(_reduce_scatter_base, (at::Tensor & out, at::Tensor& in, const c10d::ReduceScatterOptions& o),
-                 (out, in, o))
-FAIRRING_FORWARD(reduce_scatter_tensor_coalesced,
-                 (std::vector<at::Tensor> & out, std::vector<at::Tensor>& in, const c10d::ReduceScatterOptions& o),
-                 (out, in, o))
-FAIRRING_FORWARD(alltoall_base,
-                 (at::Tensor & out, at::Tensor& in, std::vector<int64_t>& out_splits, std::vector<int64_t>& in_splits,
-                  const c10d::AllToAllOptions& o),
-                 (out, in, out_splits, in_splits, o))
-FAIRRING_FORWARD(alltoall, (std::vector<at::Tensor> & out, std::vector<at::Tensor>& in, const c10d::AllToAllOptions& o),
-                 (out, in, o))
-FAIRRING_FORWARD(send, (std::vector<at::Tensor> & t, int dst, int tag), (t, dst, tag))
-FAIRRING_FORWARD(recv, (std::vector<at::Tensor> & t, int src, int tag), (t, src, tag))
-FAIRRING_FORWARD(recvAnysource, (std::vector<at::Tensor> & t, int tag), (t, tag))
-FAIRRING_FORWARD(barrier, (const c10d::BarrierOptions& o), (o))
+FAIRRING_RECONFIGURABLE_OPS(FAIRRING_FORWARD)
 #undef FAIRRING_FORWARD
 
 void ReconfigurableBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {

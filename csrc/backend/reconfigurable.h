@@ -26,6 +26,44 @@
 
 namespace fairring {
 
+// The ops a ReconfigurableBackend passes on: X(name, (parameters), (arguments)).
+#define FAIRRING_RECONFIGURABLE_OPS(X)                                                                                \
+  X(allreduce, (std::vector<at::Tensor> & t, const c10d::AllreduceOptions& o), (t, o))                                \
+  X(allreduce_coalesced, (std::vector<at::Tensor> & t, const c10d::AllreduceCoalescedOptions& o), (t, o))             \
+  X(allreduce_sparse, (std::vector<at::Tensor> & t, const c10d::AllreduceOptions& o), (t, o))                         \
+  X(broadcast, (std::vector<at::Tensor> & t, const c10d::BroadcastOptions& o), (t, o))                                \
+  X(reduce, (std::vector<at::Tensor> & t, const c10d::ReduceOptions& o), (t, o))                                      \
+  X(allgather,                                                                                                        \
+    (std::vector<std::vector<at::Tensor>> & out, std::vector<at::Tensor> & in, const c10d::AllgatherOptions& o),      \
+    (out, in, o))                                                                                                     \
+  X(_allgather_base, (at::Tensor & out, at::Tensor & in, const c10d::AllgatherOptions& o), (out, in, o))              \
+  X(allgather_coalesced,                                                                                              \
+    (std::vector<std::vector<at::Tensor>> & out, std::vector<at::Tensor> & in, const c10d::AllgatherOptions& o),      \
+    (out, in, o))                                                                                                     \
+  X(allgather_into_tensor_coalesced,                                                                                  \
+    (std::vector<at::Tensor> & out, std::vector<at::Tensor> & in, const c10d::AllgatherOptions& o), (out, in, o))     \
+  X(gather, (std::vector<std::vector<at::Tensor>> & out, std::vector<at::Tensor> & in, const c10d::GatherOptions& o), \
+    (out, in, o))                                                                                                     \
+  X(scatter,                                                                                                          \
+    (std::vector<at::Tensor> & out, std::vector<std::vector<at::Tensor>> & in, const c10d::ScatterOptions& o),        \
+    (out, in, o))                                                                                                     \
+  X(reduce_scatter,                                                                                                   \
+    (std::vector<at::Tensor> & out, std::vector<std::vector<at::Tensor>> & in, const c10d::ReduceScatterOptions& o),  \
+    (out, in, o))                                                                                                     \
+  X(_reduce_scatter_base, (at::Tensor & out, at::Tensor & in, const c10d::ReduceScatterOptions& o), (out, in, o))     \
+  X(reduce_scatter_tensor_coalesced,                                                                                  \
+    (std::vector<at::Tensor> & out, std::vector<at::Tensor> & in, const c10d::ReduceScatterOptions& o), (out, in, o)) \
+  X(alltoall_base,                                                                                                    \
+    (at::Tensor & out, at::Tensor & in, std::vector<int64_t> & out_splits, std::vector<int64_t> & in_splits,          \
+     const c10d::AllToAllOptions& o),                                                                                 \
+    (out, in, out_splits, in_splits, o))                                                                              \
+  X(alltoall, (std::vector<at::Tensor> & out, std::vector<at::Tensor> & in, const c10d::AllToAllOptions& o),          \
+    (out, in, o))                                                                                                     \
+  X(send, (std::vector<at::Tensor> & t, int dst, int tag), (t, dst, tag))                                             \
+  X(recv, (std::vector<at::Tensor> & t, int src, int tag), (t, src, tag))                                             \
+  X(recvAnysource, (std::vector<at::Tensor> & t, int tag), (t, tag))                                                  \
+  X(barrier, (const c10d::BarrierOptions& o), (o))
+
 class ReconfigurableBackend : public c10d::Backend {
  public:
   // `rank`, `size`: as torch created the group (reported until the first
@@ -45,6 +83,7 @@ class ReconfigurableBackend : public c10d::Backend {
   void abort() override;
   void shutdown() override;
   void setTimeout(std::chrono::milliseconds timeout) override;
+  void addEphemeralTimeout(const std::chrono::milliseconds& timeout) override;
   c10d::ErrorType getError() override;
   c10::intrusive_ptr<Options> getBackendOptions() override;
   bool supportsShrinking() const override { return true; }
@@ -56,47 +95,10 @@ class ReconfigurableBackend : public c10d::Backend {
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override;
 
-  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
-                                           const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
-  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
-                                                     const c10d::AllreduceCoalescedOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
-                                                  const c10d::AllreduceOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
-                                           const c10d::BroadcastOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                                           std::vector<at::Tensor>& inputs,
-                                           const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
-                                                 const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
-                                                     std::vector<at::Tensor>& inputs,
-                                                     const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                                 std::vector<at::Tensor>& inputs,
-                                                                 const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-                                        const c10d::GatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
-                                         const c10d::ScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
-                                                std::vector<std::vector<at::Tensor>>& inputs,
-                                                const c10d::ReduceScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
-                                                      const c10d::ReduceScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                                 std::vector<at::Tensor>& inputs,
-                                                                 const c10d::ReduceScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
-                                               std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
-                                               const c10d::AllToAllOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-                                          const c10d::AllToAllOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
-  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
-  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
-  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  // Every op c10d gives a backend, each passed to the current members.
+#define FAIRRING_DECLARE_OP(name, params, args) c10::intrusive_ptr<c10d::Work> name params override;
+  FAIRRING_RECONFIGURABLE_OPS(FAIRRING_DECLARE_OP)
+#undef FAIRRING_DECLARE_OP
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
 
  private:
