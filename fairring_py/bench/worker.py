@@ -212,6 +212,7 @@ class TorchBackend:
         # measured instead of compared exactly.
         self.exact = exact
         self.inp = None  # reduce_scatter / all_gather: set per size (Workload.inp)
+        self.fresh_run = False  # this sample's buffers are new (time_once sets it)
         if collective == "broadcast":  # from rank 0
             self.op = lambda b, **kw: dist.broadcast(b, src=0, **kw)
         elif collective == "reduce":  # to rank 0
@@ -235,11 +236,13 @@ class TorchBackend:
 
     def _ping_pong(self, b, group=None):
         """Rank 0 sends its input to rank 1, which sends it back; each
-        receives into b (with --fresh-buffers a new tensor every op, as a
-        pipeline stage receives its activations); other ranks idle."""
+        receives into b; other ranks idle.  Reused buffers: rank 0's b holds
+        the input and goes both ways.  --fresh-buffers: b is a new tensor every
+        op (as a pipeline stage receives its activations), so rank 0 sends
+        the input itself."""
         me = dist.get_rank(group)
         if me == 0:
-            dist.send(self.inp, 1, group=group)
+            dist.send(self.inp if self.fresh_run else b, 1, group=group)
             dist.recv(b, 1, group=group)
         elif me == 1:
             dist.recv(b, 0, group=group)
@@ -451,6 +454,7 @@ def time_once(ranks, backend, bufs, prepared, work, inflight, fresh=False, outsi
     if not fresh:
         for b in bufs:
             work.reset(b)
+    backend.fresh_run = fresh
     ranks.sync()
     ranks.barrier()
     faults = minor_faults()
