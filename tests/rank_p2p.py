@@ -386,3 +386,28 @@ def recv_times_out(rank, world, timeout_s):
         time.sleep(timeout_s + 2)
         dist.send(torch.full((2,), 5.0), 0, tag=2)
     return out
+
+
+def early_message_block(rank, world):
+    """Rank 0 sends 4 MiB twice, each time before rank 1 posts its receive:
+    the message waits in a block of the process's host cache, which goes back
+    to the cache once received (the cache grows by it), and the second
+    message takes that warm block again (the cache shrinks by it)."""
+    from fairring_py import _C
+
+    store = dist.distributed_c10d._get_default_store()
+    numel = 1 << 20  # 4 MiB of float32
+    out = {}
+    for i in range(2):
+        if rank == 0:
+            dist.send(torch.full((numel,), float(i + 1)), 1)  # done once the receiver holds it
+            store.set(f"sent/{i}", "1")
+        elif rank == 1:
+            store.wait([f"sent/{i}"])
+            held = _C._stand_in_cached_bytes_for_test()
+            t = torch.empty(numel)
+            dist.recv(t, 0)
+            out[i] = {"held_before": held, "held_after": _C._stand_in_cached_bytes_for_test(),
+                      "right": bool((t == i + 1).all())}
+        dist.barrier()
+    return out

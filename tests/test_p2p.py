@@ -109,3 +109,14 @@ def test_waiting_callers_polling_threads_and_unwaited_receives():
         assert len(delays) == 8, delays
         median = delays[len(delays) // 2]
         assert median < 0.05, f"an unwaited irecv of {numel} elements completed {median * 1e3:.1f} ms after its send"
+
+
+def test_a_message_before_its_receive_waits_in_a_warm_cached_block():
+    res = launch.run_ranks(rank_p2p.early_message_block, ["a", "a"], timeout_s=90)
+    v = {int(k): x for k, x in res[1].value.items()}
+    block = 4 << 20
+    assert v[0]["right"] and v[1]["right"], v
+    # Received: its block goes back to the cache.
+    assert v[0]["held_after"] - v[0]["held_before"] == block, v
+    # The next early message took that block again, and gave it back once received.
+    assert v[1]["held_before"] == v[0]["held_after"] - block and v[1]["held_after"] == v[0]["held_after"], v

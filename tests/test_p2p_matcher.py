@@ -46,28 +46,3 @@ def test_dropped_message_is_not_taken():
     got = run(("arrive", 10, 1, 0), ("arrive", 11, 2, 0), ("drop", 10, 0, 0), ("drop", 10, 0, 0),
               ("post", 1, -1, 0))
     assert got == [None, None, 10, None, 11]
-
-
-def test_spare_buffers_keep_early_messages_buffers_warm():
-    """p2p/spare_buffers.h: a message that arrives before its receive gets a
-    kept buffer when one fits (not more than twice its size), a new one
-    otherwise; what is given back is kept up to the cap, smallest dropped
-    first."""
-    from fairring_py import _C
-
-    mib = 1 << 20
-    out = _C._spare_buffers_for_test(64 * mib, [
-        ("take", 0, 25 * mib), ("give", 0, 0),   # 0, 1: kept, 25 MiB
-        ("take", 1, 25 * mib),                   # 2: the same buffer again (0 kept)
-        ("take", 2, 10 * mib), ("give", 2, 0),   # 3, 4: a new one, kept (10)
-        ("take", 3, 4 * mib),                    # 5: 10 MiB is more than twice 4: a new one
-        ("give", 1, 0), ("give", 3, 0),          # 6, 7: 35, then 39 kept
-        ("take", 4, 30 * mib), ("give", 4, 0),   # 8, 9: new; 39 + 30 > 64: the 4, then the 10 go (55)
-        ("take", 5, 100 * mib), ("give", 5, 0),  # 10, 11: larger than the cap: never kept
-    ])
-    assert out[2][:2] == (0, 25 * mib) and out[2][2] == 0
-    assert out[3][0] == -1 and out[4][2] == 10 * mib
-    assert out[5][:2] == (-1, 4 * mib)
-    assert out[6][2] == 35 * mib and out[7][2] == 39 * mib
-    assert out[8][0] == -1 and out[9][2] == 55 * mib
-    assert out[10][0] == -1 and out[11][2] == 55 * mib

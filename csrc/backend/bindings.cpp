@@ -251,7 +251,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "_stand_in_for_test", [](int64_t numel, const at::Tensor& like) { return stand_in(numel, like.options()); },
       "stand_in (backend/stand_in.h) of `like`'s dtype and device: from the block cache on CPU.");
-  m.def("_stand_in_cached_bytes_for_test", &stand_in_cached_bytes, "Bytes the stand-in block cache holds now.");
+  m.def("_stand_in_cached_bytes_for_test", &host_blocks_cached_bytes,
+        "Bytes the host block cache (common/host_blocks.h) holds now.");
   register_kernel_bindings(m);
   register_cuda_kernel_bindings(m);
   register_held_ops_bindings(m);

@@ -11,6 +11,7 @@
 
 #include "common/dtype_name.h"
 #include "common/errors.h"
+#include "kernels/first_touch.h"
 #include "node/wait_check.h"
 #include "p2p/p2p_op.h"
 
@@ -301,7 +302,7 @@ void P2pEngine::start_recv(std::shared_ptr<Op> op, const std::string& gone) {
   if (!bad.empty()) {
     finish(op, op->error(ErrorKind::kInvalidArgument, bad), u.src);
     if (u.whole) {
-      forget_unexpected(it);
+      unexpected_.erase(it);
     } else {
       u.dropped = true;
     }
@@ -313,13 +314,8 @@ void P2pEngine::start_recv(std::shared_ptr<Op> op, const std::string& gone) {
   }
   if (op->bytes > 0) std::memcpy(op->data, u.data(), op->bytes);
   const int src = u.src;
-  forget_unexpected(it);
-  finish(op, nullptr, src);
-}
-
-void P2pEngine::forget_unexpected(std::unordered_map<uint64_t, Unexpected>::iterator it) {
-  spares_.give(std::move(it->second.buffer));
   unexpected_.erase(it);
+  finish(op, nullptr, src);
 }
 
 char* P2pEngine::begin_message(Peer& peer, const CellHeader& h) {
@@ -347,7 +343,10 @@ char* P2pEngine::begin_message(Peer& peer, const CellHeader& h) {
   Unexpected u;
   u.src = peer.rank;
   u.meta = h;
-  u.buffer = spares_.take(h.total);
+  u.buffer = HostBlock(static_cast<int64_t>(h.total));
+  // A new block's pages fault in as the message is written: huge pages
+  // where the machine allows (a warm one is left as it is).
+  advise_fresh_memory(u.data(), u.buffer.bytes());
   char* data = u.data();
   unexpected_.emplace(msg, std::move(u));
   in.unexpected = msg;
@@ -368,10 +367,10 @@ void P2pEngine::end_message(Peer& peer) {
     if (u.taker) {
       auto op = std::move(u.taker);
       if (op->bytes > 0) std::memcpy(op->data, u.data(), op->bytes);
-      forget_unexpected(it);
+      unexpected_.erase(it);
       finish(op, nullptr, peer.rank);
     } else if (u.dropped) {
-      forget_unexpected(it);
+      unexpected_.erase(it);
     }
   }
   in.unexpected = 0;
@@ -470,7 +469,7 @@ void P2pEngine::fail_peer(Peer& peer, const std::string& why) {
     auto it = unexpected_.find(peer.inbound.unexpected);
     if (it->second.taker) finish(it->second.taker, it->second.taker->error(ErrorKind::kNetwork, why), peer.rank);
     matcher_.cancel_message(peer.inbound.unexpected);
-    forget_unexpected(it);
+    unexpected_.erase(it);
   }
   peer.inbound = Inbound{};
   peer.in_dst = nullptr;

@@ -50,7 +50,6 @@
 #include "node/node_arena.h"
 #include "p2p/matcher.h"
 #include "p2p/shm_ring.h"
-#include "p2p/spare_buffers.h"
 #include "pipeline/completion_pool.h"
 #include "pipeline/op_order.h"
 #include "topology/topology.h"
@@ -249,11 +248,6 @@ class P2pEngine {
   Matcher matcher_;
   std::unordered_map<uint64_t, std::shared_ptr<Op>> posted_;  // receives waiting, by id
   std::unordered_map<uint64_t, Unexpected> unexpected_;
-  // Their buffers, kept warm for the next ones (up to kSpareBytes).
-  static constexpr uint64_t kSpareBytes = 64ull << 20;
-  SpareBuffers spares_{kSpareBytes};
-  // Erases unexpected_[it], its buffer back to spares_.
-  void forget_unexpected(std::unordered_map<uint64_t, Unexpected>::iterator it);
   uint64_t next_message_ = 1;
   Clock::time_point next_check_{};
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/dtype_name.h"
+#include "common/host_blocks.h"
 #include "p2p/p2p_engine.h"
 
 namespace fairring {
@@ -48,8 +49,10 @@ struct P2pEngine::Op {
 struct P2pEngine::Unexpected {
   int src = -1;
   CellHeader meta;
-  SpareBuffers::Buffer buffer;  // from P2pEngine::spares_, given back when it goes
-  char* data() const { return buffer.data.get(); }
+  // Large ones come from the process's block cache (warm when a message of
+  // that size came early before) and go back to it.
+  HostBlock buffer;
+  char* data() const { return buffer.data(); }
   bool whole = false;         // its last byte is in (a message of 0 bytes too)
   std::shared_ptr<Op> taker;  // the receive that matched it before it was whole
   bool dropped = false;       // matched by a receive that did not fit: dropped once whole

@@ -1,5 +1,4 @@
-// Test hooks of the point-to-point matching (p2p/matcher.h; tests/test_p2p_matcher.py) and of the
-// buffers kept for early messages (p2p/spare_buffers.h).
+// Test hook of the point-to-point matching (p2p/matcher.h; tests/test_p2p_matcher.py).
 #include <pybind11/stl.h>
 #include <torch/extension.h>
 
@@ -9,7 +8,6 @@
 #include <vector>
 
 #include "p2p/matcher.h"
-#include "p2p/spare_buffers.h"
 
 namespace py = pybind11;
 
@@ -34,32 +32,6 @@ void register_p2p_hooks(py::module& m) {
         out.push_back(matcher.cancel_message(id) ? std::optional<uint64_t>(id) : std::nullopt);
       } else {
         throw std::invalid_argument("event kind must be post, arrive, cancel or drop, got " + kind);
-      }
-    }
-    return out;
-  });
-  // steps: ("take", slot, bytes) takes a buffer into slot, ("give", slot, 0)
-  // gives it back.  Returns, per step, (which earlier slot's buffer a take
-  // got, or -1 for a new one; its capacity; the bytes kept after the step).
-  m.def("_spare_buffers_for_test", [](uint64_t keep, const std::vector<std::tuple<std::string, int, uint64_t>>& steps) {
-    SpareBuffers spares(keep);
-    std::vector<SpareBuffers::Buffer> slots(64);
-    std::vector<const char*> first(64, nullptr);  // the pointer each slot first held
-    std::vector<std::tuple<int, uint64_t, uint64_t>> out;
-    for (const auto& [kind, slot, bytes] : steps) {
-      if (kind == "take") {
-        slots.at(slot) = spares.take(bytes);
-        int from = -1;
-        for (int s = 0; s < 64; ++s) {
-          if (s != slot && first[s] == slots[slot].data.get()) from = s;
-        }
-        if (!first[slot]) first[slot] = slots[slot].data.get();
-        out.emplace_back(from, slots[slot].capacity, spares.held());
-      } else if (kind == "give") {
-        spares.give(std::move(slots.at(slot)));
-        out.emplace_back(-1, 0, spares.held());
-      } else {
-        throw std::invalid_argument("step kind must be take or give, got " + kind);
       }
     }
     return out;
