@@ -4,7 +4,7 @@
 // The checks a user's tensors must pass live here, once.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <functional>
 #include <vector>

@@ -1,5 +1,6 @@
 #include "backend/stand_in.h"
 
+#include <ATen/ops/empty.h>
 #include <c10/core/Storage.h>
 
 namespace fairring {

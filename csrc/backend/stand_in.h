@@ -6,7 +6,7 @@
 // list").  Small ones and device tensors: at::empty.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "common/host_blocks.h"
 

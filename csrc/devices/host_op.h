@@ -1,7 +1,7 @@
 // One collective of CPU tensors as the host engine sees it.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <exception>
 #include <functional>

@@ -1,6 +1,6 @@
 #include "pipeline/op_order.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 namespace fairring {
 

@@ -2,7 +2,7 @@
 // its op from it (allreduce/op.h, allreduce/cuda_engine.h).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 
 #include <cstdint>

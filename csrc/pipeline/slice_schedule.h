@@ -20,7 +20,7 @@
 // (tensor_at, block_at, staged_at, divisor...).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <chrono>
 #include <cstdint>

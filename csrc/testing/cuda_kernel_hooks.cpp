@@ -3,7 +3,7 @@
 // fairring_py._C._built_with_cuda().  Compiled in every build; without CUDA
 // the test hooks raise.
 
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <optional>
 #include <string>
@@ -15,6 +15,7 @@
 
 #ifdef FAIRRING_WITH_CUDA
 #include <ATen/MemoryOverlap.h>
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 

@@ -1,7 +1,8 @@
 // Test hooks of what users read when something fails: the engine's Error as
 // each kind reaches Python, and each collective's words in messages
 // (tests/test_error_kinds.py).
-#include <torch/extension.h>
+#include <c10/core/ScalarType.h>
+#include <pybind11/pybind11.h>
 
 #include <string>
 

@@ -9,7 +9,7 @@
 // (fence_failed_op).  Returns whether HeldOps let the op go before its
 // queued writes into its memory had run.
 #include <pybind11/stl.h>
-#include <torch/extension.h>
+#include <pybind11/pybind11.h>
 
 #include <atomic>
 #include <chrono>

@@ -1,8 +1,10 @@
 // Python test hooks for the CPU reduction kernels (fairring_py._C._reduce_*).
 
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <ATen/MemoryOverlap.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 
 #include <algorithm>
 #include <cctype>

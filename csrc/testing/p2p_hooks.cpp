@@ -1,6 +1,6 @@
 // Test hook of the point-to-point matching (p2p/matcher.h; tests/test_p2p_matcher.py).
 #include <pybind11/stl.h>
-#include <torch/extension.h>
+#include <pybind11/pybind11.h>
 
 #include <optional>
 #include <string>

@@ -1,7 +1,7 @@
 // Test hooks of the pure planning: slices, chunks and shards, the rail walk,
 // each collective's script (tests/test_plan_topology.py, test_rail_walk.py).
 #include <pybind11/stl.h>
-#include <torch/extension.h>
+#include <pybind11/pybind11.h>
 
 #include <string>
 #include <vector>
