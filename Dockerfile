@@ -18,7 +18,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     TORCH_CUDA_ARCH_LIST="8.0;9.0;10.0;12.0+PTX"
 
 WORKDIR /workspace/fairring
-RUN python -m pip install pybind11 ninja pytest expecttest numpy
+RUN python -m pip install pybind11 ninja pytest pytest-xdist expecttest numpy
 
 COPY . .
 # Drop build outputs that may have come from the host checkout, then build
@@ -27,4 +27,4 @@ RUN rm -rf build *.egg-info fairring_py/_C*.so \
  && python -m pip install --no-build-isolation -e . \
  && python -c "import torch, fairring_py; print('fairring', fairring_py.__version__, 'torch', torch.__version__, 'cuda', torch.version.cuda)"
 
-CMD ["python", "-m", "pytest", "-q", "tests"]
+CMD ["python", "-m", "pytest", "-q", "-n", "2", "tests"]

@@ -98,6 +98,20 @@ def list_shm(prefix: str = "fairring-") -> set:
         return set()
 
 
+def shm_left_behind(new: set, tries: int = 4, pause_s: float = 2.0) -> set:
+    """Of the fairring-* files ``new`` that appeared during a job, those still
+    there after ``tries`` looks ``pause_s`` apart.  Other jobs (the suite runs
+    tests in parallel) create segments too, each for the moment between
+    creating and unlinking it; only a file that stays is the job's leak."""
+    left = set(new)
+    for _ in range(tries):
+        if not left:
+            break
+        time.sleep(pause_s)
+        left &= list_shm()
+    return left
+
+
 def own_shm_mappings(prefix: str = "/dev/shm/fairring-") -> list:
     """Lines of /proc/self/maps that map a fairring shared-memory segment, as
     (name, deleted) pairs, deduplicated."""

@@ -134,10 +134,7 @@ def test_shared_memory_hygiene(topo):
     names = {n for v in per_rank for n in v["names"]}
     leftover = [n for n in names if n in after]
     assert not leftover, f"{topo}: segments mapped by the job still in /dev/shm after it ended: {leftover}"
-    new = sorted(after - before)
-    if new:  # other jobs may run concurrently on this machine: re-check
-        time.sleep(2)
-        new = sorted(launch.list_shm() & set(new))
+    new = sorted(launch.shm_left_behind(after - before))
     assert not new, f"{topo}: fairring-* files appeared in /dev/shm during the job and remain: {new}"
 
 

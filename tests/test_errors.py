@@ -173,12 +173,9 @@ def _dead_rank_named(nodes, culprit, how, env=None):
     left = sorted(n for n in names if n in launch.list_shm())
     if left:
         problems.append(f"segments of the job left in /dev/shm after a rank crashed: {left}")
-    new = launch.list_shm() - shm_before
+    new = launch.shm_left_behind(launch.list_shm() - shm_before)
     if new:
-        time.sleep(2)
-        new &= launch.list_shm()
-        if new:
-            problems.append(f"fairring-* files created during the job remain in /dev/shm: {sorted(new)}")
+        problems.append(f"fairring-* files created during the job remain in /dev/shm: {sorted(new)}")
     assert not problems, "\n".join(problems) + "\n" + launch.describe_all(res)
 
 
