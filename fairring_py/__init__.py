@@ -49,7 +49,11 @@ def _create_backend(dist_opts, pg_options):
         raise
     if getattr(dist_opts, "enable_reconfigure", False):
         return _reconfigurable(store, rank, size, timeout, resolved)
-    return _build(store, rank, size, timeout, resolved)
+    backend = _build(store, rank, size, timeout, resolved)
+    ranks = list(getattr(dist_opts, "global_ranks_in_group", None) or [])
+    if len(ranks) == size:
+        backend._set_global_ranks(ranks)
+    return backend
 
 
 def _reconfigurable(store, rank, size, timeout, resolved):

@@ -143,7 +143,10 @@ void advise_fresh(const PipelineOp& op) {
 
 FairringBackend::FairringBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const Config& config,
                                  const std::string& node_key, c10::intrusive_ptr<c10d::Backend> fallback)
-    : c10d::Backend(rank, size), config_(config), fallback_(std::move(fallback)) {
+    : c10d::Backend(rank, size),
+      config_(config),
+      fallback_(std::move(fallback)),
+      fr_(std::make_shared<FlightRecord>(rank, size)) {
   // Every rank ends group creation the same way: built, or failed with the
   // first rank's cause (a rank that fails tells the others through the store).
   auto init = c10::make_intrusive<InitStore>(store, rank, size, config.timeout);
@@ -471,24 +474,35 @@ std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind,
   op.number = seq_++;
   const uint64_t number = op.number;
   auto handle = recent->start(op.number, kind, suffix, op.key(), bytes);
+  // torch's flight recorder: what the op reads and writes, as the pipeline has it.
+  auto fr = fr_;
+  const auto fr_id =
+      fr->issued(getGroupUid(), getGroupDesc(), kind, "", /*p2p=*/false,
+                 op.input_blocks.empty() ? std::vector<at::Tensor>{op.buffer} : op.input_blocks,
+                 !op.output_blocks.empty() ? op.output_blocks
+                                           : std::vector<at::Tensor>{op.output.defined() ? op.output : op.buffer},
+                 config_.timeout);
   const int rank = getRank();
   FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s%s of %s: issued", static_cast<unsigned long long>(handle.seq), kind, suffix,
                   describe_args(op.key()).c_str());
-  return
-      [recent, hooks, ephemeral, number, handle, rank, kind, suffix, done = std::move(done)](std::exception_ptr error) {
-        ephemeral->op_ended(number);
-        const std::string why = error ? error_of(error).what() : "";
-        recent->finish(handle, why);
-        FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s%s: %s", static_cast<unsigned long long>(handle.seq), kind, suffix,
-                        error ? ("failed: " + why).c_str() : "done");
-        // The group's first failure: what led up to it, for the post-mortem.
-        if (error && recent->first_failure()) {
-          FAIRRING_LOG(rank, "collective #%llu failed; this group's last collectives:\n%s",
-                       static_cast<unsigned long long>(handle.seq), recent->format().c_str());
-          hooks->run_once(rank);
-        }
-        done(error);
-      };
+  return [recent, hooks, ephemeral, fr, fr_id, number, handle, rank, kind, suffix,
+          done = std::move(done)](std::exception_ptr error) {
+    ephemeral->op_ended(number);
+    const std::string why = error ? error_of(error).what() : "";
+    recent->finish(handle, why);
+    fr->ended(fr_id);
+    FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s%s: %s", static_cast<unsigned long long>(handle.seq), kind, suffix,
+                    error ? ("failed: " + why).c_str() : "done");
+    // The group's first failure: what led up to it, for the post-mortem.
+    if (error && recent->first_failure()) {
+      FAIRRING_LOG(rank, "collective #%llu failed; this group's last collectives:\n%s",
+                   static_cast<unsigned long long>(handle.seq), recent->format().c_str());
+      const std::string dumped = fr->dump_after_failure();
+      if (!dumped.empty()) FAIRRING_LOG(rank, "torch's flight recorder dumped to %s", dumped.c_str());
+      hooks->run_once(rank);
+    }
+    done(error);
+  };
 }
 
 std::string FairringBackend::listen_address() const { return engine_->listen_address(); }
@@ -1239,16 +1253,23 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const a
   auto recent = recent_;
   if (ephemeral_->changed()) apply_timeout();
   auto handle = recent->start(seq_++, kind, what, t.numel() * t.element_size());
+  auto fr = fr_;
+  // As NCCL names them: "send 0->1", "recv 1<-0" (ranks of this group).
+  const std::string route =
+      is_send ? std::to_string(getRank()) + "->" + std::to_string(peer)
+              : std::to_string(getRank()) + "<-" + (peer == kAnySource ? std::string("any") : std::to_string(peer));
+  const auto fr_id = fr->issued(getGroupUid(), getGroupDesc(), is_send ? "send" : "recv", route, /*p2p=*/true, {t}, {t},
+                                config_.timeout);
   CompletionPool* pool = &p2p_->completions();
   // A receive into device memory lands off the engine's threads (the copy
   // waits for the caller's stream); until then it is remembered like a
   // delegated op, so that later ops on the tensor wait for it.
   if (device && !is_send) remember_delegated(work, fp, /*p2p=*/true);
-  auto done = [work, recent, handle, pool, is_send, device, land = std::move(land), buffer](
+  auto done = [work, recent, handle, fr, fr_id, pool, is_send, device, land = std::move(land), buffer](
                   std::exception_ptr error, int from, bool on_caller) mutable {
     if (!is_send) work->set_source_rank(from);
-    auto finish = [work, recent, handle, pool, land = std::move(land), buffer](std::exception_ptr error,
-                                                                               bool on_caller) {
+    auto finish = [work, recent, handle, fr, fr_id, pool, land = std::move(land), buffer](std::exception_ptr error,
+                                                                                          bool on_caller) {
       if (!error && land) {
         try {
           land(buffer);
@@ -1256,6 +1277,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const a
           error = std::make_exception_ptr(error_of(e));
         }
       }
+      fr->ended(fr_id);
       settle_p2p_work(work, *recent, handle, *pool, error, on_caller);
     };
     if (device && !error && !is_send) {

@@ -20,6 +20,7 @@
 
 #include "backend/abort_hooks.h"
 #include "backend/ephemeral_timeouts.h"
+#include "backend/flight_recorder.h"
 #include "backend/recent_ops.h"
 #include "backend/work.h"
 #include "common/config.h"
@@ -165,6 +166,8 @@ class FairringBackend : public c10d::Backend {
 
   const Topology& topology() const { return topo_; }
   const RecentOps& recent_ops() const { return *recent_; }
+  // The group's ranks in the default group, for torch's flight recorder.
+  void set_global_ranks(std::vector<uint64_t> ranks) { fr_->set_global_ranks(std::move(ranks)); }
   // How many collectives recent_ops() keeps: enough to see the pattern
   // that led to a failure (a bucket cycle of DDP), small enough to print.
   static constexpr size_t kRecentOps = 64;
@@ -290,6 +293,8 @@ class FairringBackend : public c10d::Backend {
   std::atomic<uint64_t> seq_{0};
   // The last collectives, for post-mortems (dumped on the first failure).
   std::shared_ptr<RecentOps> recent_ = std::make_shared<RecentOps>(kRecentOps);
+  // Its ops in torch's flight recorder (_dump_fr_trace, fr_trace).
+  std::shared_ptr<FlightRecord> fr_;
   std::shared_ptr<AbortHooks> abort_hooks_ = std::make_shared<AbortHooks>();
   std::shared_ptr<EphemeralTimeouts> ephemeral_ = std::make_shared<EphemeralTimeouts>();
   // Gives the engines config_.timeout plus the live ephemeral extensions.

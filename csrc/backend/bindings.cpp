@@ -1,7 +1,7 @@
 // The Python module fairring_py._C.
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 #include <torch/version.h>
 
 #include <c10/util/Logging.h>
@@ -125,6 +125,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   bounds["reduction_servers"] = py::make_tuple(0, limits::kMaxReductionServers);
   m.attr("LIMITS") = bounds;
 
+  m.def(
+      "_flight_recorder",
+      [] {
+        py::dict d;
+        d["on"] = FlightRecord::on();
+        d["problem"] = FlightRecord::problem();
+        return d;
+      },
+      "Whether Fairring's ops go into torch's flight recorder, and if not why");
+  m.def("_dump_flight_recorder", &FlightRecord::dump_to_file, py::arg("rank"), py::arg("stack_traces") = true,
+        "torch's flight-recorder dump into $TORCH_FR_DUMP_TEMP_FILE<rank>; returns the file ('' when off)",
+        py::call_guard<py::gil_scoped_release>());
+
   py::class_<FairringBackend, c10d::Backend, c10::intrusive_ptr<FairringBackend>>(m, "FairringBackend")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const Config& config,
                        const std::string& node_key, const c10::intrusive_ptr<c10d::Backend>& fallback) {
@@ -162,6 +175,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(
           "format_recent_ops", [](const FairringBackend& b) { return b.recent_ops().format(); },
           "recent_ops() as text, one line per collective, as logged at the group's first failure")
+      .def("_set_global_ranks", &FairringBackend::set_global_ranks, py::arg("ranks"),
+           "The group's ranks in the default group (torch's flight recorder names them in its dumps)",
+           py::call_guard<py::gil_scoped_release>())
       .def(
           "_set_child_factory",
           [](FairringBackend& b, py::function make) { b.set_child_factory(wrap_factory(std::move(make))); },

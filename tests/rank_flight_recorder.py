@@ -1,0 +1,62 @@
+"""Rank bodies of test_flight_recorder.py: Fairring's ops in torch's flight
+recorder, and desynchronised programs whose dumps torch's analyzer reads."""
+from __future__ import annotations
+
+import os
+import pickle
+
+import torch
+import torch.distributed as dist
+
+KEYS = ("pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "op_id", "profiling_name", "input_sizes",
+        "input_dtypes", "output_sizes", "output_dtypes", "state", "is_p2p", "retired", "timeout_ms")
+
+
+def records(rank, world_size):
+    """One op of each kind; then this rank's view of torch's recorder."""
+    t = torch.full((5,), float(rank))
+    dist.all_reduce(t)
+    gathered = torch.empty(5 * world_size)
+    dist.all_gather_into_tensor(gathered, t)
+    part = torch.empty(2, dtype=torch.float64)
+    dist.reduce_scatter_tensor(part, torch.ones(2 * world_size, dtype=torch.float64))
+    dist.broadcast(t, 0)
+    if rank == 0:
+        dist.send(t, 1)
+    elif rank == 1:
+        dist.recv(t, 0)
+    # A group of global ranks 1 and 2: its entries are named by its own
+    # name, its ranks in the dump by their global numbers.
+    sub = dist.new_group([1, 2])
+    if rank in (1, 2):
+        dist.all_reduce(torch.ones(3, dtype=torch.int32), group=sub)
+    dist.barrier()
+    dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
+    return {
+        "entries": [{k: e.get(k) for k in KEYS} for e in dump["entries"]],
+        "pg_config": dump["pg_config"],
+        "sub_name": sub.group_name if rank in (1, 2) else None,
+        "recorder": __import__("fairring_py")._C._flight_recorder(),
+    }
+
+
+def desync(rank, world_size, how, culprit, folder):
+    """Two agreed all-reduces, then `culprit` differs from the others in the
+    third op: `how` is size, dtype or skip (it goes on to a broadcast)."""
+    t = torch.ones(10)
+    dist.all_reduce(t)
+    dist.all_reduce(t)
+    error = None
+    try:
+        if rank != culprit:
+            dist.all_reduce(torch.ones(10))
+        elif how == "size":
+            dist.all_reduce(torch.ones(7))
+        elif how == "dtype":
+            dist.all_reduce(torch.ones(10, dtype=torch.float64))
+        else:
+            dist.broadcast(torch.ones(10), 0)
+        dist.all_reduce(t)
+    except Exception as e:  # noqa: BLE001  (the desync's failure is expected)
+        error = f"{type(e).__name__}: {e}"
+    return {"error": error, "dumped": os.path.exists(os.path.join(folder, f"rank_{rank}"))}

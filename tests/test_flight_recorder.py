@@ -1,0 +1,86 @@
+"""Fairring's ops in torch's flight recorder: every op recorded as gloo and
+NCCL record theirs (names, sequence ids, sizes, dtypes, states, the group's
+ranks), dumped by every rank when its group fails
+(TORCH_FR_DUMP_ON_TIMEOUT=1), and torch's analyzer, run on those dumps
+through fairring_py.fr_trace, names the collective and the rank that broke
+step."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import launch
+import rank_flight_recorder as rfr
+from fairring_py import fr_trace
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_every_op_is_recorded_in_torchs_flight_recorder():
+    res = launch.run_ranks(rfr.records, ["a", "a", "a"], timeout_s=120, pg_timeout_s=60)
+    for r in res:
+        v = r.value
+        assert v["recorder"] == {"on": True, "problem": ""}, v["recorder"]
+        default = [e for e in v["entries"] if e["process_group"][0] == "0"]
+        names = [e["profiling_name"] for e in default]
+        expected = ["fairring:all_reduce", "fairring:all_gather", "fairring:reduce_scatter", "fairring:broadcast"]
+        expected += {0: ["fairring:send 0->1"], 1: ["fairring:recv 1<-0"], 2: []}[r.rank]
+        expected += ["fairring:barrier"]
+        assert names == expected, f"rank {r.rank}: {names}"
+        # Collectives and point-to-point ops numbered apart, as the analyzer matches them.
+        assert [e["collective_seq_id"] for e in default if not e["is_p2p"]] == [1, 2, 3, 4, 5], default
+        assert [e["p2p_seq_id"] for e in default if e["is_p2p"]] == ([1] if r.rank < 2 else [])
+        ar, ag, rs = default[0], default[1], default[2]
+        assert ar["input_sizes"] == [[5]] and ar["output_sizes"] == [[5]] and ar["input_dtypes"] == ["Float"], ar
+        assert ag["input_sizes"] == [[5]] and ag["output_sizes"] == [[15]], ag
+        assert rs["input_sizes"] == [[6]] and rs["output_sizes"] == [[2]] and rs["output_dtypes"] == ["Double"], rs
+        for e in default:
+            assert e["state"] == "completed" and e["retired"], e
+            assert e["timeout_ms"] == 60000, e
+        assert v["pg_config"]["0"]["ranks"] == "[0, 1, 2]", v["pg_config"]
+        if r.rank in (1, 2):
+            sub = [e for e in v["entries"] if e["process_group"][0] == v["sub_name"]]
+            assert [(e["profiling_name"], e["input_dtypes"], e["collective_seq_id"]) for e in sub] == [
+                ("fairring:all_reduce", ["Int"], 1)
+            ], sub
+            assert v["pg_config"][v["sub_name"]]["ranks"] == "[1, 2]", v["pg_config"]
+
+
+DESYNCS = {
+    # (nodes, how the culprit differs, the culprit, what the analyzer says).
+    # A skipped collective is a type mismatch; which side the analyzer calls
+    # the culprit then depends on the dump it reads first, so only the op's
+    # two types are checked.
+    "1x3-size": (["a", "a", "a"], "size", 1,
+                 ["Culprit rank 1", "Expected input sizes: '[[10]]' does not match found input sizes: '[[7]]'"]),
+    "2x2-dtype": (["a", "a", "b", "b"], "dtype", 2, ["Culprit rank 2", "COLLECTIVE_DTYPE_MISMATCH", "Double"]),
+    "2x2-skip": (["a", "a", "b", "b"], "skip", 3, ["COLLECTIVE_TYPE_MISMATCH", "'broadcast'", "'all_reduce'"]),
+}
+
+
+@pytest.mark.parametrize("case", list(DESYNCS))
+def test_torchs_analyzer_names_the_rank_out_of_step(case, tmp_path):
+    nodes, how, culprit, words = DESYNCS[case]
+    folder = str(tmp_path / "dumps")
+    os.makedirs(folder)
+    env = {"TORCH_FR_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": os.path.join(folder, "rank_")}
+    res = launch.run_ranks(rfr.desync, nodes, args=(how, culprit, folder), timeout_s=120, pg_timeout_s=30, env=env)
+    for r in res:
+        assert r.value["error"] and "mismatch" in r.value["error"], f"rank {r.rank}: {r.value}"
+        assert r.value["dumped"], f"rank {r.rank} left no dump in {folder}: {os.listdir(folder)}"
+    p = subprocess.run([sys.executable, "-m", "fairring_py.fr_trace", folder, "-p", "rank_"], cwd=ROOT,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout
+    assert "Collective sequence number: 3 has errors" in p.stdout, p.stdout
+    for w in words:
+        assert w in p.stdout, f"{w!r} not in:\n{p.stdout}"
+
+
+def test_names_are_translated_for_the_analyzer_and_nothing_else():
+    assert fr_trace.translate_entry_name("fairring:all_reduce") == "gloo:all_reduce"
+    assert fr_trace.translate_entry_name("fairring:send 0->1") == "gloo:send 0->1"
+    assert fr_trace.translate_entry_name("fairring:all_reduce_coalesced") == "gloo:allreduce_coalesced"
+    assert fr_trace.translate_entry_name("nccl:broadcast") == "nccl:broadcast"
