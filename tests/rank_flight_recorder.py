@@ -44,10 +44,12 @@ def desync(rank, world_size, how, culprit, folder):
     """Two agreed all-reduces, then `culprit` differs from the others in the
     third op: `how` is size, dtype or skip (it goes on to a broadcast)."""
     t = torch.ones(10)
-    dist.all_reduce(t)
-    dist.all_reduce(t)
     error = None
     try:
+        # A rank that is through these may still see them fail: the group
+        # fails every op in flight when one rank finds the mismatch.
+        dist.all_reduce(t)
+        dist.all_reduce(t)
         if rank != culprit:
             dist.all_reduce(torch.ones(10))
         elif how == "size":

@@ -7,6 +7,7 @@ step."""
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 
@@ -71,6 +72,10 @@ def test_torchs_analyzer_names_the_rank_out_of_step(case, tmp_path):
     for r in res:
         assert r.value["error"] and "mismatch" in r.value["error"], f"rank {r.rank}: {r.value}"
         assert r.value["dumped"], f"rank {r.rank} left no dump in {folder}: {os.listdir(folder)}"
+        with open(os.path.join(folder, f"rank_{r.rank}"), "rb") as f:
+            third = [e for e in pickle.load(f)["entries"] if e["collective_seq_id"] == 3]
+        # The failed op: retired, not completed (as torch's recorders leave an op that timed out).
+        assert third and third[0]["retired"] and third[0]["state"] != "completed", third
     p = subprocess.run([sys.executable, "-m", "fairring_py.fr_trace", folder, "-p", "rank_"], cwd=ROOT,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
     assert p.returncode == 0, p.stdout

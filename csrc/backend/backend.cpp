@@ -490,7 +490,7 @@ std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind,
     ephemeral->op_ended(number);
     const std::string why = error ? error_of(error).what() : "";
     recent->finish(handle, why);
-    fr->ended(fr_id);
+    fr->ended(fr_id, !error);
     FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s%s: %s", static_cast<unsigned long long>(handle.seq), kind, suffix,
                     error ? ("failed: " + why).c_str() : "done");
     // The group's first failure: what led up to it, for the post-mortem.
@@ -1277,7 +1277,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const a
           error = std::make_exception_ptr(error_of(e));
         }
       }
-      fr->ended(fr_id);
+      fr->ended(fr_id, !error);
       settle_p2p_work(work, *recent, handle, *pool, error, on_caller);
     };
     if (device && !error && !is_send) {

@@ -186,9 +186,9 @@ std::pair<size_t, size_t> record_entry(R& r, size_t pg_id, const std::tuple<std:
 }
 
 // The entry of `id` (recorded in `epoch`), if the ring has not gone round
-// past it: completed now, and retired.
+// past it: retired, and completed now if `ok`.
 template <typename R>
-void retire_entry(R& r, size_t id, size_t epoch) {
+void retire_entry(R& r, size_t id, size_t epoch, bool ok) {
   std::lock_guard<std::mutex> lock(r.mutex_);
   size_t start = 0;
   if constexpr (requires { r.reset_epoch_start_idx_; }) {
@@ -205,8 +205,10 @@ void retire_entry(R& r, size_t id, size_t epoch) {
   }
   const auto now = c10::getTime();
   if (!e.time_discovered_started_) e.time_discovered_started_ = e.time_created_;
-  e.time_discovered_completed_ = now;
-  e.duration_ = static_cast<float>(now - e.time_created_) / 1e6f;
+  if (ok) {
+    e.time_discovered_completed_ = now;
+    e.duration_ = static_cast<float>(now - e.time_created_) / 1e6f;
+  }
   e.retired_ = true;
 }
 
@@ -278,15 +280,15 @@ FlightRecord::Id FlightRecord::issued(const std::string& uid, const std::string&
   return out;
 }
 
-void FlightRecord::ended(const Id& id) {
+void FlightRecord::ended(const Id& id, bool ok) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (id.seq > status_->lastCompletedSeq) {
+    if (ok && id.seq > status_->lastCompletedSeq) {
       status_->lastCompletedSeq = id.seq;
       status_->lastCompletedWorkName = id.name;
     }
   }
-  if (Recorder* r = located().recorder; r != nullptr && id.id) retire_entry(*r, *id.id, id.epoch);
+  if (Recorder* r = located().recorder; r != nullptr && id.id) retire_entry(*r, *id.id, id.epoch, ok);
 }
 
 std::string FlightRecord::dump_to_file(int global_rank, bool stack_traces) {

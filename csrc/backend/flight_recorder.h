@@ -56,8 +56,9 @@ class FlightRecord {
   Id issued(const std::string& uid, const std::string& desc, const char* name, const std::string& detail, bool p2p,
             const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
             std::chrono::milliseconds timeout);
-  // The op ended (done or failed).
-  void ended(const Id& id);
+  // The op ended: done (`ok`: completed, retired), or failed (retired but
+  // not completed, as torch's recorders leave an op that timed out).
+  void ended(const Id& id, bool ok);
 
   // Whether entries are recorded; otherwise problem() says why.
   static bool on();
