@@ -1,7 +1,8 @@
 // FairringBackend: the c10d::Backend that torch.distributed talks to.  It runs
 // all-reduce, reduce-scatter, all-gather, broadcast, reduce, gather,
-// scatter, all-to-all (equal blocks) and barrier itself (pipeline/, devices/host_engine.h; CUDA:
-// all-reduce), send and receive (p2p/), and hands every other
+// scatter, all-to-all and barrier itself (pipeline/: CPU tensors on
+// devices/host_engine.h, CUDA tensors on devices/cuda_engine.h), send and
+// receive (p2p/), and hands every other
 // collective to a gloo backend it owns, after the ops issued before it that
 // touch its memory have finished.
 #pragma once

@@ -1,5 +1,5 @@
 // The backend's device side: native collectives of CUDA tensors go to the
-// CUDA engine (allreduce/cuda_engine.h); anything else, or any device tensor
+// CUDA engine (devices/cuda_engine.h); anything else, or any device tensor
 // in a build without CUDA, is a clear error (all_reduce) or goes to gloo
 // (the others: see device_native).
 

@@ -11,11 +11,10 @@
 namespace fairring {
 
 // The collective an op is, compared between ranks (slot and wire headers).
-// kBarrier travels as an all-reduce of one byte and kBroadcast as a bitwise
-// OR of the root's bytes with everyone else's zeros, but each is its own kind
-// so that it is reported as the mismatch it is against an all-reduce.
+// kBarrier runs the all-reduce's script on one byte, but is its own kind so
+// that it is reported as the mismatch it is against an all-reduce.
 // kReduceScatter and kAllGather move one block of `numel` elements per rank
-// (plan.h: "blockwise"), each with its own phase list.
+// (plan.h: "blockwise"); each kind has its own script (collectives/).
 // kReduce is an all-reduce whose result only the root keeps.
 enum class Collective : int32_t {
   kAllReduce = 1,

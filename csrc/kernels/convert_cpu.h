@@ -1,5 +1,5 @@
 // Conversions between the input dtype and a 16-bit wire format, for
-// compressed rails (allreduce/wire_codec).  Vectorised, chosen at run time
+// compressed rails (rails/wire_codec).  Vectorised, chosen at run time
 // with the reduction kernels' instruction set (reduce_cpu_isa); every variant
 // gives the same bits.
 #pragma once

@@ -1,5 +1,5 @@
 // The compressed rail message (kernels/wire_format.h) on a CUDA device, for
-// the NCCL rail (allreduce/cuda_rails.*): the same bytes as WireCodec's
+// the NCCL rail (rails/cuda_rails.*): the same bytes as WireCodec's
 // encode / decode on the host (the same prefix, the same element bits as
 // narrow_cpu / widen_cpu).  Everything is enqueued on `stream`; nothing
 // waits on the host.  Only declared when the extension is built with CUDA

@@ -1,4 +1,4 @@
-// The wire conversions of compressed rails (allreduce/wire_codec): float32 /
+// The wire conversions of compressed rails (rails/wire_codec): float32 /
 // float64 <-> bfloat16 / float16, with a power-of-two scale for float16.
 //
 // NOT a normal header, like reduce_impl.h: a translation unit includes it

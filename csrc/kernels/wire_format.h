@@ -1,5 +1,5 @@
 // The format of a compressed rail message (option wire_dtype), shared by the
-// host codec (allreduce/wire_codec.*, CPU kernels) and the CUDA one
+// host codec (rails/wire_codec.*, CPU kernels) and the CUDA one
 // (kernels/convert_cuda.*), so that both write and read the same bytes:
 //
 //   [uint32 tag][int32 scale exponent e][count x uint16 elements]

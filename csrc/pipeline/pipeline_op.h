@@ -1,5 +1,5 @@
 // One collective as the pipeline core sees it; each device's engine derives
-// its op from it (allreduce/op.h, allreduce/cuda_engine.h).
+// its op from it (devices/host_op.h, devices/cuda_engine.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,6 +1,6 @@
 // A non-blocking TCP connection carrying framed messages: queued sends, and
 // queued receives whose destination is chosen when the header arrives.  The
-// owner drives it from its poll loop (see allreduce/rail_stage).
+// owner drives it from its poll loop (see rails/rail_stage).
 #pragma once
 
 #include <cstdint>
