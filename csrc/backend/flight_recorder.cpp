@@ -263,8 +263,12 @@ FlightRecord::Id FlightRecord::issued(const std::string& uid, const std::string&
   } else {
     ++collective_seq_;
   }
-  status_->lastEnqueuedSeq = out.seq;
-  status_->lastEnqueuedWorkName = name;
+  {
+    // torch's dump reads the status under the recorder's lock.
+    auto guard = r != nullptr ? std::unique_lock<std::mutex>(r->mutex_) : std::unique_lock<std::mutex>();
+    status_->lastEnqueuedSeq = out.seq;
+    status_->lastEnqueuedWorkName = name;
+  }
   if (r == nullptr) return out;
   const auto pg_name = std::make_tuple(uid, desc);
   if (!ranks_recorded_ || uid != recorded_uid_) {
@@ -281,14 +285,16 @@ FlightRecord::Id FlightRecord::issued(const std::string& uid, const std::string&
 }
 
 void FlightRecord::ended(const Id& id, bool ok) {
-  {
+  Recorder* r = located().recorder;
+  if (ok) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (ok && id.seq > status_->lastCompletedSeq) {
+    auto guard = r != nullptr ? std::unique_lock<std::mutex>(r->mutex_) : std::unique_lock<std::mutex>();
+    if (id.seq > status_->lastCompletedSeq) {
       status_->lastCompletedSeq = id.seq;
       status_->lastCompletedWorkName = id.name;
     }
   }
-  if (Recorder* r = located().recorder; r != nullptr && id.id) retire_entry(*r, *id.id, id.epoch, ok);
+  if (r != nullptr && id.id) retire_entry(*r, *id.id, id.epoch, ok);
 }
 
 std::string FlightRecord::dump_to_file(int global_rank, bool stack_traces) {
