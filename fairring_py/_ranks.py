@@ -14,6 +14,7 @@ and how a rank's failure is reported, stays with the callers.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -30,9 +31,41 @@ PLACE_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_AD
               "FAIRRING_NODE_ID")
 
 
+def _ephemeral_ports() -> Tuple[int, int]:
+    """The kernel's range for the ports it picks itself (bind to 0, connect)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on now.  Someone else may take it before the
-    rendezvous binds it (the tests retry a run once when that happens)."""
+    """A TCP port nothing listens on now, at random below the kernel's
+    ephemeral range: the ports the kernel hands out (every listener bound to
+    port 0, every outgoing connection, of this job and of any other) never
+    take it before the rendezvous binds it, as they could a port the kernel
+    picked; only another caller of this could, one chance in thousands (the
+    tests retry a run once when that happens)."""
+    lo, _ = _ephemeral_ports()
+    first = 10000
+    if lo - first >= 1000:
+        pick = random.SystemRandom()
+        for _ in range(64):
+            port = pick.randrange(first, lo)
+            if _bindable(host, port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind((host, 0))

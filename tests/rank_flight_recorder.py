@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 
 import torch
 import torch.distributed as dist
@@ -50,6 +51,9 @@ def desync(rank, world_size, how, culprit, folder):
         # fails every op in flight when one rank finds the mismatch.
         dist.all_reduce(t)
         dist.all_reduce(t)
+        # Every rank through both before the desync, so that every rank's
+        # dump holds the third op (a rank a mismatch fails earlier dumps then).
+        time.sleep(0.5)
         if rank != culprit:
             dist.all_reduce(torch.ones(10))
         elif how == "size":
