@@ -41,14 +41,16 @@ def _ephemeral_ports() -> Tuple[int, int]:
         return 32768, 60999
 
 
-def _bindable(host: str, port: int) -> bool:
+def _bind(host: str, port: int) -> Optional[int]:
+    """The port a socket bound to ``port`` got (0: the kernel's pick), or None
+    if it could not bind; the socket is closed again."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
-            return False
-        return True
+            return None
+        return s.getsockname()[1]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -63,13 +65,13 @@ def free_port(host: str = "127.0.0.1") -> int:
     if lo - first >= 1000:
         pick = random.SystemRandom()
         for _ in range(64):
-            port = pick.randrange(first, lo)
-            if _bindable(host, port):
+            port = _bind(host, pick.randrange(first, lo))
+            if port is not None:
                 return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    port = _bind(host, 0)
+    if port is None:
+        raise OSError(f"no TCP port to bind on {host}")
+    return port
 
 
 def rank_env(rank: int, world: int, node_id, ranks_per_node: Optional[int] = None,

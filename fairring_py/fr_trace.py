@@ -24,6 +24,7 @@ import sys
 import tempfile
 from typing import List
 
+USAGE = "usage: python -m fairring_py.fr_trace DIR [options of torch's fr_trace]"
 PREFIX = "fairring:"
 READ_AS = "gloo:"
 # Fairring's name -> the analyzer's, where they differ.
@@ -61,7 +62,7 @@ def translate_dir(src: str, dst: str) -> List[str]:
 
 def main(argv: List[str]) -> int:
     if not argv or argv[0].startswith("-"):
-        print(__doc__.strip().splitlines()[2], file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     src, rest = argv[0], argv[1:]
     if not os.path.isdir(src):

@@ -6,6 +6,7 @@ through fairring_py.fr_trace, names the collective and the rank that broke
 step."""
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -89,3 +90,25 @@ def test_names_are_translated_for_the_analyzer_and_nothing_else():
     assert fr_trace.translate_entry_name("fairring:send 0->1") == "gloo:send 0->1"
     assert fr_trace.translate_entry_name("fairring:all_reduce_coalesced") == "gloo:allreduce_coalesced"
     assert fr_trace.translate_entry_name("nccl:broadcast") == "nccl:broadcast"
+
+
+def test_fr_trace_says_how_to_call_it(tmp_path, capsys):
+    assert fr_trace.main([]) == 2
+    assert fr_trace.USAGE in capsys.readouterr().err
+    missing = str(tmp_path / "nowhere")
+    assert fr_trace.main([missing]) == 2
+    assert f"{missing} is not a folder of dumps" in capsys.readouterr().err
+    assert fr_trace.main([str(tmp_path)]) == 2
+    assert f"no dumps in {tmp_path}" in capsys.readouterr().err
+    (tmp_path / "rank_0").write_bytes(b"not a pickle")
+    with pytest.raises(SystemExit, match="is not a flight-recorder dump"):
+        fr_trace.main([str(tmp_path)])
+
+
+def test_recorder_turned_off_says_so():
+    code = "import json, fairring_py; print(json.dumps(fairring_py._C._flight_recorder()))"
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, TORCH_FR_BUFFER_SIZE="0"),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got == {"on": False, "problem": "torch's flight recorder is off (TORCH_FR_BUFFER_SIZE=0)"}, got

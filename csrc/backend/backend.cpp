@@ -476,12 +476,14 @@ std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind,
   auto handle = recent->start(op.number, kind, suffix, op.key(), bytes);
   // torch's flight recorder: what the op reads and writes, as the pipeline has it.
   auto fr = fr_;
-  const auto fr_id =
-      fr->issued(getGroupUid(), getGroupDesc(), kind, "", /*p2p=*/false,
-                 op.input_blocks.empty() ? std::vector<at::Tensor>{op.buffer} : op.input_blocks,
-                 !op.output_blocks.empty() ? op.output_blocks
-                                           : std::vector<at::Tensor>{op.output.defined() ? op.output : op.buffer},
-                 config_.timeout);
+  FlightRecord::Id fr_id;
+  if (FlightRecord::on()) {
+    fr_id = fr->issued(getGroupUid(), getGroupDesc(), kind, "", /*p2p=*/false,
+                       op.input_blocks.empty() ? std::vector<at::Tensor>{op.buffer} : op.input_blocks,
+                       !op.output_blocks.empty() ? op.output_blocks
+                                                 : std::vector<at::Tensor>{op.output.defined() ? op.output : op.buffer},
+                       config_.timeout);
+  }
   const int rank = getRank();
   FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s%s of %s: issued", static_cast<unsigned long long>(handle.seq), kind, suffix,
                   describe_args(op.key()).c_str());
@@ -1254,12 +1256,15 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const a
   if (ephemeral_->changed()) apply_timeout();
   auto handle = recent->start(seq_++, kind, what, t.numel() * t.element_size());
   auto fr = fr_;
-  // As NCCL names them: "send 0->1", "recv 1<-0" (ranks of this group).
-  const std::string route =
-      is_send ? std::to_string(getRank()) + "->" + std::to_string(peer)
-              : std::to_string(getRank()) + "<-" + (peer == kAnySource ? std::string("any") : std::to_string(peer));
-  const auto fr_id = fr->issued(getGroupUid(), getGroupDesc(), is_send ? "send" : "recv", route, /*p2p=*/true, {t}, {t},
-                                config_.timeout);
+  FlightRecord::Id fr_id;
+  if (FlightRecord::on()) {
+    // As NCCL names them: "send 0->1", "recv 1<-0" (ranks of this group).
+    const std::string route =
+        is_send ? std::to_string(getRank()) + "->" + std::to_string(peer)
+                : std::to_string(getRank()) + "<-" + (peer == kAnySource ? std::string("any") : std::to_string(peer));
+    fr_id = fr->issued(getGroupUid(), getGroupDesc(), is_send ? "send" : "recv", route, /*p2p=*/true, {t}, {t},
+                       config_.timeout);
+  }
   CompletionPool* pool = &p2p_->completions();
   // A receive into device memory lands off the engine's threads (the copy
   // waits for the caller's stream); until then it is remembered like a

@@ -239,7 +239,7 @@ FlightRecord::~FlightRecord() = default;
 void FlightRecord::set_global_ranks(std::vector<uint64_t> ranks) {
   std::lock_guard<std::mutex> lock(mu_);
   if (static_cast<int>(ranks.size()) == size_) ranks_ = std::move(ranks);
-  ranks_recorded_ = false;
+  recorded_uid_.reset();  // recorded again with the next op
 }
 
 FlightRecord::Id FlightRecord::issued(const std::string& uid, const std::string& desc, const char* name,
@@ -248,14 +248,15 @@ FlightRecord::Id FlightRecord::issued(const std::string& uid, const std::string&
   Recorder* r = located().recorder;
   Id out;
   out.name = name;
+  // Numbers and status only matter to the recorder (its dump reads them).
+  if (r == nullptr) return out;
   // The caller's Python stack where FAIRRING_FR_STACKS=1 asks for it (NCCL
   // takes it always): it is most of the recorder's cost on a small op (2 of
   // 3-4 us on 4 KiB), and the dumps a failure writes leave it out anyway.
   // Taken before mu_: it takes the GIL, which a thread waiting for mu_ may hold.
   static const bool stacks = c10d::getCvarBool({"FAIRRING_FR_STACKS"}, false);
   // An entry must hold a traceback, empty or not: torch's dump reads each.
-  auto traceback = r != nullptr ? torch::CapturedTraceback::gather(stacks, stacks, stacks && r->capture_cpp_stack_)
-                                : std::shared_ptr<torch::CapturedTraceback>();
+  auto traceback = torch::CapturedTraceback::gather(stacks, stacks, stacks && r->capture_cpp_stack_);
   std::lock_guard<std::mutex> lock(mu_);
   out.seq = static_cast<int64_t>(++op_id_);
   if (p2p) {
@@ -264,16 +265,13 @@ FlightRecord::Id FlightRecord::issued(const std::string& uid, const std::string&
     ++collective_seq_;
   }
   {
-    // torch's dump reads the status under the recorder's lock.
-    auto guard = r != nullptr ? std::unique_lock<std::mutex>(r->mutex_) : std::unique_lock<std::mutex>();
+    std::lock_guard<std::mutex> guard(r->mutex_);  // torch's dump reads the status under it
     status_->lastEnqueuedSeq = out.seq;
     status_->lastEnqueuedWorkName = name;
   }
-  if (r == nullptr) return out;
   const auto pg_name = std::make_tuple(uid, desc);
-  if (!ranks_recorded_ || uid != recorded_uid_) {
+  if (recorded_uid_ != uid) {
     record_ranks(*r, pg_name, ranks_);
-    ranks_recorded_ = true;
     recorded_uid_ = uid;
   }
   const auto [id, epoch] = record_entry(*r, pg_id_, pg_name, collective_seq_, p2p_seq_, op_id_,
@@ -286,15 +284,16 @@ FlightRecord::Id FlightRecord::issued(const std::string& uid, const std::string&
 
 void FlightRecord::ended(const Id& id, bool ok) {
   Recorder* r = located().recorder;
+  if (r == nullptr || !id.id) return;
   if (ok) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto guard = r != nullptr ? std::unique_lock<std::mutex>(r->mutex_) : std::unique_lock<std::mutex>();
+    std::lock_guard<std::mutex> guard(r->mutex_);
     if (id.seq > status_->lastCompletedSeq) {
       status_->lastCompletedSeq = id.seq;
       status_->lastCompletedWorkName = id.name;
     }
   }
-  if (r != nullptr && id.id) retire_entry(*r, *id.id, id.epoch, ok);
+  retire_entry(*r, *id.id, id.epoch, ok);
 }
 
 std::string FlightRecord::dump_to_file(int global_rank, bool stack_traces) {

@@ -52,7 +52,8 @@ class FlightRecord {
   // description, known only once torch has set them): `name` is its kind,
   // a literal ("all_reduce": recorded as "fairring:all_reduce"), `detail`
   // what follows it there (a send's "0->1", as NCCL writes it), `inputs` /
-  // `outputs` what it reads and writes.
+  // `outputs` what it reads and writes.  Callers skip building these when
+  // on() is false: nothing is recorded then.
   Id issued(const std::string& uid, const std::string& desc, const char* name, const std::string& detail, bool p2p,
             const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
             std::chrono::milliseconds timeout);
@@ -81,8 +82,7 @@ class FlightRecord {
   const size_t pg_id_;  // this process's count of Fairring groups
   std::mutex mu_;
   std::vector<uint64_t> ranks_;
-  bool ranks_recorded_ = false;
-  std::string recorded_uid_;
+  std::optional<std::string> recorded_uid_;  // the name ranks_ were last recorded under
   uint64_t collective_seq_ = 0;
   uint64_t p2p_seq_ = 0;
   uint64_t op_id_ = 0;
