@@ -4,6 +4,7 @@ timed in one run, interleaved, at a handful of points.
     python3 benchmarks/compare.py REF                 # e.g. main, HEAD~3, 3aabfad
     python3 benchmarks/compare.py REF --rounds 5 --points 2x2:all_reduce:25M
     python3 benchmarks/compare.py REF --fresh-buffers # new outputs every op, as trainers pass them
+    python3 benchmarks/compare.py REF --points 2+1:all_reduce:25M   # nodes of unequal sizes
 
 REF is built once in a git worktree of its own (``/tmp/fairring-ref-<sha>``,
 reused by later runs; ``python setup.py build_ext --inplace``, a few minutes on
@@ -56,16 +57,32 @@ def build_ref(ref: str, jobs: int) -> str:
 
 
 def parse_point(text: str):
+    """NxK:COLLECTIVE:SIZES, or nodes of unequal sizes as A+B+...:COLLECTIVE:SIZES."""
     topo, coll, sizes = text.split(":")
+    if "+" in topo:
+        return {"name": text, "node_sizes": topo.replace("+", ","), "collective": coll, "sizes": sizes}
     nodes, per_node = (int(x) for x in topo.split("x"))
     return {"name": text, "nodes": nodes, "ranks_per_node": per_node, "collective": coll, "sizes": sizes}
+
+
+def use_this_bench(ref_tree: str) -> None:
+    """Puts the working tree's bench (Python only) into REF's tree, so that
+    both builds are timed by the same harness, and REF's engine runs layouts
+    its own bench had no option for (--node-sizes).  Undone by the next run
+    without it (git checkout)."""
+    import shutil
+    dst = os.path.join(ref_tree, "fairring_py", "bench")
+    shutil.rmtree(dst)
+    shutil.copytree(os.path.join(ROOT, "fairring_py", "bench"), dst,
+                    ignore=shutil.ignore_patterns("__pycache__"))
 
 
 def run_bench(tree: str, point: dict, args) -> dict:
     """{size: (fairring median s, gloo median s)} of one bench run with `tree`'s package."""
     with tempfile.TemporaryDirectory(prefix="fairring-compare-") as out:
-        cmd = [sys.executable, "-m", "fairring_py.bench", "--collective", point["collective"],
-               "--nodes", str(point["nodes"]), "--ranks-per-node", str(point["ranks_per_node"]),
+        layout = (["--node-sizes", point["node_sizes"]] if "node_sizes" in point else
+                  ["--nodes", str(point["nodes"]), "--ranks-per-node", str(point["ranks_per_node"])])
+        cmd = [sys.executable, "-m", "fairring_py.bench", "--collective", point["collective"], *layout,
                "--sizes", point["sizes"], "--time-per-size", str(args.time_per_size), "--no-progress",
                "--out", out]
         if args.fresh_buffers and point["collective"] != "barrier":
@@ -90,15 +107,23 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("ref", help="the commit to compare against (anything git rev-parse takes)")
     p.add_argument("--points", nargs="+", default=DEFAULT_POINTS,
-                   help="NODESxRANKS:COLLECTIVE:SIZES each (default: %(default)s)")
+                   help="NODESxRANKS:COLLECTIVE:SIZES or A+B:COLLECTIVE:SIZES each (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--time-per-size", type=float, default=1.5)
     p.add_argument("--fresh-buffers", action="store_true", help="pass --fresh-buffers to every bench run")
     p.add_argument("--jobs", type=int, default=2, help="build jobs for REF (default 2)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per bench run")
+    p.add_argument("--this-bench", action="store_true",
+                   help="time REF's build with the working tree's bench (implied by a point of unequal nodes, "
+                        "A+B:..., which older benches cannot lay out)")
     args = p.parse_args(argv)
     points = [parse_point(t) for t in args.points]
     ref_tree = build_ref(args.ref, args.jobs)
+    if args.this_bench or any("node_sizes" in pt for pt in points):
+        use_this_bench(ref_tree)
+    else:  # REF's own bench (an earlier run may have replaced it)
+        git("checkout", "--", "fairring_py/bench", cwd=ref_tree)
+        git("clean", "-fdq", "fairring_py/bench", cwd=ref_tree)
     trees = {"ref": ref_tree, "new": ROOT}
     # results[point][size][build] = list of (fairring, gloo) per round
     results = {pt["name"]: {} for pt in points}

@@ -88,7 +88,7 @@ def _build(store, rank, size, timeout, resolved):
     backend = _C.FairringBackend(store, rank, size, config, _node_key(resolved), fallback)
     # Captures the options, never the backend (no reference cycle).
     backend._set_child_factory(lambda store, rank, size, timeout: _build(store, rank, size, timeout, resolved))
-    if rank == 0 and backend.topology()["flattened"]:
+    if rank == 0 and backend.topology()["uneven"]:
         _warn_uneven(store, size)
     return backend
 
@@ -98,8 +98,10 @@ def _warn_uneven(store, size):
     sizes = ", ".join(f"{key!r}: {n}" for key, n in counts.items())
     warnings.warn(
         f"fairring: the nodes of this process group have different numbers of ranks ({sizes}); "
-        "using a flat schedule in which every rank is its own node. Results are correct, "
-        "but intra-node shared memory is not used.",
+        "all-reduce, broadcast, reduce and barrier stay hierarchical with one rail per rank of the "
+        "smallest node (the other ranks share their node's memory but carry no rail); all-gather, "
+        "reduce-scatter, all-to-all, gather and scatter run flat, every rank its own node. "
+        "Results are correct either way.",
         stacklevel=3,
     )
 

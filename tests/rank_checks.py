@@ -218,7 +218,9 @@ def sec_shm(rank, world, cfg):
             failures.add(f"/proc/self/maps maps /dev/shm/{name} which is not unlinked")
         if os.path.exists(os.path.join("/dev/shm", name)):
             failures.add(f"/dev/shm/{name} still exists while the job runs")
-    local = cfg.get("local_ranks", 1)
+    # This rank's own node (uneven nodes keep their shared memory too).
+    topo = dict(_cpu_backend().topology()) if hasattr(_cpu_backend(), "topology") else {}
+    local = topo.get("ranks_per_node", cfg.get("local_ranks", 1))
     if local >= 2 and not maps:
         failures.add(
             f"rank {rank} shares a node with {local - 1} other rank(s) but maps no "

@@ -29,7 +29,9 @@ TOPOLOGIES = {
     "3x1-options": ([None, None, None], {}, BASE, {"sizes": FEW_SIZES}, True),
     "2x2": (["a", "a", "b", "b"], {}, BASE + FEATURES,
             {"big": [(torch.float32, "SUM"), (torch.bfloat16, "AVG"), (torch.int32, "MAX")]}, False),
-    "uneven-2+1": (["a", "a", "b"], {}, BASE, {"sizes": FEW_SIZES}, False),
+    "uneven-2+1": (["a", "a", "b"], {}, BASE + ["broadcast"], {"sizes": FEW_SIZES}, False),
+    # Interleaved nodes of 3 and 2: two rails, rank 4 passive (and a root).
+    "uneven-3+2": (["a", "b", "a", "b", "a"], {}, BASE + ["broadcast"], {"sizes": FEW_SIZES}, False),
     "noncontig-map-abab": (["a", "b", "a", "b"], {}, BASE, {"sizes": FEW_SIZES}, False),
     "2x2-slice4K": (["a", "a", "b", "b"],
                     {"FAIRRING_SLICE_SIZE": "4K", "FAIRRING_PARALLELISM": "2", "FAIRRING_TOTAL_MEMORY": "1M"},
@@ -146,11 +148,18 @@ def test_listen_address(topo):
     if len(set(nodes)) == 1:
         assert addrs == [""] * len(nodes), f"{topo}: single-node job must have listen_address() == '': {addrs}"
     else:
+        # A rank past the smallest node's count carries no rail (uneven nodes):
+        # nothing of it listens.
+        passive = [t is not None and t["local_rank"] >= t["rails"] for t in (v["topology"] for v in per_rank)]
         for r, a in enumerate(addrs):
+            if passive[r]:
+                assert a == "", f"{topo}: rank {r} carries no rail, yet listen_address() is {a!r}"
+                continue
             assert isinstance(a, str) and re.fullmatch(r"\[?[0-9a-fA-F.:]+\]?:\d+", a), (
                 f"{topo}: rank {r} listen_address() is {a!r}, expected 'ip:port'")
             assert 0 < int(a.rpartition(":")[2]) < 65536
-        assert len(set(addrs)) == len(addrs), f"{topo}: listen addresses are not distinct: {addrs}"
+        on_rail = [a for r, a in enumerate(addrs) if not passive[r]]
+        assert len(set(on_rail)) == len(on_rail), f"{topo}: listen addresses are not distinct: {addrs}"
 
 
 @pytest.mark.parametrize("topo", list(TOPOLOGIES))
@@ -175,13 +184,14 @@ def test_node_layout_detected(topo):
         pytest.skip("backend has no topology() introspection")
     for r, t in enumerate(topos):
         assert t["rank"] == r and t["size"] == len(nodes), t
-        if len(set(counts)) == 1:
-            assert not t["flattened"], f"{topo}: even layout flattened: {t}"
-            assert t["num_nodes"] == len(distinct) and t["ranks_per_node"] == counts[0], f"{topo}: {t}"
-            assert sorted(map(sorted, t["node_ranks"])) == sorted(
-                sorted(i for i, m in enumerate(nodes) if m == n) for n in distinct), f"{topo}: {t}"
-        else:
-            assert t["flattened"], f"{topo}: uneven layout {counts} not flattened: {t}"
+        # Every layout keeps its nodes (uneven ones too: one rail per rank
+        # of the smallest node, the other ranks passive).
+        assert not t["flattened"], f"{topo}: layout flattened: {t}"
+        assert t["uneven"] == (len(set(counts)) > 1), f"{topo}: {t}"
+        assert t["num_nodes"] == len(distinct) and t["rails"] == min(counts), f"{topo}: {t}"
+        assert t["ranks_per_node"] == nodes.count(nodes[r]), f"{topo}: {t}"
+        assert sorted(map(sorted, t["node_ranks"])) == sorted(
+            sorted(i for i, m in enumerate(nodes) if m == n) for n in distinct), f"{topo}: {t}"
 
 
 _WARN_RE = re.compile(r"Warning: (.*)")

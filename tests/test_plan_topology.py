@@ -38,10 +38,26 @@ def test_single_node_and_single_rank_nodes():
     assert t["rail"] == [0, 1, 2]
 
 
-def test_uneven_nodes_flatten():
+def test_uneven_nodes_keep_their_nodes_with_one_rail_per_rank_of_the_smallest():
+    keys = ["a", "a", "b", "a", "b"]  # 3 + 2
+    t = [topo(keys, r) for r in range(5)]
+    assert all(x["uneven"] and not x["flattened"] for x in t)
+    assert t[0]["node_ranks"] == [[0, 1, 3], [2, 4]]
+    assert [x["rails"] for x in t] == [2] * 5
+    assert [x["ranks_per_node"] for x in t] == [3, 3, 2, 3, 2]
+    assert [(x["node"], x["local_rank"]) for x in t] == [(0, 0), (0, 1), (1, 0), (0, 2), (1, 1)]
+    # Local ranks 0 and 1 of both nodes carry the two rails; rank 3 (local
+    # rank 2 of the larger node) is passive.
+    assert (t[0]["rail"], t[1]["rail"], t[4]["rail"]) == ([0, 2], [1, 4], [1, 4])
+    assert t[3]["rail"] == []
     t = topo(["a", "a", "b"], 2)
-    assert t["flattened"]
-    assert (t["num_nodes"], t["ranks_per_node"], t["node"]) == (3, 1, 2)
+    assert (t["num_nodes"], t["ranks_per_node"], t["rails"], t["node"]) == (2, 1, 1, 1)
+    assert t["rail"] == [0, 2]
+
+
+def test_even_nodes_are_not_uneven():
+    t = topo(["a", "a", "b", "b"], 3)
+    assert not t["uneven"] and t["rails"] == t["ranks_per_node"] == 2
 
 
 def test_bad_rank_rejected():

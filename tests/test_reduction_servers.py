@@ -30,8 +30,9 @@ TOPOLOGIES = {
     # (non-contiguous tensors become contiguous before the pipeline: their own test covers them)
     "3x2+2": (["a", "a", "b", "b", "c", "c"], 2, ["correctness", "async", "subgroups"]),
     "3x1+3": (["a", "b", "c"], 3, ["correctness", "async"]),
-    # Unequal nodes: the flat schedule, every rank its own node (3 here).
-    "uneven+2": (["a", "a", "b"], 2, ["correctness"]),
+    # Unequal nodes (2+1+1): one rail, through the servers; the second rank of
+    # node a carries no rail and reads its node's memory.
+    "uneven+2": (["a", "a", "b", "c"], 2, ["correctness"]),
 }
 # Groups of fewer nodes do not use servers (csrc/rails/server_link.h).
 MIN_NODES = 3
@@ -55,8 +56,7 @@ def _run(ids, count, fn, args=(), env=None, **kw):
 @pytest.mark.parametrize("topo", list(TOPOLOGIES))
 def test_allreduce_through_servers(topo):
     ids, count, sections = TOPOLOGIES[topo]
-    # Unequal nodes are flattened: every rank its own node.
-    nodes = len(set(ids)) if min(ids.count(n) for n in ids) == max(ids.count(n) for n in ids) else len(ids)
+    nodes = len(set(ids))  # uneven nodes too (the all-reduce keeps them)
     # Where no server is used, a few sizes show it.
     cfg = {"sizes": FEW_SIZES if nodes >= MIN_NODES else [1, 13, 4099], "local_ranks": min(ids.count(n) for n in ids)}
     res, servers, codes = _run(ids, count, rank_checks.session, args=(sections, cfg))

@@ -11,6 +11,8 @@ TOPOLOGIES = {
     "2x2": (["a", "a", "b", "b"], {}),
     "3x1": (["a", "b", "c"], {}),
     "uneven-2+1": (["a", "a", "b"], {}),
+    # Interleaved nodes of 3 and 2 ranks: two rails, rank 4 passive.
+    "uneven-3+2": (["a", "b", "a", "b", "a"], {}),
     "2x2-slice4K": (["a", "a", "b", "b"], {"FAIRRING_SLICE_SIZE": "4K", "FAIRRING_PARALLELISM": "2",
                                           "FAIRRING_TOTAL_MEMORY": "1M"}),
     "2x2-deferred": (["a", "a", "b", "b"], {"FAIRRING_TEST_DEFERRED_MOVER": "1"}),

@@ -202,6 +202,14 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
     job_uid_.assign(blob.begin() + secret_.size(), blob.end());
   }
   engine_ = std::make_unique<HostEngine>(store, topo_, config_, job_uid_, secret_);
+  if (topo_.uneven) {
+    // Its own store keys and shared memory; no reduction servers (they
+    // serve the all-reduce only).
+    Config flat = config_;
+    flat.reduction_servers = 0;
+    flat_engine_ = std::make_unique<HostEngine>(c10::make_intrusive<c10d::PrefixStore>("fairring-flat/", store),
+                                                topo_.flat(), flat, job_uid_ + "-flat", secret_);
+  }
   if (size > 1)
     p2p_ = std::make_unique<P2pEngine>(store, topo_, job_uid_, secret_, config_.socket_ifname, config_.timeout,
                                        config_.wait_spin);
@@ -222,10 +230,17 @@ void FairringBackend::log_setup() const {
     for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
     return s;
   };
-  FAIRRING_LOG(rank, "topology: %d node(s) x %d rank(s)%s; this rank is local rank %d of node %d (ranks %s)",
-               topo_.num_nodes, topo_.ranks_per_node, topo_.flattened ? " (flat: nodes of unequal size)" : "",
-               topo_.local_rank, topo_.node, list(topo_.local_ranks()).c_str());
-  if (topo_.num_nodes > 1) {
+  std::string layout =
+      std::to_string(topo_.num_nodes) + " node(s) x " + std::to_string(topo_.ranks_per_node) + " rank(s)";
+  if (topo_.uneven) {
+    std::string sizes;
+    for (const auto& members : topo_.node_ranks) sizes += (sizes.empty() ? "" : "+") + std::to_string(members.size());
+    layout = std::to_string(topo_.num_nodes) + " nodes of " + sizes + " ranks, " + std::to_string(topo_.rails) +
+             " rail(s) (uneven: blockwise collectives run flat)";
+  }
+  FAIRRING_LOG(rank, "topology: %s; this rank is local rank %d of node %d (ranks %s)", layout.c_str(), topo_.local_rank,
+               topo_.node, list(topo_.local_ranks()).c_str());
+  if (topo_.num_nodes > 1 && topo_.on_rail()) {
     FAIRRING_LOG(rank, "rail: ranks %s, over TCP, listening on %s", list(topo_.rail()).c_str(),
                  engine_->listen_address().c_str());
   }
@@ -237,6 +252,7 @@ FairringBackend::~FairringBackend() {
     // parent only, and their memory maps and sockets are the parent's.
     // Leave them alone (their memory is the child's copy, freed at exit).
     (void)engine_.release();
+    (void)flat_engine_.release();
     (void)p2p_.release();
     (void)cuda_engine_.release();
     (void)fallback_.release();
@@ -251,6 +267,7 @@ FairringBackend::~FairringBackend() {
   if (p2p_poller_) p2p_poller_->clear();  // (waits for a poll in progress)
   cuda_engine_.reset();
   p2p_.reset();
+  flat_engine_.reset();
   engine_.reset();
 }
 
@@ -269,7 +286,10 @@ void FairringBackend::retire(const std::string& why) {
 
 void FairringBackend::abort_engines(const std::string& text) {
   const Error why(ErrorKind::kBackend, text);
-  if (engine_) engine_->abort(why);
+  with_host_pipelines([&](Pipeline& p) {
+    p.abort(why);
+    return true;
+  });
   if (p2p_) p2p_->abort(why);
   with_device_pipeline([&](Pipeline& p) {
     p.abort(why);
@@ -284,8 +304,9 @@ void FairringBackend::shutdown() {
   const auto left = [&] {
     return std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
   };
-  if (engine_ && (!engine_->drain(left()) || (p2p_ && !p2p_->drain(left())) ||
-                  !with_device_pipeline([&](Pipeline& p) { return p.drain(left()); }))) {
+  if (engine_ &&
+      (!with_host_pipelines([&](Pipeline& p) { return p.drain(left()); }) || (p2p_ && !p2p_->drain(left())) ||
+       !with_device_pipeline([&](Pipeline& p) { return p.drain(left()); }))) {
     const std::string why =
         "rank " + std::to_string(getRank()) +
         ": this process group was shut down while collectives were still in flight after its timeout (" +
@@ -294,7 +315,10 @@ void FairringBackend::shutdown() {
     abort_engines(why);
   } else if (engine_) {
     const std::string closed = "this process group was shut down (shutdown() or destroy_process_group())";
-    engine_->close(closed);
+    with_host_pipelines([&](Pipeline& p) {
+      p.close(closed);
+      return true;
+    });
     if (p2p_) p2p_->close(closed);
     with_device_pipeline([&](Pipeline& p) {
       p.close(closed);
@@ -314,7 +338,10 @@ void FairringBackend::setTimeout(std::chrono::milliseconds timeout) {
 
 void FairringBackend::apply_timeout() {
   const auto timeout = config_.timeout + ephemeral_->extra();
-  if (engine_) engine_->set_timeout(timeout);
+  with_host_pipelines([&](Pipeline& p) {
+    p.set_timeout(timeout);
+    return true;
+  });
   if (p2p_) p2p_->set_timeout(timeout);
   with_device_pipeline([&](Pipeline& p) {
     p.set_timeout(timeout);
@@ -334,7 +361,10 @@ void FairringBackend::addEphemeralTimeout(const std::chrono::milliseconds& timeo
 
 std::optional<Error> FairringBackend::first_error() const {
   std::optional<Error> first;
-  if (engine_ && engine_->failed()) first = engine_->failure();
+  with_host_pipelines([&](Pipeline& p) {
+    if (!first && p.failed()) first = p.failure();
+    return true;
+  });
   with_device_pipeline([&](Pipeline& p) {
     if (!first && p.failed()) first = p.failure();
     return true;
@@ -442,7 +472,10 @@ void FairringBackend::leave(const char* how) {
   } else {
     why += " after " + ops.back().kind + " #" + std::to_string(ops.back().seq);
   }
-  if (engine_) engine_->leave(why);
+  with_host_pipelines([&](Pipeline& p) {
+    p.leave(why);
+    return true;
+  });
   if (p2p_) p2p_->leave(why);
   with_device_pipeline([&](Pipeline& p) {
     p.leave(why);
@@ -585,8 +618,29 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_cpu(std::shared_ptr<HostO
   op->after_complete = [work](std::exception_ptr error) { work->complete_future(error); };
   op->complete_here = [work](std::exception_ptr error) { return work->complete_future_if_untaken(error); };
   work->set_interrupt_hook(abort_hook_, kind);
-  engine_->submit(std::move(op));
+  HostEngine& engine = host_engine_for(*op);
+  engine.submit(std::move(op));
   return work;
+}
+
+HostEngine& FairringBackend::host_engine_for(const PipelineOp& op) {
+  if (!flat_engine_) return *engine_;
+  const bool flat = op.def->cut() == Cut::kBlockwise;
+  HostEngine& to = flat ? *flat_engine_ : *engine_;
+  HostEngine& other = flat ? *engine_ : *flat_engine_;
+  if (other.failed() && !to.failed()) to.abort(other.failure());
+  GilReleaseIfHeld no_gil;
+  if (op.collective == Collective::kBarrier) {
+    other.wait_idle();
+  } else if (other.wait_conflicts(op.footprint)) {
+    delegated_waits_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return to;
+}
+
+bool FairringBackend::with_host_pipelines(const std::function<bool(Pipeline&)>& f) const {
+  if (engine_ && !f(*engine_)) return false;
+  return !flat_engine_ || f(*flat_engine_);
 }
 
 c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective collective,
@@ -699,7 +753,10 @@ bool FairringBackend::native_tensors(const std::vector<at::Tensor>& tensors) {
 c10d::Backend& FairringBackend::delegate(const char* kind) {
   check_same_process(kind);
   recent_->start(seq_++, std::string(kind) + " (gloo)", "", 0, /*delegated=*/true);
-  engine_->wait_idle();
+  with_host_pipelines([](Pipeline& p) {
+    p.wait_idle();
+    return true;
+  });
   wait_idle_device();
   return *fallback_;
 }
@@ -753,7 +810,12 @@ uint64_t FairringBackend::order_waits() const {
     device = p.order_waits();
     return true;
   });
-  return engine_->order_waits() + device + delegated_waits_.load(std::memory_order_relaxed);
+  uint64_t host = 0;
+  with_host_pipelines([&](Pipeline& p) {
+    host += p.order_waits();
+    return true;
+  });
+  return host + device + delegated_waits_.load(std::memory_order_relaxed);
 }
 
 void FairringBackend::wait_idle_device() {
@@ -1190,7 +1252,10 @@ bool FairringBackend::p2p_native(const char* kind, const char* arg, const std::v
 void FairringBackend::order_p2p(const Footprint& fp) {
   order_after_delegated(fp);  // delegated ops, and the pending sends and receives
   GilReleaseIfHeld no_gil;
-  engine_->wait_conflicts(fp);  // the pipeline's
+  with_host_pipelines([&](Pipeline& p) {  // the pipelines'
+    p.wait_conflicts(fp);
+    return true;
+  });
 }
 
 void FairringBackend::order_device(const Footprint& fp) {

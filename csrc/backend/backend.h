@@ -289,6 +289,11 @@ class FairringBackend : public c10d::Backend {
   const int creator_pid_ = getpid();
   c10::intrusive_ptr<c10d::Backend> fallback_;
   std::unique_ptr<HostEngine> engine_;
+  // On uneven nodes (topology.h), the schedule of the collectives whose
+  // blocks belong to ranks (all-gather, reduce-scatter, all-to-all, gather,
+  // scatter): every rank its own node, as a passive rank has no rail to
+  // carry its block.  Null on equal nodes.
+  std::unique_ptr<HostEngine> flat_engine_;
   // Send and receive (null in a group of one rank).
   std::unique_ptr<P2pEngine> p2p_;
   std::atomic<uint64_t> seq_{0};
@@ -342,6 +347,15 @@ class FairringBackend : public c10d::Backend {
   c10::weak_intrusive_ptr<c10d::Backend> last_split_{c10::intrusive_ptr<c10d::Backend>()};
   // f(the CUDA engine) if there is one (its abort(), drain(), close()); else true.
   bool with_device_pipeline(const std::function<bool(Pipeline&)>& f) const;
+  // f(each host schedule: engine_, then flat_engine_ if any); false at the first false.
+  bool with_host_pipelines(const std::function<bool(Pipeline&)>& f) const;
+  // The host schedule `op` runs on: the flat one for a blockwise collective
+  // on uneven nodes, else engine_.  Before handing it over, waits until the
+  // other schedule's ops that `op` must follow are done (a barrier follows
+  // all of them), and passes on the other's failure: the group has one.
+  HostEngine& host_engine_for(const PipelineOp& op);
+  // The topology the CUDA engine is built on: uneven nodes run it flat.
+  Topology device_topology() const { return topo_.uneven ? topo_.flat() : topo_; }
   c10::intrusive_ptr<c10d::Store> store_;
   std::string job_uid_;
   Secret secret_{};
@@ -359,8 +373,10 @@ class FairringBackend : public c10d::Backend {
     bool p2p = false;
   };
   std::vector<Delegated> delegated_;
-  std::atomic<bool> has_delegated_{false};    // !delegated_.empty()
-  std::atomic<uint64_t> delegated_waits_{0};  // calls that waited for a delegated collective (order_waits)
+  std::atomic<bool> has_delegated_{false};  // !delegated_.empty()
+  // Calls that waited for a delegated collective, or for the other host
+  // engine's op (host_engine_for): part of order_waits.
+  std::atomic<uint64_t> delegated_waits_{0};
   mutable std::mutex cuda_mu_;
   std::unique_ptr<CudaEngine> cuda_engine_;
 };

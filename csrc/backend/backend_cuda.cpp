@@ -92,7 +92,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<Pi
       auto init = c10::make_intrusive<InitStore>(c10::make_intrusive<c10d::PrefixStore>("fairring-cuda-init/", store_),
                                                  getRank(), getSize(), config_.timeout);
       build_collectively(*init, [&] {
-        cuda_engine_ = std::make_unique<CudaEngine>(init, topo_, config_, job_uid_, secret_, device,
+        cuda_engine_ = std::make_unique<CudaEngine>(init, device_topology(), config_, job_uid_, secret_, device,
                                                     [init] { init->throw_if_failed(); });
       });
     }

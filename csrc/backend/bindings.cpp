@@ -39,6 +39,8 @@ py::dict topology_dict(const fairring::Topology& t) {
   d["ranks_per_node"] = t.ranks_per_node;
   d["node"] = t.node;
   d["local_rank"] = t.local_rank;
+  d["rails"] = t.rails;
+  d["uneven"] = t.uneven;
   d["flattened"] = t.flattened;
   d["node_ranks"] = t.node_ranks;
   d["rail"] = t.rail();

@@ -56,7 +56,10 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_sparse_cpu(at::Tensor&
   order_after_delegated(fp);
   {
     GilReleaseIfHeld no_gil;
-    engine_->wait_idle();
+    with_host_pipelines([](Pipeline& p) {
+      p.wait_idle();
+      return true;
+    });
     wait_idle_device();
   }
   const at::Tensor local = t.coalesce();

@@ -15,12 +15,15 @@ namespace fairring {
 namespace {
 
 // Staging memory of one rank: its share of the node's shared slot areas (K
-// inputs + 1 output, none for a node of one) and, between nodes, the buffers
-// its reduction server receives the peers' shards into (and, with compressed
-// rails, the rail stage's wire buffers: rail_stage_bytes_per_slot).
-int64_t required_memory(const Config& c, const PlanParams& p, int k, int n) {
+// inputs + 1 output, none for a node of one) and, on a rail between nodes,
+// the buffers its reduction server receives the peers' shards into (and,
+// with compressed rails, the rail stage's wire buffers:
+// rail_stage_bytes_per_slot).
+int64_t required_memory(const Config& c, const PlanParams& p, const Topology& t) {
+  const int k = t.ranks_per_node;
   const int64_t shared = k > 1 ? c.slice_size * (k + 1) / k : 0;
-  return (shared + rail_stage_bytes_per_slot(c, p, k, n)) * c.parallelism;
+  const int64_t rail = t.on_rail() ? rail_stage_bytes_per_slot(c, p, t.rails, t.num_nodes) : 0;
+  return (shared + rail) * c.parallelism;
 }
 
 }  // namespace
@@ -52,7 +55,7 @@ class HostEngine::HostMover : public Mover {
 HostEngine::HostEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const Config& config,
                        const std::string& job_uid, const Secret& secret)
     : Pipeline(topo, config, "") {
-  require_memory(required_memory(config, params(), topo.ranks_per_node, topo.num_nodes));
+  require_memory(required_memory(config, params(), topo));
   const char* deferred = std::getenv("FAIRRING_TEST_DEFERRED_MOVER");
   const bool test_deferred = deferred && std::string(deferred) == "1";
   // Construction steps (FAIRRING_TEST_FAIL_AT): arena, rail, movers, start.
@@ -60,7 +63,7 @@ HostEngine::HostEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topol
   set_arena(std::make_unique<NodeArena>(store, topo, job_uid, num_slots(), config.slice_size, config.timeout,
                                         test_deferred ? DeferredMover::kCounters : 0));
   construction_step("rail");
-  if (topo.num_nodes > 1) {
+  if (topo.num_nodes > 1 && topo.on_rail()) {  // a passive rank has no rail (topology.h)
     RailStage::Callbacks cb;
     cb.slice_done = [this](uint64_t seq) { chunk_back(seq); };
     cb.failed = [this](const Error& why) { fail(why); };

@@ -137,6 +137,11 @@ void Pipeline::set_timeout(std::chrono::milliseconds timeout) {
 
 void Pipeline::submit(std::shared_ptr<PipelineOp> op) {
   if (!op->def) throw Error(ErrorKind::kBackend, "fairring: an op without a collective definition was submitted");
+  if (topo_.uneven && op->def->cut() == Cut::kBlockwise) {
+    // Its blocks belong to ranks, and a passive rank has no rail to carry
+    // its own (the backend runs such ops on the flat view: Topology::flat).
+    throw Error(ErrorKind::kBackend, "fairring: a blockwise collective was submitted to the schedule of uneven nodes");
+  }
   std::unique_lock<std::mutex> lock(mu_);
   if (op->stage && order_.must_follow(op->footprint) == 0) {
     // Nothing pending touches what the stage reads or writes: it runs now,
@@ -185,8 +190,8 @@ Slice Pipeline::make_slice(const std::shared_ptr<PipelineOp>& op, int64_t index)
   s.op = op;
   s.index = index;
   s.seq = next_slice_seq_++;
-  s.plan = plan_slice(op->def->cut(), op->numel, c10::elementSize(op->dtype), index, topo_.ranks_per_node,
-                      topo_.num_nodes, params_);
+  s.plan =
+      plan_slice(op->def->cut(), op->numel, c10::elementSize(op->dtype), index, topo_.rails, topo_.num_nodes, params_);
   return s;
 }
 

@@ -40,7 +40,8 @@ class SliceSchedule {
  public:
   using TimePoint = std::chrono::steady_clock::time_point;
 
-  // `rail` is null on a single node.  All three outlive the schedule.
+  // `rail` is null on a single node and on a passive rank (topology.h).  All
+  // three outlive the schedule.
   SliceSchedule(const Topology& topo, int slots, NodeSlots& node, Mover& mover, RailExchange* rail);
 
   // Run the slice's front or back half from where it stopped.  With `until`
@@ -55,7 +56,8 @@ class SliceSchedule {
   const Topology& topo() const { return topo_; }
   int k() const { return k_; }    // ranks on this node
   int me() const { return me_; }  // our local rank
-  bool multi_node() const { return rail_ != nullptr; }
+  // Several nodes (a passive rank among them has no rail of its own).
+  bool multi_node() const { return topo_.num_nodes > 1; }
   Mover& mover() { return mover_; }
   NodeSlots& node() { return node_; }
   int slot(const Slice& s) const { return node_.slot(s.seq); }

@@ -204,7 +204,7 @@ CudaNcclRail::CudaNcclRail(const c10::intrusive_ptr<c10d::Store>& store, const T
   nccl_ = std::make_unique<NcclRail>(store, "nccl/rail" + std::to_string(topo.local_rank), n, topo.node, config.timeout,
                                      topo.rank, std::move(interrupted));
   stream_ = std::make_unique<DedicatedStream>(device_, true);
-  buffers_ = nccl_rail_buffers(config, params, topo.ranks_per_node, n);
+  buffers_ = nccl_rail_buffers(config, params, topo.rails, n);
   void* staging = nullptr;
   cuda_check(cudaMalloc(&staging, static_cast<size_t>(buffers_.total())), "cannot allocate the NCCL rail's buffers");
   staging_ = static_cast<char*>(staging);

@@ -590,14 +590,13 @@ std::unique_ptr<RailStage> connect_rail(const c10::intrusive_ptr<c10d::Store>& s
   const WireDtype wire = wire_dtype_from_name(config.wire_dtype);
   ServerLinks servers;
   if (uses_reduction_servers(config, topo.num_nodes)) {
-    servers.max_chunk_bytes = max_shard_bytes(params, topo.ranks_per_node, 1);
+    servers.max_chunk_bytes = max_shard_bytes(params, topo.rails, 1);
     servers.channels = connect_reduction_servers(
         store, topo, config, wire,
         max_server_piece_bytes(servers.max_chunk_bytes, int64_t{config.reduction_servers} * kPiecesPerServer));
   }
   return std::make_unique<RailStage>(topo, *mesh, reduce_cpu, std::move(callbacks), config.timeout, config.parallelism,
-                                     max_shard_bytes(params, topo.ranks_per_node, topo.num_nodes), wire,
-                                     std::move(servers));
+                                     max_shard_bytes(params, topo.rails, topo.num_nodes), wire, std::move(servers));
 }
 
 }  // namespace fairring

@@ -1,12 +1,14 @@
 #include "topology/topology.h"
 #include "common/error.h"
 
+#include <algorithm>
 #include <map>
 #include <stdexcept>
 
 namespace fairring {
 
 std::vector<int> Topology::rail() const {
+  if (!on_rail()) return {};
   std::vector<int> peers(num_nodes);
   for (int n = 0; n < num_nodes; ++n) peers[n] = node_ranks[n][local_rank];
   return peers;
@@ -14,11 +16,37 @@ std::vector<int> Topology::rail() const {
 
 std::pair<int, int> Topology::place_of(int r) const {
   for (int n = 0; n < num_nodes; ++n) {
-    for (int k = 0; k < ranks_per_node; ++k) {
-      if (node_ranks[n][k] == r) return {n, k};
+    const auto& members = node_ranks[n];
+    for (int k = 0; k < static_cast<int>(members.size()); ++k) {
+      if (members[k] == r) return {n, k};
     }
   }
   throw Error(ErrorKind::kInvalidArgument, "fairring: rank " + std::to_string(r) + " is not in the group");
+}
+
+namespace {
+// Fills in the counts and this rank's place from node_ranks.
+void place(Topology& t) {
+  t.num_nodes = static_cast<int>(t.node_ranks.size());
+  t.rails = static_cast<int>(t.node_ranks[0].size());
+  for (const auto& members : t.node_ranks) t.rails = std::min(t.rails, static_cast<int>(members.size()));
+  t.uneven = false;
+  for (const auto& members : t.node_ranks) t.uneven |= static_cast<int>(members.size()) != t.rails;
+  const auto [node, local] = t.place_of(t.rank);
+  t.node = node;
+  t.local_rank = local;
+  t.ranks_per_node = static_cast<int>(t.node_ranks[node].size());
+}
+}  // namespace
+
+Topology Topology::flat() const {
+  Topology t;
+  t.rank = rank;
+  t.size = size;
+  t.flattened = true;
+  for (int r = 0; r < size; ++r) t.node_ranks.push_back({r});
+  place(t);
+  return t;
 }
 
 Topology build_topology(const std::vector<std::string>& node_keys, int rank) {
@@ -41,29 +69,7 @@ Topology build_topology(const std::vector<std::string>& node_keys, int rank) {
       t.node_ranks[it->second].push_back(r);
     }
   }
-
-  const size_t k = t.node_ranks[0].size();
-  for (const auto& members : t.node_ranks) {
-    if (members.size() != k) {
-      t.flattened = true;
-    }
-  }
-  if (t.flattened) {
-    // Uneven nodes: every rank becomes a node of one.
-    t.node_ranks.clear();
-    for (int r = 0; r < size; ++r) t.node_ranks.push_back({r});
-  }
-
-  t.num_nodes = static_cast<int>(t.node_ranks.size());
-  t.ranks_per_node = static_cast<int>(t.node_ranks[0].size());
-  for (int n = 0; n < t.num_nodes; ++n) {
-    for (int l = 0; l < t.ranks_per_node; ++l) {
-      if (t.node_ranks[n][l] == rank) {
-        t.node = n;
-        t.local_rank = l;
-      }
-    }
-  }
+  place(t);
   return t;
 }
 

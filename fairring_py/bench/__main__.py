@@ -32,6 +32,9 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--ranks-per-node", type=int,
                    help="ranks per simulated node (default 2); under torchrun/mpirun: give rank r "
                         "FAIRRING_NODE_ID=r // K to simulate nodes")
+    t.add_argument("--node-sizes",
+                   help="nodes of unequal sizes instead of --nodes x --ranks-per-node, e.g. '2,1' or '3,2' "
+                        "(ranks in order; local runs without --scaling, --servers or --mpi)")
     w = p.add_argument_group("workload")
     w.add_argument("--sizes", help="bytes per rank: list '4K,25M', range '4K:256M' (x2 steps) or '4K:256M:4' "
                                    "(x4 steps; default 4K:256M:4; scaling mode: 25M)")
@@ -107,6 +110,14 @@ def build_config(args, p) -> dict:
         v = getattr(args, name)
         if v is not None and v < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    node_sizes = None
+    if args.node_sizes:
+        try:
+            node_sizes = metrics.parse_int_list(args.node_sizes, "--node-sizes", lo=1)
+        except ValueError as e:
+            p.error(str(e))
+        if args.nodes or args.ranks_per_node or args.scaling or args.servers or args.mpi:
+            p.error("--node-sizes replaces --nodes and --ranks-per-node, and takes no --scaling, --servers or --mpi")
     if args.inflight < 1 or args.min_samples < 1 or args.max_samples < args.min_samples or args.max_reps < 1:
         p.error("--inflight, --min-samples, --max-reps must be >= 1 and --max-samples >= --min-samples")
     if args.collective == "barrier" and (args.sizes or args.scaling or args.inflight != 1):
@@ -141,8 +152,10 @@ def build_config(args, p) -> dict:
         "netns": args.netns,
         "link_rate_Bps": rate,
         "scaling": scaling,
-        "nodes": args.nodes or 2,
-        "ranks_per_node": args.ranks_per_node or 2,
+        "nodes": len(node_sizes) if node_sizes else args.nodes or 2,
+        # Uneven nodes: the largest (for the report; node_sizes places the ranks).
+        "ranks_per_node": max(node_sizes) if node_sizes else args.ranks_per_node or 2,
+        "node_sizes": node_sizes,
         "time_per_size_s": args.time_per_size,
         "min_samples": args.min_samples,
         "max_samples": args.max_samples,

@@ -198,7 +198,9 @@ def run_ranks(config: dict, nodes: int, ranks_per_node: int, timeout_s: float,
     processes, and its ``servers`` reduction servers if it names some; raise
     LaunchError unless every rank exits 0 before the deadline.  Ranks and
     servers write to this process's stdout/stderr (rank 0 prints the report)."""
-    world = nodes * ranks_per_node
+    sizes = config.get("node_sizes") or [ranks_per_node] * nodes
+    node_of = [n for n, k in enumerate(sizes) for _ in range(k)]  # ranks in order
+    world = len(node_of)
     if cluster is not None:
         master_addr = cluster.address(0)
         port = 29500 + os.getpid() % 20000  # a fresh namespace has every port free
@@ -216,10 +218,13 @@ def run_ranks(config: dict, nodes: int, ranks_per_node: int, timeout_s: float,
                       connect_timeout_s=min(timeout_s, 300.0), threads=ranks_per_node)
         config_path = write_config(dict(config, server_pids=servers.pids) if servers.procs else config)
         for r in range(world):
-            env = _ranks.environment(rank_env(r, world, ranks_per_node, master_addr, port), base=env0)
+            node = node_of[r]
+            here = sizes[node]
+            place = _ranks.rank_env(r, world, node, None, (master_addr, port))
+            place.update(LOCAL_RANK=str(r - node_of.index(node)), LOCAL_WORLD_SIZE=str(here))
+            env = _ranks.environment(place, base=env0)
             cmd = [sys.executable, "-m", WORKER, config_path]
             if cluster is not None:
-                node = r // ranks_per_node
                 env.update(cluster.rank_env(node))
                 cmd = cluster.exec_prefix(node) + cmd
             procs.spawn(cmd, env)
@@ -424,7 +429,9 @@ def fairring_topology() -> str:
     try:
         pg = dist.distributed_c10d._get_default_group()
         t = pg._get_backend(torch.device("cpu")).topology()
-        return f"{t['num_nodes']}x{t['ranks_per_node']}" + (" (flat fallback)" if t["flattened"] else "")
+        if t.get("uneven"):
+            return "+".join(str(len(n)) for n in t["node_ranks"])
+        return f"{t['num_nodes']}x{t['ranks_per_node']}"
     except Exception as e:  # informational only
         return f"unknown ({e})"
 
@@ -457,6 +464,8 @@ def run_meta(ranks: Ranks, cfg: dict, **job) -> dict:
         "ranks_per_node": cfg.get("ranks_per_node"),
         "fairring_topology": fairring_topology(),
     }
+    if cfg.get("node_sizes"):
+        meta["node_sizes"] = cfg["node_sizes"]
     if "launcher" in cfg:
         meta["launcher"] = cfg["launcher"]
     meta.update(netns=cfg.get("netns", False), link_rate_Bps=cfg.get("link_rate_Bps"))

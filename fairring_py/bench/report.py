@@ -113,7 +113,8 @@ def table(summary: dict) -> str:
     out = [
         title
         + f" on {m['device']}: {m['world_size']} ranks"
-        + (f" = {m['nodes']} node(s) x {m['ranks_per_node']}" if m.get("nodes") else "")
+        + (f" = nodes of {'+'.join(map(str, m['node_sizes']))}" if m.get("node_sizes") else
+           f" = {m['nodes']} node(s) x {m['ranks_per_node']}" if m.get("nodes") else "")
         + f"; fairring topology {m['fairring_topology']}"
         + (f"; netns links {m['link_rate_Bps'] * 8 / 1e9:g} Gbit/s" if m.get("link_rate_Bps") else
            ("; netns, uncapped links" if m.get("netns") else ""))
