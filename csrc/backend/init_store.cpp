@@ -1,4 +1,5 @@
 #include "backend/init_store.h"
+#include "common/backoff.h"
 
 #include "backend/torch_error.h"
 #include "common/error.h"
@@ -15,8 +16,11 @@ namespace {
 const char* kFailureKey = "failure";
 const char* kFailureCountKey = "failures";
 const std::string kFailureReadKey = "failure-read/";  // + rank: it has read the failure
-// How often a waiter looks for its keys and for a failure.  Group creation
-// is not latency-critical; this keeps the store's load low.
+// How often a waiter looks for its keys and for a failure: soon at first
+// (a peer is usually a moment behind, and every wait of a group's creation
+// adds up: shrink and torchft create groups while training waits), then
+// every 20 ms, which keeps the store's load low during a long wait.
+constexpr auto kFirstPoll = std::chrono::microseconds(50);
 constexpr auto kPollEvery = std::chrono::milliseconds(20);
 // How long the rank that failed first waits for the others to read why
 // before it raises (it may host the store, which goes with it).
@@ -39,6 +43,7 @@ void InitStore::wait(const std::vector<std::string>& keys) { wait(keys, timeout_
 
 void InitStore::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  Backoff backoff(kFirstPoll, kPollEvery);
   for (;;) {
     if (PrefixStore::check(keys)) return;
     throw_if_failed();
@@ -49,7 +54,7 @@ void InitStore::wait(const std::vector<std::string>& keys, const std::chrono::mi
                                          " waited " + std::to_string(timeout.count() / 1000) + " s for " + names +
                                          " (did every rank of the group call init_process_group / new_group?)");
     }
-    std::this_thread::sleep_for(kPollEvery);
+    backoff.sleep();
   }
 }
 
