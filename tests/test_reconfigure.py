@@ -102,3 +102,42 @@ def test_ephemeral_timeout_lasts_until_the_first_op_after_it_ends():
     v = res[0].value
     assert v["a"]["error"] is None and v["a"]["seconds"] > 2.5, v  # waited past the 2 s timeout
     assert v["b"]["error"] and "Timed out after 2" in v["b"]["error"] and v["b"]["seconds"] < 4.5, v
+
+
+@pytest.mark.parametrize("env,fine", [
+    ({"FAIRRING_WIRE_DTYPE": "bf16"}, {"all": [4.0], "three": [3.0]}),  # rounded by the bf16 rails
+    ({"FAIRRING_REDUCTION_SERVERS": "3"}, {"all": [4 * (1 + 2.0**-10)], "three": [3 * (1 + 2.0**-10)]}),
+], ids=["bf16-rails", "3-servers"])
+def test_reconfigure_keeps_the_options(env, fine):
+    """A reconfigurable group on 4 nodes of 1, with compressed rails or
+    reduction servers: its members after reconfigure(uuid 1), and the 3 left
+    after rank 3 exits and reconfigure(uuid 2), reduce exactly and with the
+    options in force (bf16 rails round 1 + 2^-10; servers keep it whole and
+    reduce something)."""
+    from servers import Servers
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    servers = Servers(store.port, int(env.get("FAIRRING_REDUCTION_SERVERS", 0)))
+    procs = []
+    with servers:
+        for r in range(4):
+            child = dict(os.environ, FAIRRING_NODE_ID=f"n{r}", OMP_NUM_THREADS="1", **env,
+                         PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
+            procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "rank_reconfigure_options.py"), str(r),
+                                           str(store.port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True, env=child))
+        try:
+            results = [_result(p) for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+        for res in results:
+            where = f"rank {res['rank']}: {res}"
+            assert res["all"]["exact"] and res["all"]["nodes"] == 4 and res["all"]["fine"] == fine["all"], where
+            if res["rank"] != 3:
+                assert res["three"]["exact"] and res["three"]["nodes"] == 3, where
+                assert res["three"]["fine"] == fine["three"], where
+        if servers.procs:
+            del store  # the servers leave with the job's store
+            servers.wait_exit(20)
+            assert sum(servers.served().values()) > 0, servers.outputs()
