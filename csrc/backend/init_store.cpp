@@ -45,8 +45,12 @@ void InitStore::wait(const std::vector<std::string>& keys, const std::chrono::mi
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   Backoff backoff(kFirstPoll, kPollEvery);
   for (;;) {
+    // Look for a failure before the keys: a peer may publish its keys and
+    // then fail (a settings mismatch it saw first), and a rank that finds
+    // those keys goes on to reach the same verdict of its own.
+    const bool failed = PrefixStore::check({kFailureKey});
     if (PrefixStore::check(keys)) return;
-    throw_if_failed();
+    if (failed) throw_if_failed();
     if (std::chrono::steady_clock::now() > deadline) {
       std::string names;
       for (const auto& k : keys) names += (names.empty() ? "" : ", ") + k;
