@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <algorithm>
@@ -27,6 +28,8 @@ constexpr auto kRejectionLogWindow = std::chrono::seconds(1);
 constexpr int kAcceptPollMs = 100;
 
 std::string addr_key(int rank) { return "fairring/addr/" + std::to_string(rank); }
+// Set once the rank has connected to every peer of its mesh.
+std::string linked_key(int rank) { return "fairring/linked/" + std::to_string(rank); }
 
 }  // namespace
 
@@ -171,6 +174,19 @@ void TcpMesh::connect() {
                                            " refused this rank's connection: " + e.what());
     }
     clients_.emplace(peer, std::move(s));
+  }
+  // Each peer says in the store once it has connected to all of us.  Waiting
+  // for that there, not only for the links to arrive, ends this wait as soon
+  // as a peer publishes its failure (InitStore): a peer that failed after
+  // taking our link would otherwise leave us here for the whole timeout.
+  store_->set(linked_key(rank_), std::vector<uint8_t>{1});
+  std::vector<std::string> linked;
+  for (int peer : peers) linked.push_back(linked_key(peer));
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  try {
+    if (!linked.empty()) store_->wait(linked, std::max(left, std::chrono::milliseconds(1)));
+  } catch (const c10::DistStoreError&) {
+    // A plain store's timeout: the wait below names the missing peers.
   }
   std::unique_lock<std::mutex> lock(mu_);
   bool all = cv_.wait_until(lock, deadline, [&] { return servers_.size() == peers.size(); });
