@@ -212,7 +212,7 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
   }
   if (size > 1)
     p2p_ = std::make_unique<P2pEngine>(store, topo_, job_uid_, secret_, config_.socket_ifname, config_.timeout,
-                                       config_.wait_spin);
+                                       config_.wait_spin, config_.huge_pages == "advise");
   log_setup();
 }
 

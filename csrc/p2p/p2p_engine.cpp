@@ -45,10 +45,11 @@ std::string addr_key(int rank) { return "addr/" + std::to_string(rank); }
 
 P2pEngine::P2pEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const std::string& job_uid,
                      const Secret& secret, const std::string& ifname, std::chrono::milliseconds timeout,
-                     std::chrono::microseconds wait_poll)
+                     std::chrono::microseconds wait_poll, bool huge_pages)
     : topo_(topo),
       timeout_(timeout),
       wait_poll_(wait_poll),
+      huge_pages_(huge_pages),
       store_(c10::make_intrusive<c10d::PrefixStore>("fairring-p2p/", store)),
       secret_(secret),
       completions_(topo.rank) {
@@ -345,8 +346,8 @@ char* P2pEngine::begin_message(Peer& peer, const CellHeader& h) {
   u.meta = h;
   u.buffer = HostBlock(static_cast<int64_t>(h.total));
   // A new block's pages fault in as the message is written: huge pages
-  // where the machine allows (a warm one is left as it is).
-  advise_fresh_memory(u.data(), u.buffer.bytes());
+  // where the machine allows and the group asks (a warm one is left as it is).
+  if (huge_pages_) advise_fresh_memory(u.data(), u.buffer.bytes());
   char* data = u.data();
   unexpected_.emplace(msg, std::move(u));
   in.unexpected = msg;

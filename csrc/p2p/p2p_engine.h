@@ -75,10 +75,11 @@ class P2pEngine {
   // listening address in `store`).  `ifname`: the interface to listen on
   // ("": the hostname's address), as the rails.  `wait_poll`: how long
   // callers will poll (Config::wait_spin); 0: they don't, and a small receive
-  // promises nothing.
+  // promises nothing.  `huge_pages`: advise huge pages for the blocks that
+  // hold early messages (FAIRRING_HUGE_PAGES=advise).
   P2pEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const std::string& job_uid,
             const Secret& secret, const std::string& ifname, std::chrono::milliseconds timeout,
-            std::chrono::microseconds wait_poll);
+            std::chrono::microseconds wait_poll, bool huge_pages);
   ~P2pEngine();
   P2pEngine(const P2pEngine&) = delete;
   P2pEngine& operator=(const P2pEngine&) = delete;
@@ -234,6 +235,7 @@ class P2pEngine {
   Topology topo_;
   std::atomic<std::chrono::milliseconds> timeout_;  // set_timeout may change it
   std::chrono::microseconds wait_poll_;
+  const bool huge_pages_;
   c10::intrusive_ptr<c10d::Store> store_;
   Secret secret_;
   std::unique_ptr<NodeArena> arena_;
