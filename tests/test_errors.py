@@ -293,7 +293,8 @@ def _init_fails_everywhere(nodes, bad, var, value, bad_type=None, others_type="D
         if r.rank != bad and not re.search(rf"\brank {bad}\b", v["msg"]):
             problems.append(f"rank {r.rank}: error does not name rank {bad}: {v['msg'][:400]!r}")
         if v["elapsed"] > timeout_s / 2:
-            problems.append(f"rank {r.rank}: failed after {v['elapsed']:.1f}s (group timeout {timeout_s}s)")
+            problems.append(f"rank {r.rank}: failed after {v['elapsed']:.1f}s (group timeout {timeout_s}s): "
+                            f"{v['msg'][:400]!r}")
     assert not problems, "\n".join(problems)
 
 

@@ -62,6 +62,11 @@ void InitStore::wait(const std::vector<std::string>& keys, const std::chrono::mi
   }
 }
 
+bool InitStore::check(const std::vector<std::string>& keys) {
+  throw_if_failed();
+  return PrefixStore::check(keys);
+}
+
 void InitStore::throw_if_failed() {
   if (!PrefixStore::check({kFailureKey})) return;
   const std::string why = string_of(PrefixStore::get(kFailureKey));

@@ -24,6 +24,9 @@ class InitStore : public c10d::PrefixStore {
   std::vector<uint8_t> get(const std::string& key) override;
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+  // Throws a peer's published failure, if there is one, before it looks
+  // (for a retry loop outside the store, a connect say, to end with it).
+  bool check(const std::vector<std::string>& keys) override;
 
   // Throws a peer's published failure, if there is one (for waits outside
   // the store, NCCL's init say, to end with it too).

@@ -192,7 +192,8 @@ Socket listen_on(const std::string& addr, int* port_out) {
   return s;
 }
 
-Socket connect_to(const std::string& addr, int port, Clock::time_point deadline) {
+Socket connect_to(const std::string& addr, int port, Clock::time_point deadline,
+                  const std::function<void()>& between_tries) {
   sockaddr_in sa = make_addr(addr, port);
   Backoff backoff(kConnectRetryFirst, kConnectRetryCap);
   for (;;) {
@@ -208,14 +209,16 @@ Socket connect_to(const std::string& addr, int port, Clock::time_point deadline)
       errno = err;
       sys_fail("connect to " + addr + ":" + std::to_string(port));
     }
+    if (between_tries) between_tries();
     backoff.sleep();
   }
 }
 
-Socket connect_to(const std::string& addr_port, Clock::time_point deadline) {
+Socket connect_to(const std::string& addr_port, Clock::time_point deadline,
+                  const std::function<void()>& between_tries) {
   const size_t colon = addr_port.rfind(':');
   if (colon == std::string::npos) throw Error(ErrorKind::kBackend, "fairring: malformed address " + addr_port);
-  return connect_to(addr_port.substr(0, colon), std::stoi(addr_port.substr(colon + 1)), deadline);
+  return connect_to(addr_port.substr(0, colon), std::stoi(addr_port.substr(colon + 1)), deadline, between_tries);
 }
 
 void end_streams(const std::vector<int>& fds, Clock::time_point until) {

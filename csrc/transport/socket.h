@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,7 +53,10 @@ std::string default_address();
 // Listens on addr, port chosen by the kernel.
 Socket listen_on(const std::string& addr, int* port_out);
 // Connects, retrying while the peer is not listening yet, until the deadline.
-Socket connect_to(const std::string& addr, int port, Clock::time_point deadline);
+// `between_tries` (if any) runs before each retry and may throw to end them
+// (a peer that is known to have failed will not listen again).
+Socket connect_to(const std::string& addr, int port, Clock::time_point deadline,
+                  const std::function<void()>& between_tries = {});
 // Closing a socket that holds unread bytes resets the connection, and a reset
 // throws away what the peer has not read yet (our last message, an abort).
 // So: end our stream on each of `fds`, then read and drop what still comes
@@ -60,6 +64,7 @@ Socket connect_to(const std::string& addr, int port, Clock::time_point deadline)
 void end_streams(const std::vector<int>& fds, Clock::time_point until);
 
 // The same for an "ip:port" string (as listeners publish theirs).
-Socket connect_to(const std::string& addr_port, Clock::time_point deadline);
+Socket connect_to(const std::string& addr_port, Clock::time_point deadline,
+                  const std::function<void()>& between_tries = {});
 
 }  // namespace fairring

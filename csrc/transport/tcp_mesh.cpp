@@ -160,7 +160,9 @@ void TcpMesh::connect() {
   for (int peer : peers) {
     auto raw = store_->get(addr_key(peer));
     std::string value(raw.begin(), raw.end());
-    Socket s = connect_to(value, deadline);
+    // A peer that failed during creation closes its listener: the store
+    // (InitStore's check) says so, and the retries end with its cause.
+    Socket s = connect_to(value, deadline, [&] { (void)store_->check({addr_key(peer)}); });
     Hello hello{};
     std::memcpy(hello.magic, kHelloMagic, sizeof(kHelloMagic));
     hello.rank = rank_;
