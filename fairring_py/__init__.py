@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from . import _C  # noqa: E402  (needs torch.distributed's bindings loaded first)
 from .options import Options, resolve as _resolve, node_key as _node_key
+from . import status as _status
 
 __all__ = ["Options", "BACKEND_NAME", "dump_recent"]
 __version__ = "0.1.0"
@@ -51,9 +52,20 @@ def _create_backend(dist_opts, pg_options):
         return _reconfigurable(store, rank, size, timeout, resolved)
     backend = _build(store, rank, size, timeout, resolved)
     ranks = list(getattr(dist_opts, "global_ranks_in_group", None) or [])
+    if len(ranks) != size and not dist.is_initialized():
+        ranks = list(range(size))  # the default group: its ranks are the job's
     if len(ranks) == size:
         backend._set_global_ranks(ranks)
+    _register_status(backend, store, ranks if len(ranks) == size else None)
     return backend
+
+
+def _register_status(backend, store, ranks):
+    try:
+        _status.register(backend, store, ranks)
+    except Exception as e:  # noqa: BLE001  (the status view must never fail a group's creation)
+        warnings.warn(f"fairring: the status view (fairring_py.status) could not register this rank: {e}",
+                      stacklevel=3)
 
 
 def _reconfigurable(store, rank, size, timeout, resolved):
@@ -90,6 +102,7 @@ def _build(store, rank, size, timeout, resolved):
     backend._set_child_factory(lambda store, rank, size, timeout: _build(store, rank, size, timeout, resolved))
     if rank == 0 and backend.topology()["uneven"]:
         _warn_uneven(store, size)
+    _register_status(backend, None, None)  # followed; the job's store learns of it in _create_backend
     return backend
 
 

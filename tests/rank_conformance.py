@@ -49,22 +49,36 @@ def detail_mode(rank, world):
 
 def sequence_numbers(rank, world):
     """Every collective (native or delegated) bumps the group's counter, the
-    same on every rank."""
+    same on every rank; sends and receives, which only some ranks issue, do
+    not (they are numbered apart), so a collective's number in messages and
+    dumps is the same on every rank."""
+    import fairring_py
+
     pg = dist.distributed_c10d._get_default_group()
     backend = pg._get_backend(torch.device("cpu"))
     start = backend._get_sequence_number_for_group()
     dist.all_reduce(torch.ones(3))
+    if world > 1 and rank == 0:
+        dist.send(torch.ones(3), 1)
+        dist.send(torch.ones(3), 1)
+    elif world > 1 and rank == 1:
+        dist.recv(torch.ones(3), 0)
     dist.broadcast(torch.ones(3), src=0)
+    if world > 1 and rank == 1:
+        dist.recv(torch.ones(3), 0)
     dist.barrier()
     dist.all_reduce(torch.ones(100_000), async_op=True).wait()
     seq = backend._get_sequence_number_for_group()
+    last = [(op["seq"], op["kind"]) for op in fairring_py.dump_recent() if not op["p2p"]][-1]
     got = [None] * world
-    dist.all_gather_object(got, (start, seq))
+    dist.all_gather_object(got, (start, seq, last))
     failures = []
     if seq - start < 4:
         failures.append(f"sequence number went from {start} to {seq} over 4 collectives")
     if len({g[1] for g in got}) != 1:
         failures.append(f"ranks disagree on the sequence number: {got}")
+    if len({g[2] for g in got}) != 1:
+        failures.append(f"ranks number their last collective differently: {got}")
     return failures
 
 
@@ -328,7 +342,8 @@ def profiler_events(rank, world):
 
 def recent_ops(rank, world):
     """fairring_py.dump_recent lists the group's last collectives with their
-    kind, size, state and timing, in issue order."""
+    kind, size, state and timing, in issue order (collectives numbered apart
+    from sends and receives)."""
     import io
 
     import fairring_py
@@ -361,9 +376,12 @@ def recent_ops(rank, world):
             failures.append(f"third record {recs[2]}")
         if "float64 with MAX" not in recs[-1]["what"]:
             failures.append(f"last record {recs[-1]}")
-        seqs = [r["seq"] for r in recs]
-        if seqs != sorted(seqs) or len(set(seqs)) != 7:
-            failures.append(f"sequence numbers {seqs}")
+        # Collectives numbered in issue order, sends and receives apart.
+        coll = [r["seq"] for r in recs if not r["p2p"]]
+        p2p = [r["seq"] for r in recs if r["p2p"]]
+        if coll != list(range(coll[0], coll[0] + 5)) or sorted(p2p) != [p2p[0], p2p[0] + 1] or \
+                [r["p2p"] for r in recs] != [False, False, False, True, True, False, False]:
+            failures.append(f"sequence numbers {[(r['kind'], r['seq']) for r in recs]}")
     if "monitoredBarrier (gloo)" not in buf.getvalue() or "send of tag 0" not in buf.getvalue():
         failures.append(f"printed dump: {buf.getvalue()[:300]!r}")
     # The ring keeps the last 64 once it has gone round (and each record is

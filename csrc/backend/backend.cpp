@@ -16,6 +16,7 @@
 #include "devices/host_engine.h"
 #include "devices/host_op.h"
 #include "backend/init_store.h"
+#include "backend/live_groups.h"
 #include "backend/reduce_input.h"
 #include "backend/stand_in.h"
 #include "backend/torch_error.h"
@@ -247,6 +248,7 @@ void FairringBackend::log_setup() const {
 }
 
 FairringBackend::~FairringBackend() {
+  unfollow_group(this);  // first: the status view may be reading this group
   if (getpid() != creator_pid_) {
     // A fork()ed child: the threads these objects would join exist in the
     // parent only, and their memory maps and sockets are the parent's.
@@ -483,6 +485,24 @@ void FairringBackend::leave(const char* how) {
   });
 }
 
+uint64_t FairringBackend::number_collective() {
+  follow_once();
+  return seq_++;
+}
+
+uint64_t FairringBackend::number_p2p() {
+  follow_once();
+  return p2p_seq_++;
+}
+
+void FairringBackend::follow_once() {
+  // At the first op, not at creation: torch names the group (setGroupUid)
+  // after creating it, on this thread, and the status view reads the name
+  // from its own.
+  if (followed_.load(std::memory_order_relaxed)) return;
+  if (!followed_.exchange(true)) follow_group(this);
+}
+
 void FairringBackend::check_same_process(const char* what) const {
   TORCH_CHECK(current_pid() == creator_pid_, "fairring: ", what, " on a process group created in process ",
               creator_pid_, ", from its fork()ed child ", current_pid(),
@@ -504,7 +524,7 @@ std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind,
   auto hooks = abort_hooks_;
   auto ephemeral = ephemeral_;
   if (ephemeral->changed()) apply_timeout();  // an extension came or went
-  op.number = seq_++;
+  op.number = number_collective();
   const uint64_t number = op.number;
   auto handle = recent->start(op.number, kind, suffix, op.key(), bytes);
   // torch's flight recorder: what the op reads and writes, as the pipeline has it.
@@ -752,7 +772,7 @@ bool FairringBackend::native_tensors(const std::vector<at::Tensor>& tensors) {
 
 c10d::Backend& FairringBackend::delegate(const char* kind) {
   check_same_process(kind);
-  recent_->start(seq_++, std::string(kind) + " (gloo)", "", 0, /*delegated=*/true);
+  recent_->start(number_collective(), std::string(kind) + " (gloo)", "", 0, /*delegated=*/true);
   with_host_pipelines([](Pipeline& p) {
     p.wait_idle();
     return true;
@@ -1319,7 +1339,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const a
       (peer == kAnySource ? ", from any rank" : (is_send ? ", to rank " : ", from rank ") + std::to_string(peer));
   auto recent = recent_;
   if (ephemeral_->changed()) apply_timeout();
-  auto handle = recent->start(seq_++, kind, what, t.numel() * t.element_size());
+  auto handle =
+      recent->start(number_p2p(), kind, what, t.numel() * t.element_size(), /*delegated=*/false, /*p2p=*/true);
   auto fr = fr_;
   FlightRecord::Id fr_id;
   if (FlightRecord::on()) {
@@ -1398,7 +1419,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::exchange_blocks(const std::vecto
   int64_t bytes = 0;
   for (const at::Tensor& t : sends) bytes += t.numel() * t.element_size();
   auto recent = recent_;
-  auto handle = recent->start(seq_++, kind, std::to_string(bytes) + " bytes to send, blocks of unequal sizes", bytes);
+  auto handle = recent->start(number_collective(), kind,
+                              std::to_string(bytes) + " bytes to send, blocks of unequal sizes", bytes);
   struct State {
     std::atomic<int> left{0};
     std::mutex mu;

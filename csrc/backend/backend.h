@@ -169,6 +169,7 @@ class FairringBackend : public c10d::Backend {
   const RecentOps& recent_ops() const { return *recent_; }
   // The group's ranks in the default group, for torch's flight recorder.
   void set_global_ranks(std::vector<uint64_t> ranks) { fr_->set_global_ranks(std::move(ranks)); }
+  std::vector<uint64_t> global_ranks() const { return fr_->global_ranks(); }
   // How many collectives recent_ops() keeps: enough to see the pattern
   // that led to a failure (a bucket cycle of DDP), small enough to print.
   static constexpr size_t kRecentOps = 64;
@@ -208,6 +209,10 @@ class FairringBackend : public c10d::Backend {
                                                 std::function<void(std::exception_ptr)> done, const char* suffix = "");
   // Throws if called in a fork()ed child of the process that built the group.
   void check_same_process(const char* what) const;
+  // The next collective's / send's or receive's number (seq_, p2p_seq_).
+  uint64_t number_collective();
+  uint64_t number_p2p();
+  void follow_once();
   // The collective part of construction (topology, secret, engine).
   void build(const c10::intrusive_ptr<InitStore>& store, const std::string& node_key);
   // FAIRRING_DEBUG=2: the options, topology and rails this rank ended up with.
@@ -296,7 +301,12 @@ class FairringBackend : public c10d::Backend {
   std::unique_ptr<HostEngine> flat_engine_;
   // Send and receive (null in a group of one rank).
   std::unique_ptr<P2pEngine> p2p_;
+  // Collectives issued (delegated ones included: every rank issues the same,
+  // so #n names the same collective on every rank), and sends and receives,
+  // numbered apart as NCCL does: a rank's point-to-point ops are its own.
   std::atomic<uint64_t> seq_{0};
+  std::atomic<uint64_t> p2p_seq_{0};
+  std::atomic<bool> followed_{false};  // by the status view (live_groups.h), from the first op on
   // The last collectives, for post-mortems (dumped on the first failure).
   std::shared_ptr<RecentOps> recent_ = std::make_shared<RecentOps>(kRecentOps);
   // Its ops in torch's flight recorder (_dump_fr_trace, fr_trace).

@@ -9,6 +9,7 @@
 #include "plan/plan.h"
 #include "node/node_arena.h"
 #include "backend/backend.h"
+#include "backend/live_groups.h"
 #include "backend/init_store.h"
 #include "backend/reconfigurable.h"
 #include "common/config.h"
@@ -58,6 +59,27 @@ fairring::FairringBackend::ChildFactory wrap_factory(py::function make) {
     py::gil_scoped_acquire gil;
     return (*fn)(store, rank, size, timeout).cast<c10::intrusive_ptr<fairring::FairringBackend>>();
   };
+}
+
+// Recent ops as dump_recent and the status view return them.
+py::list records_to_python(const std::vector<fairring::RecentOps::Record>& records) {
+  const auto now = std::chrono::steady_clock::now();
+  auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  py::list out;
+  for (const auto& r : records) {
+    py::dict d;
+    d["seq"] = r.seq;
+    d["p2p"] = r.p2p;
+    d["kind"] = r.kind;
+    d["what"] = r.what;
+    d["bytes"] = r.bytes;
+    d["state"] = r.state;
+    d["error"] = r.error;
+    d["started_ms_ago"] = ms(now - r.start);
+    d["duration_ms"] = r.ended() ? py::cast(ms(r.end - r.start)) : py::none();
+    out.append(d);
+  }
+  return out;
 }
 
 }  // namespace
@@ -140,6 +162,36 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "torch's flight-recorder dump into $TORCH_FR_DUMP_TEMP_FILE<rank>; returns the file ('' when off)",
         py::call_guard<py::gil_scoped_release>());
 
+  m.def(
+      "_live_groups",
+      []() {
+        std::vector<GroupStatus> groups;
+        {
+          py::gil_scoped_release no_gil;  // a group being destroyed waits for the reading
+          groups = live_group_status();
+        }
+        py::list out;
+        for (const GroupStatus& g : groups) {
+          py::dict d;
+          d["group_name"] = g.name;
+          d["group_desc"] = g.desc;
+          d["rank"] = g.rank;
+          d["size"] = g.size;
+          d["global_ranks"] = g.global_ranks;
+          d["listen_address"] = g.listen_address;
+          d["collectives_issued"] = g.counts.collectives_issued;
+          d["collectives_ended"] = g.counts.collectives_ended;
+          d["p2p_issued"] = g.counts.p2p_issued;
+          d["p2p_ended"] = g.counts.p2p_ended;
+          d["ops"] = records_to_python(g.ops);
+          d["error"] = g.error;
+          out.append(d);
+        }
+        return out;
+      },
+      "This process's Fairring groups that have issued an op, oldest first, as the status view "
+      "(fairring_py.status) shows them: names, counts of ops issued and ended, recent ops, first error");
+
   py::class_<FairringBackend, c10d::Backend, c10::intrusive_ptr<FairringBackend>>(m, "FairringBackend")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const Config& config,
                        const std::string& node_key, const c10::intrusive_ptr<c10d::Backend>& fallback) {
@@ -154,25 +206,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "How many ops of this group waited for an earlier op whose memory they share (one of them "
            "writing it): the issue-order rule at work")
       .def(
-          "recent_ops",
-          [](const FairringBackend& b) {
-            const auto now = std::chrono::steady_clock::now();
-            auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
-            py::list out;
-            for (const auto& r : b.recent_ops().snapshot()) {
-              py::dict d;
-              d["seq"] = r.seq;
-              d["kind"] = r.kind;
-              d["what"] = r.what;
-              d["bytes"] = r.bytes;
-              d["state"] = r.state;
-              d["error"] = r.error;
-              d["started_ms_ago"] = ms(now - r.start);
-              d["duration_ms"] = r.ended() ? py::cast(ms(r.end - r.start)) : py::none();
-              out.append(d);
-            }
-            return out;
-          },
+          "recent_ops", [](const FairringBackend& b) { return records_to_python(b.recent_ops().snapshot()); },
           "The group's last collectives, oldest first (fairring_py.dump_recent)")
       .def(
           "format_recent_ops", [](const FairringBackend& b) { return b.recent_ops().format(); },

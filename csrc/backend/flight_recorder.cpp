@@ -238,8 +238,16 @@ FlightRecord::~FlightRecord() = default;
 
 void FlightRecord::set_global_ranks(std::vector<uint64_t> ranks) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (static_cast<int>(ranks.size()) == size_) ranks_ = std::move(ranks);
+  if (static_cast<int>(ranks.size()) == size_) {
+    ranks_ = std::move(ranks);
+    ranks_set_ = true;
+  }
   recorded_uid_.reset();  // recorded again with the next op
+}
+
+std::vector<uint64_t> FlightRecord::global_ranks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ranks_set_ ? ranks_ : std::vector<uint64_t>{};
 }
 
 FlightRecord::Id FlightRecord::issued(const std::string& uid, const std::string& desc, const char* name,

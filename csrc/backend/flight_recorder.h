@@ -41,6 +41,8 @@ class FlightRecord {
   // The group's ranks in the default group (torch's pg_config); 0..size-1
   // until set.
   void set_global_ranks(std::vector<uint64_t> ranks);
+  // As set, or empty when never set.
+  std::vector<uint64_t> global_ranks();
 
   struct Id {
     std::optional<size_t> id;  // torch's entry, none when not recorded
@@ -82,6 +84,7 @@ class FlightRecord {
   const size_t pg_id_;  // this process's count of Fairring groups
   std::mutex mu_;
   std::vector<uint64_t> ranks_;
+  bool ranks_set_ = false;
   std::optional<std::string> recorded_uid_;  // the name ranks_ were last recorded under
   uint64_t collective_seq_ = 0;
   uint64_t p2p_seq_ = 0;

@@ -6,10 +6,12 @@ namespace fairring {
 
 RecentOps::RecentOps(size_t capacity) : ring_(capacity) {}
 
-RecentOps::Entry& RecentOps::claim(uint64_t seq, int64_t bytes, State state) {
+RecentOps::Entry& RecentOps::claim(uint64_t seq, int64_t bytes, State state, bool p2p) {
   Entry& e = ring_[started_ % ring_.size()];
   e.stamp = ++started_;
   e.seq = seq;
+  e.p2p = p2p;
+  ++(p2p ? counts_.p2p_issued : counts_.collectives_issued);
   e.bytes = bytes;
   e.state = state;
   e.error.clear();
@@ -18,29 +20,30 @@ RecentOps::Entry& RecentOps::claim(uint64_t seq, int64_t bytes, State state) {
 }
 
 RecentOps::Handle RecentOps::start(uint64_t seq, const std::string& kind, std::string what, int64_t bytes,
-                                   bool delegated) {
+                                   bool delegated, bool p2p) {
   std::lock_guard<std::mutex> lock(mu_);
-  Entry& e = claim(seq, bytes, delegated ? State::kDelegated : State::kInFlight);
+  Entry& e = claim(seq, bytes, delegated ? State::kDelegated : State::kInFlight, p2p);
   e.kind = kind;  // (assigned into the entry's own buffer: no allocation once warm)
   e.has_key = false;
   e.what = std::move(what);
-  return {e.stamp, seq};
+  return {e.stamp, seq, p2p};
 }
 
 RecentOps::Handle RecentOps::start(uint64_t seq, const char* kind, const char* suffix, const OpKey& key,
                                    int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  Entry& e = claim(seq, bytes, State::kInFlight);
+  Entry& e = claim(seq, bytes, State::kInFlight, /*p2p=*/false);
   e.kind = kind;
   e.kind += suffix;
   e.has_key = true;
   e.key = key;
-  return {e.stamp, seq};
+  return {e.stamp, seq, false};
 }
 
 void RecentOps::finish(const Handle& h, const std::string& error) {
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mu_);
+  ++(h.p2p ? counts_.p2p_ended : counts_.collectives_ended);
   Entry& e = ring_[(h.stamp - 1) % ring_.size()];
   if (e.stamp != h.stamp) return;  // overwritten by a later op: the ring went round
   e.end = now;
@@ -56,6 +59,7 @@ std::vector<RecentOps::Record> RecentOps::snapshot() const {
     const Entry& e = ring_[(s - 1) % n];
     Record r;
     r.seq = e.seq;
+    r.p2p = e.p2p;
     r.kind = e.kind;
     r.what = e.has_key ? describe_args(e.key) : e.what;
     r.bytes = e.bytes;
@@ -100,6 +104,11 @@ std::string RecentOps::format() const {
     out += "\n";
   }
   return out;
+}
+
+RecentOps::Counts RecentOps::counts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counts_;
 }
 
 bool RecentOps::first_failure() {

@@ -23,7 +23,8 @@ namespace fairring {
 class RecentOps {
  public:
   struct Record {
-    uint64_t seq = 0;  // the group's collective number (sequence number)
+    uint64_t seq = 0;  // the op's number: collectives and point-to-point ops each count from 0
+    bool p2p = false;  // a send or receive, not a collective
     std::string kind;  // "all_reduce", "broadcast (gloo)", ...
     std::string what;  // "1000 elements of float32 with SUM", or "" for delegated ones
     int64_t bytes = 0;
@@ -38,18 +39,30 @@ class RecentOps {
   struct Handle {
     uint64_t stamp = 0;  // the how-manieth start (1-based): the record's place and age
     uint64_t seq = 0;    // the op's number, for logs
+    bool p2p = false;
+  };
+  // How many ops this rank has issued and seen end, by class: what the
+  // status view (fairring_py.status) compares between ranks to find who is
+  // behind.  Delegated ops are issued but never followed to their end.
+  struct Counts {
+    uint64_t collectives_issued = 0;
+    uint64_t collectives_ended = 0;
+    uint64_t p2p_issued = 0;
+    uint64_t p2p_ended = 0;
   };
 
   explicit RecentOps(size_t capacity);
   // Records an op; finish() it when it ends (ops delegated to gloo are not
   // followed).  `kind` may be a literal or a composed name.
-  Handle start(uint64_t seq, const std::string& kind, std::string what, int64_t bytes, bool delegated = false);
+  Handle start(uint64_t seq, const std::string& kind, std::string what, int64_t bytes, bool delegated = false,
+               bool p2p = false);
   // The same for a collective of the pipeline, named `kind` + `suffix`: its
   // description comes from `key` when the ring is read.
   Handle start(uint64_t seq, const char* kind, const char* suffix, const OpKey& key, int64_t bytes);
   void finish(const Handle& h, const std::string& error);
   // Oldest first.
   std::vector<Record> snapshot() const;
+  Counts counts() const;
   // One line per op, for logs.
   std::string format() const;
   // True the first time it is called: the caller dumps on the group's first failure only.
@@ -60,6 +73,7 @@ class RecentOps {
   struct Entry {
     uint64_t stamp = 0;  // 0: never used
     uint64_t seq = 0;
+    bool p2p = false;
     std::string kind;
     bool has_key = false;  // `what` comes from `key`
     OpKey key;
@@ -71,12 +85,13 @@ class RecentOps {
     std::chrono::steady_clock::time_point end;
   };
   // The next entry, under mu_.
-  Entry& claim(uint64_t seq, int64_t bytes, State state);
+  Entry& claim(uint64_t seq, int64_t bytes, State state, bool p2p);
 
   mutable std::mutex mu_;
   std::vector<Entry> ring_;
   uint64_t started_ = 0;  // starts so far; entry i holds start number i+1, i+1+capacity, ...
   bool failure_dumped_ = false;
+  Counts counts_;
 };
 
 }  // namespace fairring

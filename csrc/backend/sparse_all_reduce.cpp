@@ -79,7 +79,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_sparse_cpu(at::Tensor&
   work->set_interrupt_hook(abort_hook_, "all_reduce (sparse)");
   auto recent = recent_;
   auto handle = recent->start(
-      seq_++, "all_reduce (sparse)",
+      number_collective(), "all_reduce (sparse)",
       std::to_string(nnz) + " row(s) of " + std::to_string(dense_row) + " " + dtype_name(t.scalar_type()) + " here",
       nnz * dense_row * values.element_size());
   const auto finish = [work, recent, handle](std::exception_ptr error) {

@@ -47,8 +47,8 @@ const char* collective_name(Collective c);
 struct OpKey {
   uint64_t op_seq = 0;  // issue order on the engine (CPU or CUDA): what is matched
   // The op's number in the group, as every message, log line and the
-  // recent-ops dump name it (the backend counts every op, delegated ones
-  // too).  Shown, never matched: ops issued concurrently from two threads
+  // recent-ops dump name it (the backend counts every collective, delegated
+  // ones too; sends and receives apart).  Shown, never matched: ops issued concurrently from two threads
   // to two engines may get their numbers in different orders on two ranks.
   uint64_t number = 0;
   int64_t numel = 0;  // elements of the whole tensor (blockwise collectives: of one rank's block)
