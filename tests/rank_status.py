@@ -71,3 +71,37 @@ def in_step(rank, world, store_url, flag_dir):
             time.sleep(0.05)
     dist.barrier()
     return text
+
+
+def killed_rank(rank, world, flag_dir):
+    """Rank 2 leaves the job abruptly (os._exit) after one all-reduce; the view
+    taken then on rank 0 says it does not answer, and still shows the others."""
+    import fairring_py.status as status
+
+    t = torch.ones(10)
+    dist.all_reduce(t)
+    gone = os.path.join(flag_dir, "gone")
+    if rank == 2:
+        with open(gone, "w") as f:
+            f.write(str(os.getpid()))
+        os._exit(0)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(gone) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = int(open(gone).read() or 0)
+    while pid and time.monotonic() < deadline:  # until the process is gone
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    return status.format(status.collect(timeout_s=2.0)) if rank == 0 else ""
+
+
+def registered_keys(rank, world, store_url):
+    """Which ranks wrote where they answer into the job's store."""
+    dist.all_reduce(torch.ones(4))
+    store = dist.distributed_c10d._get_default_store()
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return [store.check([f"fairring-status/{r}"]) for r in range(world)]

@@ -67,3 +67,20 @@ def test_status_without_a_job_says_why():
     bad = subprocess.run([sys.executable, "-m", "fairring_py.status", "--store", "http://x"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "expected tcp://host:port or file:///path" in bad.stderr, bad
+
+
+def test_status_names_a_rank_that_does_not_answer(tmp_path):
+    res = launch.run_ranks(rank_status.killed_rank, ["a", "a", "a"], args=(str(tmp_path),), check=False,
+                           timeout_s=120)
+    assert res[0].ok, launch.describe_all(res)
+    view = res[0].value
+    assert "2 of 3 rank(s) answered" in view and re.search(r"rank 2: no answer: 127\.0\.0\.1:\d+ \(pid \d+", view), view
+    assert re.search(r"^\s+0\s+0\s+1/1\s+0/0\s+-$", view, re.M), view
+    assert re.search(r"^\s+2\s+\?\s+\(no answer from this rank\)$", view, re.M), view
+
+
+def test_status_off_writes_nothing(tmp_path):
+    port = free_port()
+    res = launch.run_ranks(rank_status.registered_keys, ["a", "b"], args=(f"tcp://127.0.0.1:{port}",),
+                           store_port=port, env={"FAIRRING_STATUS": "off"})
+    assert res[0].value == [False, False], res[0].value
