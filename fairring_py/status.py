@@ -67,11 +67,26 @@ class _Server:
                         if not chunk:
                             break
                         asked += chunk
-                    if asked.strip().decode(errors="replace") != self.token:
+                    words = asked.decode(errors="replace").split()
+                    if not words or words[0] != self.token:
                         continue  # not someone who read the job's store
-                    conn.sendall(json.dumps(self.snapshot()).encode())
+                    if words[1:] == ["dump"]:
+                        conn.sendall(self.dump().encode())
+                    else:
+                        conn.sendall(json.dumps(self.snapshot()).encode())
             except Exception:  # noqa: BLE001  (a caller that goes away must not end the thread)
                 continue
+
+    def dump(self) -> str:
+        """A rank whose group failed asks every rank to dump torch's flight
+        recorder (backend/dump_everywhere.cpp): this process does, for each of
+        its ranks, where TORCH_FR_DUMP_ON_TIMEOUT asks for dumps."""
+        from . import _C
+        if not _dumps_wanted():
+            return "not dumped: TORCH_FR_DUMP_ON_TIMEOUT is not set here"
+        with self.lock:
+            ranks = sorted(self.registered)
+        return "\n".join(_C._dump_flight_recorder(r, stack_traces=False) for r in ranks)
 
     def snapshot(self) -> dict:
         from . import _C
@@ -86,6 +101,11 @@ class _Server:
 
 _server = None
 _server_lock = threading.Lock()
+
+
+def _dumps_wanted() -> bool:
+    from . import _C
+    return _C._dumps_after_failure()  # as the C++ side reads the variables
 
 
 def _enabled() -> bool:
@@ -136,9 +156,9 @@ def register(backend, store, global_ranks) -> None:
         if dist.is_initialized() and me in server.registered:
             return
         server.registered.add(me)
-    entry = {"addr": f"{_address_of(backend)}:{server.port}", "token": server.token,
-             "pid": os.getpid(), "host": socket.gethostname()}
-    root.set(f"{_KEY}{me}", json.dumps(entry))
+    # One line, "ip:port token pid host": read here and by the C++ side
+    # that asks every rank to dump (backend/dump_everywhere.cpp).
+    root.set(f"{_KEY}{me}", f"{_address_of(backend)}:{server.port} {server.token} {os.getpid()} {socket.gethostname()}")
     root.set(f"{_KEY}world", str(world))
 
 
@@ -204,7 +224,8 @@ def collect(store=None, timeout_s: float = _CONNECT_TIMEOUT_S) -> dict:
         if not store.check([f"{_KEY}{r}"]):
             answers[r] = {"unreachable": "not registered (no Fairring group created on it yet)"}
             continue
-        entry = json.loads(store.get(f"{_KEY}{r}"))
+        addr, token, pid, host = store.get(f"{_KEY}{r}").decode().split(" ", 3)
+        entry = {"addr": addr, "token": token, "pid": pid, "host": host}
         try:
             answers[r] = _ask(entry, timeout_s)
         except (OSError, ValueError) as e:

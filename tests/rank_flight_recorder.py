@@ -66,3 +66,25 @@ def desync(rank, world_size, how, culprit, folder):
     except Exception as e:  # noqa: BLE001  (the desync's failure is expected)
         error = f"{type(e).__name__}: {e}"
     return {"error": error, "dumped": os.path.exists(os.path.join(folder, f"rank_{rank}"))}
+
+
+def stalled(rank, world_size, culprit, folder, wait_s=60.0):
+    """Two all-reduces, then `culprit` stalls in Python (a sleep past the
+    group's timeout) while the others wait for it in the third and fail.
+    The culprit never calls into Fairring meanwhile: its dump can only come
+    from being asked (every rank's status listener)."""
+    t = torch.ones(10)
+    dist.all_reduce(t)
+    dist.all_reduce(t)
+    mine = os.path.join(folder, f"rank_{rank}")
+    if rank == culprit:
+        deadline = time.monotonic() + wait_s
+        while not os.path.exists(mine) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return {"error": None, "dumped": os.path.exists(mine)}
+    error = None
+    try:
+        dist.all_reduce(t)
+    except Exception as e:  # noqa: BLE001  (the timeout is expected)
+        error = f"{type(e).__name__}: {e}"
+    return {"error": error, "dumped": os.path.exists(mine)}

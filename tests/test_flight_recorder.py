@@ -112,3 +112,39 @@ def test_recorder_turned_off_says_so():
     assert p.returncode == 0, p.stdout
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got == {"on": False, "problem": "torch's flight recorder is off (TORCH_FR_BUFFER_SIZE=0)"}, got
+
+
+@pytest.mark.parametrize("nodes,culprit", [(["a", "a", "a"], 2), (["a", "a", "b", "b"], 1)], ids=["1x3", "2x2"])
+def test_a_stalled_rank_dumps_too(nodes, culprit, tmp_path):
+    """The ranks that time out waiting for a stalled one dump, and ask every
+    rank to: the stalled rank's dump is in the folder too, with its two
+    completed all-reduces, and the analyzer names it as the one missing."""
+    folder = str(tmp_path / "dumps")
+    os.makedirs(folder)
+    env = {"TORCH_FR_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": os.path.join(folder, "rank_")}
+    res = launch.run_ranks(rfr.stalled, nodes, args=(culprit, folder), timeout_s=120, pg_timeout_s=5, env=env)
+    for r in res:
+        assert r.value["dumped"], f"rank {r.rank} left no dump in {folder}: {os.listdir(folder)}"
+        if r.rank != culprit:
+            assert r.value["error"] and "Timed out" in r.value["error"], f"rank {r.rank}: {r.value}"
+    with open(os.path.join(folder, f"rank_{culprit}"), "rb") as f:
+        entries = [e for e in pickle.load(f)["entries"] if e["profiling_name"] == "fairring:all_reduce"]
+    assert [e["collective_seq_id"] for e in entries] == [1, 2], entries
+    assert all(e["state"] == "completed" for e in entries), entries
+    p = subprocess.run([sys.executable, "-m", "fairring_py.fr_trace", folder, "-p", "rank_"], cwd=ROOT,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout
+    assert "Not all ranks joining collective, sequence number: 3" in p.stdout, p.stdout
+    assert f"missing ranks: {{{culprit}}}" in p.stdout, p.stdout
+
+
+def test_without_the_listeners_a_stalled_rank_does_not_dump(tmp_path):
+    """The control: with FAIRRING_STATUS=off nobody can ask the stalled rank,
+    and its dump does not come (the others' do)."""
+    folder = str(tmp_path / "dumps")
+    os.makedirs(folder)
+    env = {"TORCH_FR_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": os.path.join(folder, "rank_"),
+           "FAIRRING_STATUS": "off"}
+    res = launch.run_ranks(rfr.stalled, ["a", "a", "a"], args=(2, folder, 12.0), timeout_s=120, pg_timeout_s=5,
+                           env=env)
+    assert [r.value["dumped"] for r in res] == [True, True, False], [r.value for r in res]

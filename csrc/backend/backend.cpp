@@ -15,6 +15,7 @@
 #include "devices/cuda_engine.h"
 #include "devices/host_engine.h"
 #include "devices/host_op.h"
+#include "backend/dump_everywhere.h"
 #include "backend/init_store.h"
 #include "backend/live_groups.h"
 #include "backend/reduce_input.h"
@@ -540,7 +541,9 @@ std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind,
   const int rank = getRank();
   FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s%s of %s: issued", static_cast<unsigned long long>(handle.seq), kind, suffix,
                   describe_args(op.key()).c_str());
-  return [recent, hooks, ephemeral, fr, fr_id, number, handle, rank, kind, suffix,
+  // The job's store, to ask every rank to dump too; only when dumps are wanted.
+  auto store = FlightRecord::dumps_after_failure() ? store_ : c10::intrusive_ptr<c10d::Store>();
+  return [recent, hooks, ephemeral, fr, fr_id, number, handle, rank, kind, suffix, store,
           done = std::move(done)](std::exception_ptr error) {
     ephemeral->op_ended(number);
     const std::string why = error ? error_of(error).what() : "";
@@ -553,7 +556,10 @@ std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind,
       FAIRRING_LOG(rank, "collective #%llu failed; this group's last collectives:\n%s",
                    static_cast<unsigned long long>(handle.seq), recent->format().c_str());
       const std::string dumped = fr->dump_after_failure();
-      if (!dumped.empty()) FAIRRING_LOG(rank, "torch's flight recorder dumped to %s", dumped.c_str());
+      if (!dumped.empty()) {
+        FAIRRING_LOG(rank, "torch's flight recorder dumped to %s", dumped.c_str());
+        if (store) ask_every_rank_to_dump(store, rank);  // the stalled ones too
+      }
       hooks->run_once(rank);
     }
     done(error);

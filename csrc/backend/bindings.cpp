@@ -158,6 +158,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return d;
       },
       "Whether Fairring's ops go into torch's flight recorder, and if not why");
+  m.def("_dumps_after_failure", &FlightRecord::dumps_after_failure,
+        "Whether a failed group dumps torch's flight recorder (TORCH_FR_DUMP_ON_TIMEOUT, read once)");
   m.def("_dump_flight_recorder", &FlightRecord::dump_to_file, py::arg("rank"), py::arg("stack_traces") = true,
         "torch's flight-recorder dump into $TORCH_FR_DUMP_TEMP_FILE<rank>; returns the file ('' when off)",
         py::call_guard<py::gil_scoped_release>());

@@ -312,9 +312,13 @@ std::string FlightRecord::dump_to_file(int global_rank, bool stack_traces) {
   return writer.getWriterTarget();
 }
 
-std::string FlightRecord::dump_after_failure() {
+bool FlightRecord::dumps_after_failure() {
   static const bool wanted = c10d::getCvarBool({"TORCH_FR_DUMP_ON_TIMEOUT", "TORCH_NCCL_DUMP_ON_TIMEOUT"}, false);
-  if (!wanted) return "";
+  return wanted;
+}
+
+std::string FlightRecord::dump_after_failure() {
+  if (!dumps_after_failure()) return "";
   int global = rank_;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -77,6 +77,8 @@ class FlightRecord {
   // Without stack traces: they need the GIL, and this runs on the engine's
   // thread.  Returns the file, or "".
   std::string dump_after_failure();
+  // Whether dump_after_failure() dumps (read once per process).
+  static bool dumps_after_failure();
 
  private:
   const int rank_;
