@@ -22,6 +22,8 @@ def records(rank, world_size):
     part = torch.empty(2, dtype=torch.float64)
     dist.reduce_scatter_tensor(part, torch.ones(2 * world_size, dtype=torch.float64))
     dist.broadcast(t, 0)
+    # Blocks of unequal sizes: a pairwise exchange outside the pipeline.
+    dist.all_gather([torch.empty(k + 1) for k in range(world_size)], torch.ones(rank + 1))
     if rank == 0:
         dist.send(t, 1)
     elif rank == 1:
@@ -31,12 +33,18 @@ def records(rank, world_size):
     sub = dist.new_group([1, 2])
     if rank in (1, 2):
         dist.all_reduce(torch.ones(3, dtype=torch.int32), group=sub)
+    # A split of the default group (a child Fairring builds itself): its
+    # ranks in the dump are global too.
+    split = dist.distributed_c10d._get_default_group().split_group([0, 2] if rank != 1 else [1],
+                                                                   group_name=f"split-{rank == 1}")
+    dist.all_reduce(torch.ones(2), group=split)
     dist.barrier()
     dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
     return {
         "entries": [{k: e.get(k) for k in KEYS} for e in dump["entries"]],
         "pg_config": dump["pg_config"],
         "sub_name": sub.group_name if rank in (1, 2) else None,
+        "split_name": split.group_name,
         "recorder": __import__("fairring_py")._C._flight_recorder(),
     }
 

@@ -28,14 +28,16 @@ def test_every_op_is_recorded_in_torchs_flight_recorder():
         assert v["recorder"] == {"on": True, "problem": ""}, v["recorder"]
         default = [e for e in v["entries"] if e["process_group"][0] == "0"]
         names = [e["profiling_name"] for e in default]
-        expected = ["fairring:all_reduce", "fairring:all_gather", "fairring:reduce_scatter", "fairring:broadcast"]
+        expected = ["fairring:all_reduce", "fairring:all_gather", "fairring:reduce_scatter", "fairring:broadcast",
+                    "fairring:all_gather"]
         expected += {0: ["fairring:send 0->1"], 1: ["fairring:recv 1<-0"], 2: []}[r.rank]
         expected += ["fairring:barrier"]
         assert names == expected, f"rank {r.rank}: {names}"
         # Collectives and point-to-point ops numbered apart, as the analyzer matches them.
-        assert [e["collective_seq_id"] for e in default if not e["is_p2p"]] == [1, 2, 3, 4, 5], default
+        assert [e["collective_seq_id"] for e in default if not e["is_p2p"]] == [1, 2, 3, 4, 5, 6], default
         assert [e["p2p_seq_id"] for e in default if e["is_p2p"]] == ([1] if r.rank < 2 else [])
-        ar, ag, rs = default[0], default[1], default[2]
+        ar, ag, rs, uneven = default[0], default[1], default[2], default[4]
+        assert uneven["input_sizes"] == [[r.rank + 1]] and uneven["output_sizes"] == [[1], [2], [3]], uneven
         assert ar["input_sizes"] == [[5]] and ar["output_sizes"] == [[5]] and ar["input_dtypes"] == ["Float"], ar
         assert ag["input_sizes"] == [[5]] and ag["output_sizes"] == [[15]], ag
         assert rs["input_sizes"] == [[6]] and rs["output_sizes"] == [[2]] and rs["output_dtypes"] == ["Double"], rs
@@ -49,6 +51,8 @@ def test_every_op_is_recorded_in_torchs_flight_recorder():
                 ("fairring:all_reduce", ["Int"], 1)
             ], sub
             assert v["pg_config"][v["sub_name"]]["ranks"] == "[1, 2]", v["pg_config"]
+        # The split's child: built by Fairring (split), named by its global ranks.
+        assert v["pg_config"][v["split_name"]]["ranks"] == ("[1]" if r.rank == 1 else "[0, 2]"), v["pg_config"]
 
 
 DESYNCS = {

@@ -427,7 +427,11 @@ c10::intrusive_ptr<c10d::Backend> FairringBackend::shrink(const std::vector<int6
   auto store = c10::make_intrusive<c10d::PrefixStore>(
       "fairring-shrink/" + std::to_string(shrinks_++) + "/" + list + "/", store_);
   const auto timeout = opts_override ? opts_override->timeout : config_.timeout;
-  return make_child("shrink", store, new_rank, new_size, timeout);
+  std::vector<int> members;
+  for (int r = 0; r < world; ++r) {
+    if (!excluded[r]) members.push_back(r);
+  }
+  return make_child("shrink", store, new_rank, new_size, timeout, members);
 }
 
 c10::intrusive_ptr<c10d::Backend> FairringBackend::split(const c10::intrusive_ptr<c10d::Store>& store,
@@ -450,8 +454,8 @@ c10::intrusive_ptr<c10d::Backend> FairringBackend::split(const c10::intrusive_pt
     if (auto child = last_split_.lock()) return child;
   }
   const auto timeout = opts && opts->timeout.count() > 0 ? opts->timeout : config_.timeout;
-  auto child =
-      make_child("split", store, static_cast<int>(at - sorted.begin()), static_cast<int>(sorted.size()), timeout);
+  auto child = make_child("split", store, static_cast<int>(at - sorted.begin()), static_cast<int>(sorted.size()),
+                          timeout, sorted);
   last_split_name_ = name;
   last_split_ = c10::weak_intrusive_ptr<c10d::Backend>(child);
   return child;
@@ -459,9 +463,18 @@ c10::intrusive_ptr<c10d::Backend> FairringBackend::split(const c10::intrusive_pt
 
 c10::intrusive_ptr<c10d::Backend> FairringBackend::make_child(const char* kind,
                                                               const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                              int size, std::chrono::milliseconds timeout) {
+                                                              int size, std::chrono::milliseconds timeout,
+                                                              const std::vector<int>& members) {
   TORCH_CHECK(child_factory_, "fairring: ", kind, " of a group created without fairring_py (no child factory)");
-  return child_factory_(store, rank, size, timeout);
+  auto child = child_factory_(store, rank, size, timeout);
+  const std::vector<uint64_t> ours = global_ranks();
+  auto* fairring_child = dynamic_cast<FairringBackend*>(child.get());
+  if (fairring_child && !ours.empty()) {
+    std::vector<uint64_t> theirs;
+    for (int r : members) theirs.push_back(ours[static_cast<size_t>(r)]);
+    fairring_child->set_global_ranks(std::move(theirs));
+  }
+  return child;
 }
 
 void FairringBackend::leave(const char* how) {
@@ -1427,6 +1440,14 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::exchange_blocks(const std::vecto
   auto recent = recent_;
   auto handle = recent->start(number_collective(), kind,
                               std::to_string(bytes) + " bytes to send, blocks of unequal sizes", bytes);
+  // torch's flight recorder: under the collective's own name, as the pipeline's are.
+  auto fr = fr_;
+  FlightRecord::Id fr_id;
+  if (FlightRecord::on()) {
+    const bool gather = type == c10d::OpType::ALLGATHER;
+    fr_id = fr->issued(getGroupUid(), getGroupDesc(), gather ? "all_gather" : "all_to_all", "", /*p2p=*/false,
+                       gather ? std::vector<at::Tensor>{sends[me]} : sends, outputs, config_.timeout);
+  }
   struct State {
     std::atomic<int> left{0};
     std::mutex mu;
@@ -1445,7 +1466,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::exchange_blocks(const std::vecto
   }
   st->left = 2 * (world - 1) + 1;  // + 1: this call, until everything is posted
   CompletionPool* pool = &p2p_->completions();
-  auto done = [st, work, recent, handle, pool](std::exception_ptr error, int, bool on_caller) {
+  auto done = [st, work, recent, handle, fr, fr_id, pool](std::exception_ptr error, int, bool on_caller) {
     if (error) {
       std::lock_guard<std::mutex> lock(st->mu);
       if (!st->error) st->error = error;
@@ -1459,6 +1480,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::exchange_blocks(const std::vecto
         first = std::make_exception_ptr(error_of(e));
       }
     }
+    fr->ended(fr_id, !first);
     settle_p2p_work(work, *recent, handle, *pool, first, on_caller);
   };
   for (int j = 0; j < world; ++j) {

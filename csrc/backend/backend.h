@@ -348,8 +348,11 @@ class FairringBackend : public c10d::Backend {
   void leave(const char* how);
   bool left_ = false;  // leave() ran
   ChildFactory child_factory_;
+  // `members`: the child's ranks in this group, in the child's order (the
+  // flight recorder names them by their ranks in the default group).
   c10::intrusive_ptr<c10d::Backend> make_child(const char* kind, const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                               int size, std::chrono::milliseconds timeout);
+                                               int size, std::chrono::milliseconds timeout,
+                                               const std::vector<int>& members);
   uint64_t shrinks_ = 0;  // shrink() calls so far: each child's store prefix
   // The last split's group name and child (weak: a child dropped by its
   // users must go, and tell its peers).
