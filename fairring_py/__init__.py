@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from . import _C  # noqa: E402  (needs torch.distributed's bindings loaded first)
 from .options import Options, resolve as _resolve, node_key as _node_key
-from . import status as _status
+from . import _status_listener as _status
 
 __all__ = ["Options", "BACKEND_NAME", "dump_recent"]
 __version__ = "0.1.0"

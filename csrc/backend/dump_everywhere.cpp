@@ -12,7 +12,7 @@
 namespace fairring {
 
 namespace {
-// Where fairring_py/status.py writes each rank's listener: "ip:port token pid host".
+// Where fairring_py/_status_listener.py writes each rank's listener: "ip:port token pid host".
 const std::string kKey = "fairring-status/";
 // Per rank: a live listener answers within microseconds; a dead one refuses
 // at once.  Only an unreachable machine costs the whole of it.

@@ -3,7 +3,7 @@
 // a rank that is stalled outside Fairring (in Python, in a kernel, waiting
 // on something else) never sees it.  So the first rank to fail asks every
 // rank of the job to dump, through the listener each process keeps for the
-// status view (fairring_py/status.py), whose address and token are in the
+// status view (fairring_py/_status_listener.py), whose address and token are in the
 // job's store: one folder then holds every live rank's picture.
 #pragma once
 
