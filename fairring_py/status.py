@@ -146,7 +146,7 @@ def format(answers: dict) -> str:  # noqa: A001  (the module's verb: fairring_py
             p2p = f"{row['p2p_issued']}/{row['p2p_ended']}"
             lines.append(f"  {r:>4}  {row['answered_as']:>6}  {coll:>24}  {p2p:>16}  {fly}")
         for r in g["missing"]:
-            lines.append(f"  {r:>4}  {'?':>6}  (no answer from this rank)")
+            lines.append(f"  {r:>4}  {'?':>6}  (no report: no op on this group yet, or no answer)")
         for b in g["behind"]:
             lines.append(f"  behind: {b}")
         if not g["behind"] and not g["missing"]:

@@ -76,7 +76,7 @@ def test_status_names_a_rank_that_does_not_answer(tmp_path):
     view = res[0].value
     assert "2 of 3 rank(s) answered" in view and re.search(r"rank 2: no answer: 127\.0\.0\.1:\d+ \(pid \d+", view), view
     assert re.search(r"^\s+0\s+0\s+1/1\s+0/0\s+-$", view, re.M), view
-    assert re.search(r"^\s+2\s+\?\s+\(no answer from this rank\)$", view, re.M), view
+    assert re.search(r"^\s+2\s+\?\s+\(no report: no op on this group yet, or no answer\)$", view, re.M), view
 
 
 def test_status_off_writes_nothing(tmp_path):
