@@ -102,7 +102,6 @@ def _build(store, rank, size, timeout, resolved):
     backend._set_child_factory(lambda store, rank, size, timeout: _build(store, rank, size, timeout, resolved))
     if rank == 0 and backend.topology()["uneven"]:
         _warn_uneven(store, size)
-    _register_status(backend, None, None)  # followed; the job's store learns of it in _create_backend
     return backend
 
 

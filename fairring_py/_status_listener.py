@@ -114,8 +114,10 @@ def _address_of(backend) -> str:
 
 
 def register(backend, store, global_ranks) -> None:
-    """Called as a Fairring group is created: follow `backend`, and write where
-    this rank answers into the job's store (once per rank and store)."""
+    """Called as a Fairring group is created (``_create_backend``): start this
+    process's listener, and write where this rank answers into the job's
+    store (once per rank; again for a new default group).  The groups it
+    reports join the view at their first op (backend/live_groups.h)."""
     global _server
     if not _enabled():
         return
@@ -123,8 +125,6 @@ def register(backend, store, global_ranks) -> None:
         if _server is None or _server.pid != os.getpid():  # none yet, or the parent's (fork)
             _server = _Server()
         server = _server
-    if store is None:
-        return
     rank = backend.rank()
     if global_ranks:
         me = global_ranks[rank]

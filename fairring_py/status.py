@@ -45,11 +45,11 @@ def open_store(url: str, timeout_s: float = 10.0):
     raise ValueError(f"fairring.status: --store {url!r}: expected tcp://host:port or file:///path")
 
 
-def _ask(entry: dict, timeout_s: float) -> dict:
-    host, _, port = entry["addr"].rpartition(":")
+def _ask(addr: str, token: str, timeout_s: float) -> dict:
+    host, _, port = addr.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=timeout_s) as s:
         s.settimeout(timeout_s)
-        s.sendall(entry["token"].encode() + b"\n")
+        s.sendall(token.encode() + b"\n")
         data = b""
         while True:
             chunk = s.recv(1 << 16)
@@ -78,11 +78,10 @@ def collect(store=None, timeout_s: float = _CONNECT_TIMEOUT_S) -> dict:
             answers[r] = {"unreachable": "not registered (no Fairring group created on it yet)"}
             continue
         addr, token, pid, host = store.get(f"{_KEY}{r}").decode().split(" ", 3)
-        entry = {"addr": addr, "token": token, "pid": pid, "host": host}
         try:
-            answers[r] = _ask(entry, timeout_s)
+            answers[r] = _ask(addr, token, timeout_s)
         except (OSError, ValueError) as e:
-            answers[r] = {"unreachable": f"{entry['addr']} (pid {entry.get('pid')} on {entry.get('host')}): {e}"}
+            answers[r] = {"unreachable": f"{addr} (pid {pid} on {host}): {e}"}
     return answers
 
 

@@ -170,6 +170,9 @@ class FairringBackend : public c10d::Backend {
   // The group's ranks in the default group, for torch's flight recorder.
   void set_global_ranks(std::vector<uint64_t> ranks) { fr_->set_global_ranks(std::move(ranks)); }
   std::vector<uint64_t> global_ranks() const { return fr_->global_ranks(); }
+  // Collectives (delegated ones included) and sends and receives issued so far.
+  uint64_t collectives_issued() const { return seq_.load(); }
+  uint64_t p2p_issued() const { return p2p_seq_.load(); }
   // How many collectives recent_ops() keeps: enough to see the pattern
   // that led to a failure (a bucket cycle of DDP), small enough to print.
   static constexpr size_t kRecentOps = 64;

@@ -180,11 +180,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           d["rank"] = g.rank;
           d["size"] = g.size;
           d["global_ranks"] = g.global_ranks;
-          d["listen_address"] = g.listen_address;
-          d["collectives_issued"] = g.counts.collectives_issued;
-          d["collectives_ended"] = g.counts.collectives_ended;
-          d["p2p_issued"] = g.counts.p2p_issued;
-          d["p2p_ended"] = g.counts.p2p_ended;
+          d["collectives_issued"] = g.collectives_issued;
+          d["collectives_ended"] = g.ended.collectives;
+          d["p2p_issued"] = g.p2p_issued;
+          d["p2p_ended"] = g.ended.p2p;
           d["ops"] = records_to_python(g.ops);
           d["error"] = g.error;
           out.append(d);

@@ -3,8 +3,8 @@
 // a rank that is stalled outside Fairring (in Python, in a kernel, waiting
 // on something else) never sees it.  So the first rank to fail asks every
 // rank of the job to dump, through the listener each process keeps for the
-// status view (fairring_py/_status_listener.py), whose address and token are in the
-// job's store: one folder then holds every live rank's picture.
+// status view (fairring_py/_status_listener.py), whose address and token
+// are in the job's store: one folder then holds every live rank's picture.
 #pragma once
 
 #include <c10/util/intrusive_ptr.h>

@@ -36,8 +36,9 @@ std::vector<GroupStatus> live_group_status() {
     s.rank = g->getRank();
     s.size = g->getSize();
     s.global_ranks = g->global_ranks();
-    s.listen_address = g->listen_address();
-    s.counts = g->recent_ops().counts();
+    s.ended = g->recent_ops().ended();  // before the issued counts, so never above them
+    s.collectives_issued = g->collectives_issued();
+    s.p2p_issued = g->p2p_issued();
     s.ops = g->recent_ops().snapshot();
     const auto first = g->first_error();
     if (first) s.error = first->what();

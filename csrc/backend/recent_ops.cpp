@@ -11,7 +11,6 @@ RecentOps::Entry& RecentOps::claim(uint64_t seq, int64_t bytes, State state, boo
   e.stamp = ++started_;
   e.seq = seq;
   e.p2p = p2p;
-  ++(p2p ? counts_.p2p_issued : counts_.collectives_issued);
   e.bytes = bytes;
   e.state = state;
   e.error.clear();
@@ -43,7 +42,7 @@ RecentOps::Handle RecentOps::start(uint64_t seq, const char* kind, const char* s
 void RecentOps::finish(const Handle& h, const std::string& error) {
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mu_);
-  ++(h.p2p ? counts_.p2p_ended : counts_.collectives_ended);
+  ++(h.p2p ? ended_.p2p : ended_.collectives);
   Entry& e = ring_[(h.stamp - 1) % ring_.size()];
   if (e.stamp != h.stamp) return;  // overwritten by a later op: the ring went round
   e.end = now;
@@ -106,9 +105,9 @@ std::string RecentOps::format() const {
   return out;
 }
 
-RecentOps::Counts RecentOps::counts() const {
+RecentOps::Ended RecentOps::ended() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return counts_;
+  return ended_;
 }
 
 bool RecentOps::first_failure() {

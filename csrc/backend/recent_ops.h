@@ -41,14 +41,12 @@ class RecentOps {
     uint64_t seq = 0;    // the op's number, for logs
     bool p2p = false;
   };
-  // How many ops this rank has issued and seen end, by class: what the
-  // status view (fairring_py.status) compares between ranks to find who is
-  // behind.  Delegated ops are issued but never followed to their end.
-  struct Counts {
-    uint64_t collectives_issued = 0;
-    uint64_t collectives_ended = 0;
-    uint64_t p2p_issued = 0;
-    uint64_t p2p_ended = 0;
+  // How many ops have ended, by class, for the status view (fairring_py.status;
+  // how many were issued is the backend's numbering).  Delegated ops are
+  // never followed to their end.
+  struct Ended {
+    uint64_t collectives = 0;
+    uint64_t p2p = 0;
   };
 
   explicit RecentOps(size_t capacity);
@@ -62,7 +60,7 @@ class RecentOps {
   void finish(const Handle& h, const std::string& error);
   // Oldest first.
   std::vector<Record> snapshot() const;
-  Counts counts() const;
+  Ended ended() const;
   // One line per op, for logs.
   std::string format() const;
   // True the first time it is called: the caller dumps on the group's first failure only.
@@ -91,7 +89,7 @@ class RecentOps {
   std::vector<Entry> ring_;
   uint64_t started_ = 0;  // starts so far; entry i holds start number i+1, i+1+capacity, ...
   bool failure_dumped_ = false;
-  Counts counts_;
+  Ended ended_;
 };
 
 }  // namespace fairring
