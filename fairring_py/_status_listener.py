@@ -8,6 +8,7 @@ Kept apart from ``status.py`` (the view, and ``python -m fairring_py.status``),
 which the package does not import.
 """
 
+import atexit
 import json
 import os
 import secrets
@@ -33,6 +34,11 @@ class _Server:
         self.sock.listen(16)
         self.port = self.sock.getsockname()[1]
         self.registered = set()  # global ranks written into the job's store
+        # A dump asked for by another rank can still be writing as this
+        # process exits: exit waits for it (bounded), as torch's writer and
+        # its file are torn down at exit under the listener thread.
+        self.dumping = threading.Lock()
+        atexit.register(self.dumping.acquire, timeout=10.0)
         threading.Thread(target=self._serve, name="fairring-status", daemon=True).start()
 
     def _serve(self):
@@ -69,7 +75,8 @@ class _Server:
             return "not dumped: TORCH_FR_DUMP_ON_TIMEOUT is not set here"
         with self.lock:
             ranks = sorted(self.registered)
-        return "\n".join(_C._dump_flight_recorder(r, stack_traces=False) for r in ranks)
+        with self.dumping:
+            return "\n".join(_C._dump_flight_recorder(r, stack_traces=False) for r in ranks)
 
     def snapshot(self) -> dict:
         from . import _C

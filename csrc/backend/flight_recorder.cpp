@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/FlightRecorder.hpp>
 
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 namespace fairring {
@@ -306,6 +307,12 @@ void FlightRecord::ended(const Id& id, bool ok) {
 
 std::string FlightRecord::dump_to_file(int global_rank, bool stack_traces) {
   if (!on()) return "";
+  // A failed op's rank dumps as the status listener serves another rank's
+  // request to dump: torch's getWriter() makes and registers its writer
+  // unguarded, and a second thread's registration frees the first one's
+  // writer under it.  Ours take turns.
+  static std::mutex dumping;
+  std::lock_guard<std::mutex> one_at_a_time(dumping);
   // One writer per process, named after the rank that first asked.
   c10d::DebugInfoWriter& writer = c10d::DebugInfoWriter::getWriter(global_rank);
   writer.write(c10d::dump_fr_trace(true, stack_traces, false));
