@@ -331,18 +331,11 @@ def _rs_bits_vs_all_reduce(rank, world, seed, cfg):
     """The design's fixed reduction order (local-rank order in a node, then node
     order) is the all-reduce's: a native reduce-scatter of the same inputs should
     give this rank's chunk of Fairring's all_reduce result bit for bit.  Native
-    only (gloo reduces in another order); a list of differences.
-
-    On uneven nodes the reduce-scatter runs flat (every rank its own node, in
-    rank order) while the all-reduce keeps its nodes: the half types round a
-    node's partial sum, so only the full-precision cases are compared there
-    (the same order when the nodes hold consecutive ranks, as in the suite)."""
+    only (gloo reduces in another order); a list of differences.  Uneven nodes
+    too: a rail reduces its passive ranks' pieces in the same order."""
     diffs = []
     cases = [(torch.float32, "SUM", 1031), (torch.bfloat16, "AVG", 4099), (torch.float16, "SUM", 13),
              (torch.float64, "PRODUCT", 65537), (torch.float32, "SUM", cfg.get("big_n", BIG))]
-    topo = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu")).topology()
-    if topo["uneven"]:
-        cases = [c for c in cases if c[0] in (torch.float32, torch.float64)]
     for i, (dtype, op, n) in enumerate(cases):
         x = make_input(seed + i, rank, n * world, dtype, op)
         ar = x.clone()
@@ -710,9 +703,17 @@ def sec_native(rank, world, cfg):
         ("reduce_scatter list, uneven strided", lambda: _uneven_rs(rank, world, ck, strided=True), True,
          NATIVE_RS),
     ]
-    for label, fn, want_native, kind in cases:
+    # On uneven nodes the equal-size forms keep the node hierarchy: none of
+    # them runs on the flat schedule (which the list forms of unequal sizes,
+    # exchanges, may use).
+    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    flat_before = backend._flat_ops()
+    for i, (label, fn, want_native, kind) in enumerate(cases):
+        if label == "all_gather list, uneven sizes" and backend._flat_ops() != flat_before:
+            ck.add(f"uneven nodes: {backend._flat_ops() - flat_before} equal-size reduce_scatter/all_gather "
+                   "op(s) ran on the flat schedule, not the nodes'")
         expect(label, fn, want_native, kind)
-    return ck.result(kinds=kinds_seen)
+    return ck.result(kinds=kinds_seen, flat_ops=[flat_before, backend._flat_ops()])
 
 
 def _in_place_ag(rank, world):

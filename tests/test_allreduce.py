@@ -47,6 +47,12 @@ TOPOLOGIES = {
     # and the "big" case (3 M float32 elements, 12 slices).
     "2x2-deferred": (["a", "a", "b", "b"], {"FAIRRING_TEST_DEFERRED_MOVER": "1"},
                      BASE, {"sizes": FEW_SIZES + [262147]}, False),
+    # Uneven nodes under the device-like mover: a carrier's wait for its passive
+    # ranks' pieces, and their reads of its chunk (test_collectives.py).
+    "uneven-2+1-deferred": (["a", "a", "b"],
+                            {"FAIRRING_TEST_DEFERRED_MOVER": "1", "FAIRRING_SLICE_SIZE": "4K",
+                             "FAIRRING_PARALLELISM": "2", "FAIRRING_TOTAL_MEMORY": "1M"},
+                            BASE, {"sizes": FEW_SIZES}, False),
     # One rank per node: no node peers, so no peer events (the CUDA mover has none).
     "2x1-deferred": (["a", "b"], {"FAIRRING_TEST_DEFERRED_MOVER": "1"}, BASE + ["broadcast"],
                      {"sizes": FEW_SIZES + [262147]}, False),

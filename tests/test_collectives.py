@@ -41,7 +41,10 @@ TOPOLOGIES = {
     "2x2": (ALL, {"big": [(torch.float32, "SUM"), (torch.bfloat16, "AVG"), (torch.int32, "MAX"), (torch.uint8, "BXOR")],
                   "ag_big": [torch.float32, torch.uint8]}),
     "3x1-options": (SMALL, FEW),
+    # Uneven nodes: a rail carries its passive ranks' pieces (plan.h).
     "uneven-2+1": (SMALL, FEW),
+    "uneven-3+2": (SMALL, {"rs_sizes": [1, 13, 1031, 65537], "ag_sizes": [1, 13, 65537]}),
+    "uneven-2+1-deferred": (SMALL, {"rs_sizes": [1, 13, 1031, 16411], "ag_sizes": [1, 13, 16411]}),
     # The device-like host mover (CUDA's ordering, test_allreduce.py): a step
     # that misses a wait on a peer's copy gives wrong numbers here.
     # (1x3: 4 KiB slices, so 16411 elements are 5+ slices per block, two in flight)
@@ -132,6 +135,17 @@ def test_native_ran_natively(topo):
     """Equal-size reduce_scatter / all_gather in every form are recorded as
     "reduce_scatter" / "all_gather" in dump_recent, not "... (gloo)"."""
     assert_clean(topo, "native", "native_only")
+
+
+@pytest.mark.parametrize("topo", [t for t in TOPOLOGIES if t.startswith("uneven")])
+def test_uneven_nodes_keep_their_hierarchy(topo):
+    """On nodes of unequal size the equal-size reduce_scatter and all_gather
+    run on the nodes' schedule (a rail carries its passive ranks' pieces),
+    not on the flat one, whose ops are counted."""
+    per_rank = section(topo, "native")
+    assert all(v["flat_ops"][0] >= 0 for v in per_rank), f"{topo}: no flat schedule on uneven nodes? {per_rank}"
+    flat = [f"[{topo} rank {r}] {f}" for r, v in enumerate(per_rank) for f in v["failures"] if "flat schedule" in f]
+    assert not flat, "\n".join(flat)
 
 
 @pytest.mark.parametrize("topo", list(TOPOLOGIES))

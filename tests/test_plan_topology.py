@@ -171,12 +171,14 @@ def test_allreduce_phase_list():
 
 def test_blockwise_phase_lists():
     """Reduce-scatter stops at the rails (no all-gather half: the result stays
-    with the rank it belongs to); all-gather has no reduction."""
+    with the rank it belongs to, or, on uneven nodes, with its carrier until it
+    takes it); all-gather has no reduction, and a rail waits for its passive
+    ranks' pieces before it shares them."""
     phases, front = _C._phases_for_test("reduce_scatter", 2)
-    assert phases == ["acquire", "stage-blocks", "reduce-blocks", "exchange-blocks", "await-own", "release"]
+    assert phases == ["acquire", "stage-blocks", "reduce-blocks", "exchange-blocks", "take-piece", "release"]
     assert phases[front - 1] == "exchange-blocks"
     phases, front = _C._phases_for_test("all_gather", 3)
-    assert phases == ["acquire", "publish-block", "exchange-blocks", "gather-blocks", "release"]
+    assert phases == ["acquire", "publish-block", "await-carried", "exchange-blocks", "gather-blocks", "release"]
     assert phases[front - 1] == "exchange-blocks"
     for name in ("reduce_scatter", "all_gather", "all_to_all"):
         assert _C._phases_for_test(name, 1) == (["exchange-blocks", "await-own"], 1)
@@ -270,3 +272,48 @@ def test_waits_spin_only_when_every_rank_has_a_cpu():
     assert _C._wait_spin_us_for_test(8, 96) > 0
     assert _C._wait_spin_us_for_test(3, 2) == 0
     assert _C._wait_spin_us_for_test(4, 2) == 0
+
+
+@pytest.mark.parametrize("sizes", [(2, 2), (2, 1), (1, 2), (3, 2), (3, 2, 2), (4, 1, 2), (5, 3)])
+@pytest.mark.parametrize("numel", [0, 1, 13, 1031, 65537])
+def test_blockwise_plan_on_uneven_nodes(sizes, numel):
+    """A blockwise slice's W pieces, staged by rail (plan.h): chunk r holds rail
+    r's pieces, shard j of it node j's local ranks r, r + R, ...; every piece
+    has its own place, inside its rail's shard; equal nodes keep the layout
+    (x * N + j) * c."""
+    rails, n, world = min(sizes), len(sizes), sum(sizes)
+    slices = _C._plan_for_test(numel, 4, 0, 0, slice_bytes=64 << 10, collective="all_gather", node_sizes=list(sizes))
+    assert sum(s["slice"][1] for s in slices) == numel
+    for s in slices:
+        c = s["slice"][1]
+        assert len(s["chunks"]) == rails
+        assert s["chunks"][0][0] == 0 and sum(cc for _, cc in s["chunks"]) == world * c
+        for r, ((co, cc), shards) in enumerate(zip(s["chunks"], s["shards"])):
+            assert len(shards) == n
+            assert [sh[1] for sh in shards] == [len(range(r, k, rails)) * c for k in sizes]
+            assert shards[0][0] == 0 and all(a[0] + a[1] == b[0] for a, b in zip(shards, shards[1:]))
+        places = set()
+        for (j, x), at in s["staged_at"].items():
+            co, _ = s["chunks"][x % rails]
+            so, sc = s["shards"][x % rails][j]
+            assert co + so <= at and at + c <= co + so + sc, (sizes, j, x, at)
+            if len(set(sizes)) == 1:
+                assert at == (x * n + j) * c
+            places.add(at)
+        assert len(places) == world or c == 0
+
+
+@pytest.mark.parametrize("sizes", [(2, 1), (3, 2), (4, 1), (8, 1, 3), (3, 1, 1, 1)])
+@pytest.mark.parametrize("elem", [1, 2, 4, 8])
+def test_shard_bound_holds_on_uneven_nodes(sizes, elem):
+    # A larger node's blockwise shard holds several pieces: the rail stage's
+    # buffers are sized for it (max_shard_bytes with the largest node).
+    kw = dict(slice_bytes=256 << 10, min_chunk_bytes=16 << 10, min_shard_bytes=4 << 10)
+    rails, n = min(sizes), len(sizes)
+    bound = _C._max_shard_bytes_for_test(rails, n, kw["slice_bytes"], kw["min_chunk_bytes"], kw["min_shard_bytes"],
+                                         largest_node=max(sizes))
+    for numel in [1, 63, 1000, 4097, 9999, 40_000, 70_001, 300_007, 1_000_003]:
+        for coll in ("all_reduce", "reduce_scatter"):
+            for s in _C._plan_for_test(numel, elem, 0, 0, **kw, collective=coll, node_sizes=list(sizes)):
+                for shards in s["shards"]:
+                    assert max(cnt for _, cnt in shards) * elem <= bound, (numel, elem, sizes, coll)

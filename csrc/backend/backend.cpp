@@ -238,7 +238,7 @@ void FairringBackend::log_setup() const {
     std::string sizes;
     for (const auto& members : topo_.node_ranks) sizes += (sizes.empty() ? "" : "+") + std::to_string(members.size());
     layout = std::to_string(topo_.num_nodes) + " nodes of " + sizes + " ranks, " + std::to_string(topo_.rails) +
-             " rail(s) (uneven: blockwise collectives run flat)";
+             " rail(s) (uneven: all-to-all, gather and scatter run flat)";
   }
   FAIRRING_LOG(rank, "topology: %s; this rank is local rank %d of node %d (ranks %s)", layout.c_str(), topo_.local_rank,
                topo_.node, list(topo_.local_ranks()).c_str());
@@ -664,7 +664,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_cpu(std::shared_ptr<HostO
 
 HostEngine& FairringBackend::host_engine_for(const PipelineOp& op) {
   if (!flat_engine_) return *engine_;
-  const bool flat = op.def->cut() == Cut::kBlockwise;
+  const bool flat = !op.def->on_uneven_nodes();
   HostEngine& to = flat ? *flat_engine_ : *engine_;
   HostEngine& other = flat ? *engine_ : *flat_engine_;
   if (other.failed() && !to.failed()) to.abort(other.failure());
@@ -841,6 +841,10 @@ void FairringBackend::order_after_delegated(const Footprint& fp, bool with_p2p) 
       }
     }
   }
+}
+
+int64_t FairringBackend::flat_ops() const {
+  return flat_engine_ ? static_cast<int64_t>(flat_engine_->ops_submitted()) : -1;
 }
 
 uint64_t FairringBackend::order_waits() const {

@@ -181,6 +181,8 @@ class FairringBackend : public c10d::Backend {
   // (pipeline/op_order.h), CPU and CUDA engines together, and calls that
   // waited for a delegated collective.
   uint64_t order_waits() const;
+  // Ops run on the flat schedule of uneven nodes (-1: equal nodes, none).
+  int64_t flat_ops() const;
 
  private:
   // Lets the ops issued so far finish before a delegated op runs, so that
@@ -297,10 +299,10 @@ class FairringBackend : public c10d::Backend {
   const int creator_pid_ = getpid();
   c10::intrusive_ptr<c10d::Backend> fallback_;
   std::unique_ptr<HostEngine> engine_;
-  // On uneven nodes (topology.h), the schedule of the collectives whose
-  // blocks belong to ranks (all-gather, reduce-scatter, all-to-all, gather,
-  // scatter): every rank its own node, as a passive rank has no rail to
-  // carry its block.  Null on equal nodes.
+  // On uneven nodes (topology.h), the schedule of the exchanges whose
+  // pieces each go to one rank (all-to-all, gather, scatter): every rank
+  // its own node, as their scripts do not stage a passive rank's pieces on
+  // its carrier's rail (CollectiveDef::on_uneven_nodes).  Null on equal nodes.
   std::unique_ptr<HostEngine> flat_engine_;
   // Send and receive (null in a group of one rank).
   std::unique_ptr<P2pEngine> p2p_;
@@ -365,8 +367,8 @@ class FairringBackend : public c10d::Backend {
   bool with_device_pipeline(const std::function<bool(Pipeline&)>& f) const;
   // f(each host schedule: engine_, then flat_engine_ if any); false at the first false.
   bool with_host_pipelines(const std::function<bool(Pipeline&)>& f) const;
-  // The host schedule `op` runs on: the flat one for a blockwise collective
-  // on uneven nodes, else engine_.  Before handing it over, waits until the
+  // The host schedule `op` runs on: the flat one for a collective whose
+  // scripts do not run on uneven nodes, else engine_.  Before handing it over, waits until the
   // other schedule's ops that `op` must follow are done (a barrier follows
   // all of them), and passes on the other's failure: the group has one.
   HostEngine& host_engine_for(const PipelineOp& op);

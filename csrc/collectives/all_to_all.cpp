@@ -120,7 +120,8 @@ const CollectiveDef& all_to_all_def() {
               {"await-own", step_await_rails},
               {"release", step_release}},
              3},
-      Script{{{"exchange-blocks", exchange_blocks}, {"await-own", step_await_rails}}, 1});
+      Script{{{"exchange-blocks", exchange_blocks}, {"await-own", step_await_rails}}, 1},
+      /*on_uneven_nodes=*/false);  // each piece goes to one rank: flat there (plan.h)
   return def;
 }
 

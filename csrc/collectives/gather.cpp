@@ -109,7 +109,8 @@ const CollectiveDef& gather_def() {
               {"await-own", step_await_rails},
               {"release", step_release}},
              3},
-      Script{{{"exchange", exchange}, {"to-root", to_root}, {"await-own", step_await_rails}}, 1});
+      Script{{{"exchange", exchange}, {"to-root", to_root}, {"await-own", step_await_rails}}, 1},
+      /*on_uneven_nodes=*/false);  // each piece goes to one rank: flat there (plan.h)
   return def;
 }
 

@@ -1,18 +1,21 @@
 // The reduce-scatter, blockwise (plan.h: slice i is piece i of every rank's
-// block; in the slot areas chunk x holds the pieces of every node's local
-// rank x), for local rank `me` of K, with N nodes:
+// block; in the slot areas chunk r holds the pieces rail r carries), for
+// local rank `me` of K, with N nodes:
 //
 //   front: acquire          wait until every peer released the slot; claim it
-//          stage-blocks     our W pieces into our input area, by chunk
+//          stage-blocks     our W pieces into our input area, by chunk (but
+//                           those of our own chunk: read from the tensor)
 //          reduce-blocks    chunk `me` of every input area: the node's sum of
 //                           our rail's pieces (one node: our own piece)
 //          exchange-blocks  N > 1: each piece to the node it belongs to, whose
 //                           rank reduces them into its output (reduce at server)
-//   back:  await-own        the rails are done with the slice
+//   back:  take-piece       the rails are done with the slice; on uneven
+//                           nodes our piece from our carrier's chunk
 //          release          we are done with the slot
 //
+// A passive rank (uneven nodes) only stages its pieces and takes its own.
 // On a node of one rank: exchange-blocks | await-own, straight between the
-// tensors and the rails.
+// tensors and the rails (on equal nodes).
 #include "collectives/collectives.h"
 #include "pipeline/slice_schedule.h"
 
@@ -22,14 +25,28 @@ namespace {
 
 using TimePoint = SliceSchedule::TimePoint;
 
+// Rail r's pieces of node j: those of its local ranks r, r + R, ...
+template <typename F>
+void for_pieces_of_rail(const SliceSchedule& p, int r, int j, F f) {
+  for (int x = r; x < p.node_size(j); x += p.topo().rails) f(x);
+}
+
+// Our result lands in our output directly, unless our carrier's shard of
+// our node holds several pieces (uneven nodes): then the served sum stays
+// in the carrier's input area (where it staged nothing: its own chunk is
+// read from the tensor), and each rank takes its piece from there.
+bool result_staged(const SliceSchedule& p, const Slice& s) {
+  return p.multi_node() && (p.topo().uneven && p.node_size(p.topo().node) > p.topo().rails);
+}
+
 bool stage_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   // The peers' chunks only: ours is reduced straight from the tensor.
   const int slot = p.slot(s);
   const int64_t esize = p.esize(s);
   char* in = p.mover().input_area(slot, p.me());
-  for (int x = 0; x < p.k(); ++x) {
-    if (x == p.me()) continue;
-    for (int j = 0; j < p.topo().num_nodes; ++j) {
+  for (int j = 0; j < p.topo().num_nodes; ++j) {
+    for (int x = 0; x < p.node_size(j); ++x) {
+      if (p.carries_blocks(s) && p.carrier(x) == p.me()) continue;
       p.mover().copy(slot, in + p.staged_at(s, j, x) * esize, p.input_block(s, j, x), s.plan.slice.count * esize,
                      false);
     }
@@ -40,26 +57,29 @@ bool stage_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
 
 bool reduce_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
   if (!p.inputs_in(s, until)) return false;
+  if (!p.carries_blocks(s)) return true;  // passive: our carrier reduces our pieces
   const PipelineOp& op = *s.op;
   const int slot = p.slot(s);
   const int64_t esize = p.esize(s);
   for (int x = 0; x < p.k(); ++x) {
     if (x != p.me()) p.mover().after(slot, x, PeerStep::kInputReady);
   }
-  // Our chunk holds the slice of each node's block of our rail: reduced one
-  // node at a time, our term read from the tensor, the peers' from their
+  // Our chunk holds the slice of each node's blocks of our rail: reduced one
+  // piece at a time, our term read from the tensor, the peers' from their
   // input areas, in local-rank order.  One node: the result is our own
   // piece.  Otherwise it goes to the rails from our output area, and the
   // servers divide.
   const bool one_node = !p.multi_node();
   for (int j = 0; j < p.topo().num_nodes; ++j) {
-    const int64_t at = p.staged_at(s, j, p.me()) * esize;
-    const void* inputs[kMaxLocalRanks];
-    for (int x = 0; x < p.k(); ++x) {
-      inputs[x] = x == p.me() ? p.input_block(s, j, p.me()) : p.mover().input_area(slot, x) + at;
-    }
-    char* out = one_node ? p.own_piece(op.output, s) : p.mover().output_area(slot, p.me()) + at;
-    p.mover().reduce(slot, op.dtype, op.op, out, inputs, p.k(), s.plan.slice.count, one_node ? p.divisor(s) : 0);
+    for_pieces_of_rail(p, p.me(), j, [&](int x) {
+      const int64_t at = p.staged_at(s, j, x) * esize;
+      const void* inputs[kMaxLocalRanks];
+      for (int y = 0; y < p.k(); ++y) {
+        inputs[y] = y == p.me() ? p.input_block(s, j, x) : p.mover().input_area(slot, y) + at;
+      }
+      char* out = one_node ? p.own_piece(op.output, s) : p.mover().output_area(slot, p.me()) + at;
+      p.mover().reduce(slot, op.dtype, op.op, out, inputs, p.k(), s.plan.slice.count, one_node ? p.divisor(s) : 0);
+    });
   }
   return true;
 }
@@ -68,7 +88,8 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   const PipelineOp& op = *s.op;
   const int slot = p.slot(s);
   const int64_t esize = p.esize(s);
-  p.set_mirror(s, nullptr, nullptr, 0);  // nothing for the node's peers to read
+  p.set_mirror(s, nullptr, nullptr, 0);   // nothing for the node's peers to read
+  if (!p.carries_blocks(s)) return true;  // passive
   if (!p.multi_node()) {
     // A reduce-scatter of one rank is a copy (none if in place).
     if (p.k() == 1) {
@@ -85,11 +106,25 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   t.shards = s.plan.shards[p.me()];
   t.divisor = p.divisor(s);
   for (int j = 0; j < p.topo().num_nodes; ++j) {
-    t.pieces.push_back(p.k() > 1 ? p.mover().output_area(slot, p.me()) + p.staged_at(s, j, p.me()) * esize
-                                 : p.input_block(s, j, 0));  // only read
+    t.pieces.push_back(p.staged(s) ? p.mover().output_area(slot, p.me()) + p.staged_at(s, j, p.me()) * esize
+                                   : p.input_block(s, j, 0));  // only read
   }
-  t.result = p.own_piece(op.output, s);
+  t.result = result_staged(p, s) ? p.mover().input_area(slot, p.me()) + p.staged_at(s, p.topo().node, p.me()) * esize
+                                 : p.own_piece(op.output, s);
   p.post(std::move(t));
+  return true;
+}
+
+bool take_piece(SliceSchedule& p, Slice& s, const TimePoint* until) {
+  const int from = p.carrier(p.me());
+  if (!result_staged(p, s)) return step_await_own(p, s, until);
+  if (!p.node().wait_chunk(s.id(), from, until)) return false;
+  const int slot = p.slot(s);
+  if (from != p.me()) p.mover().after(slot, from, PeerStep::kChunkDone);
+  const int64_t esize = p.esize(s);
+  p.mover().copy(slot, p.own_piece(s.op->output, s),
+                 p.mover().input_area(slot, from) + p.staged_at(s, p.topo().node, p.me()) * esize,
+                 s.plan.slice.count * esize, false);
   return true;
 }
 
@@ -103,7 +138,7 @@ const CollectiveDef& reduce_scatter_def() {
               {"stage-blocks", stage_blocks},
               {"reduce-blocks", reduce_blocks},
               {"exchange-blocks", exchange_blocks},
-              {"await-own", step_await_own},
+              {"take-piece", take_piece},
               {"release", step_release}},
              4},
       Script{{{"exchange-blocks", exchange_blocks}, {"await-own", step_await_own}}, 1});

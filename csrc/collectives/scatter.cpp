@@ -103,7 +103,8 @@ const CollectiveDef& scatter_def() {
               {"await-own", step_await_rails},
               {"release", step_release}},
              3},
-      Script{{{"exchange", exchange}, {"from-root", from_root}, {"await-own", step_await_rails}}, 1});
+      Script{{{"exchange", exchange}, {"from-root", from_root}, {"await-own", step_await_rails}}, 1},
+      /*on_uneven_nodes=*/false);  // each piece goes to one rank: flat there (plan.h)
   return def;
 }
 

@@ -35,18 +35,23 @@ NodeArena::NodeArena(const c10::intrusive_ptr<c10d::Store>& store, const Topolog
   const int64_t header_bytes = round_up(sizeof(SlotHeader) * slots * ranks_, kPageBytes) +
                                round_up(sizeof(SharedCounter) * slots * ranks_ * counters_per_slot, kPageBytes);
 
+  area_ = round_up(slot_area_bytes, kPageBytes);
   if (ranks_ == 1) {
-    // Nothing to share: the counters live in private memory.
-    private_.reset(new char[control_bytes + header_bytes]());
+    // Nothing to share: the counters live in private memory, and so do the
+    // slot areas where a node of one rank has any use for them (uneven
+    // nodes: the blockwise collectives stage their rail's pieces there).
+    if (!topo.uneven) area_ = 0;
+    const int64_t areas = area_ * (ranks_ + 1) * slots;
+    private_.reset(new char[control_bytes + header_bytes + areas]());
     control_ = new (private_.get()) NodeControl();
     headers_ = reinterpret_cast<SlotHeader*>(private_.get() + control_bytes);
     counters_ = reinterpret_cast<SharedCounter*>(private_.get() + control_bytes +
                                                  round_up(sizeof(SlotHeader) * slots * ranks_, kPageBytes));
+    if (area_ > 0) data_ = private_.get() + control_bytes + header_bytes;
     control_->pids[0] = getpid();
     return;
   }
 
-  area_ = round_up(slot_area_bytes, kPageBytes);
   const int64_t total = control_bytes + header_bytes + area_ * (ranks_ + 1) * slots;
   const std::string ready_key = "fairring/shm_ready/" + std::to_string(topo.node);
   const std::string mapped_key = "fairring/shm_mapped/" + std::to_string(topo.node);

@@ -40,11 +40,15 @@ class CollectiveDef {
  public:
   virtual ~CollectiveDef() = default;
   virtual Collective kind() const = 0;
-  // The script on a node of `ranks_per_node` ranks (a node of one rank
-  // skips the node steps).
-  virtual const Script& script(int ranks_per_node) const = 0;
+  // The script with the node steps, or without them (`alone`: a node of
+  // one rank, whose slice need not be staged).
+  virtual const Script& script(bool alone) const = 0;
   // The whole tensor, or one block per rank (plan.h).
   virtual Cut cut() const = 0;
+  // Whether the scripts run on nodes of unequal size: a blockwise one's
+  // carriers stage their passive peers' pieces (plan.h).  The backend runs
+  // the others on the flat view there (Topology::flat).
+  virtual bool on_uneven_nodes() const = 0;
 };
 
 // A collective given by its two scripts: on a node of several ranks, and on
@@ -52,19 +56,22 @@ class CollectiveDef {
 // with the words messages use for it (registered for every layer).
 class ScriptedCollective : public CollectiveDef {
  public:
-  ScriptedCollective(Collective kind, CollectiveText text, Cut cut, Script node, Script alone)
-      : kind_(kind), cut_(cut), node_(std::move(node)), alone_(std::move(alone)) {
+  ScriptedCollective(Collective kind, CollectiveText text, Cut cut, Script node, Script alone,
+                     bool on_uneven_nodes = true)
+      : kind_(kind), cut_(cut), node_(std::move(node)), alone_(std::move(alone)), on_uneven_nodes_(on_uneven_nodes) {
     register_collective_text(kind, text);
   }
   Collective kind() const override { return kind_; }
   Cut cut() const override { return cut_; }
-  const Script& script(int ranks_per_node) const override { return ranks_per_node == 1 ? alone_ : node_; }
+  const Script& script(bool alone) const override { return alone ? alone_ : node_; }
+  bool on_uneven_nodes() const override { return on_uneven_nodes_; }
 
  private:
   Collective kind_;
   Cut cut_;
   Script node_;
   Script alone_;
+  bool on_uneven_nodes_;
 };
 
 }  // namespace fairring

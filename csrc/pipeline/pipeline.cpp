@@ -35,6 +35,7 @@ std::set<Pipeline*> g_live;
 
 Pipeline::Pipeline(const Topology& topo, const Config& config, const char* device)
     : topo_(topo),
+      node_sizes_(topo.node_sizes()),
       config_(config),
       device_(device),
       creator_pid_(getpid()),
@@ -135,12 +136,18 @@ void Pipeline::set_timeout(std::chrono::milliseconds timeout) {
   on_set_timeout(timeout);
 }
 
+uint64_t Pipeline::ops_submitted() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return submitted_;
+}
+
 void Pipeline::submit(std::shared_ptr<PipelineOp> op) {
   if (!op->def) throw Error(ErrorKind::kBackend, "fairring: an op without a collective definition was submitted");
-  if (topo_.uneven && op->def->cut() == Cut::kBlockwise) {
-    // Its blocks belong to ranks, and a passive rank has no rail to carry
-    // its own (the backend runs such ops on the flat view: Topology::flat).
-    throw Error(ErrorKind::kBackend, "fairring: a blockwise collective was submitted to the schedule of uneven nodes");
+  if (topo_.uneven && !op->def->on_uneven_nodes()) {
+    // Its pieces each go to one rank, which a passive rank's carrier does
+    // not stage (the backend runs such ops on the flat view: Topology::flat).
+    throw Error(ErrorKind::kBackend, std::string("fairring: ") + collective_name(op->collective) +
+                                         " was submitted to the schedule of uneven nodes");
   }
   std::unique_lock<std::mutex> lock(mu_);
   if (op->stage && order_.must_follow(op->footprint) == 0) {
@@ -190,8 +197,7 @@ Slice Pipeline::make_slice(const std::shared_ptr<PipelineOp>& op, int64_t index)
   s.op = op;
   s.index = index;
   s.seq = next_slice_seq_++;
-  s.plan =
-      plan_slice(op->def->cut(), op->numel, c10::elementSize(op->dtype), index, topo_.rails, topo_.num_nodes, params_);
+  s.plan = plan_slice(op->def->cut(), op->numel, c10::elementSize(op->dtype), index, node_sizes_, params_);
   return s;
 }
 

@@ -99,6 +99,8 @@ class Pipeline {
   Error failure() const { return failure_.error(); }
   // Ops that waited for an earlier op under the order rule (op_order.h).
   uint64_t order_waits() const { return order_waits_.load(std::memory_order_relaxed); }
+  // Ops submitted to this schedule so far.
+  uint64_t ops_submitted();
 
  protected:
   using TimePoint = std::chrono::steady_clock::time_point;
@@ -204,6 +206,7 @@ class Pipeline {
   std::exception_ptr after_let_go(const std::shared_ptr<PipelineOp>& op, std::exception_ptr error);
 
   Topology topo_;
+  const std::vector<int> node_sizes_;  // topo_'s, for the plans
   Config config_;
   PlanParams params_;
   const char* device_;

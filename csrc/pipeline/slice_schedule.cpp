@@ -33,8 +33,14 @@ SliceSchedule::SliceSchedule(const Topology& topo, int slots, NodeSlots& node, M
       rail_(rail),
       mirrors_(slots) {}
 
-// Pipeline::submit refuses an op without a definition.
-const Script& SliceSchedule::script_of(const Slice& s) const { return s.op->def->script(k_); }
+// Pipeline::submit refuses an op without a definition.  On uneven nodes a
+// blockwise slice is staged even on a node of one rank: its rail's shard of
+// a larger node holds several ranks' pieces, which lie apart in the tensors.
+const Script& SliceSchedule::script_of(const Slice& s) const { return s.op->def->script(!staged(s)); }
+
+bool SliceSchedule::staged(const Slice& s) const {
+  return k_ > 1 || (topo_.uneven && s.op->def->cut() == Cut::kBlockwise);
+}
 
 bool SliceSchedule::front_done(const Slice& s) const { return static_cast<size_t>(s.phase) >= script_of(s).front; }
 
@@ -77,7 +83,8 @@ bool SliceSchedule::acquire(Slice& s, const TimePoint* until) {
 }
 
 void SliceSchedule::input_published(Slice& s) {
-  mover_.done(slot(s), PeerStep::kInputReady);
+  // A node of one rank (staged on uneven nodes) has no peer to tell (mover.h).
+  if (k_ > 1) mover_.done(slot(s), PeerStep::kInputReady);
   node_.publish_input(s.id());
 }
 
@@ -99,7 +106,7 @@ bool SliceSchedule::wait_chunks(Slice& s, int n, const TimePoint* until) {
 void SliceSchedule::release(Slice& s) {
   // In slice order, also for a slice whose reads ended earlier: the counter
   // only moves forward.
-  mover_.done(slot(s), PeerStep::kConsumed);
+  if (k_ > 1) mover_.done(slot(s), PeerStep::kConsumed);
   node_.release(s.id());
 }
 
@@ -158,8 +165,11 @@ int64_t SliceSchedule::piece_count(const Slice& s, int from, int to) const {
   const int64_t block = s.op->block_counts[static_cast<size_t>(from) * topo_.size + to];
   return std::max<int64_t>(0, std::min(r.count, block - r.offset));
 }
-int64_t SliceSchedule::staged_at(const Slice& s, int j, int x) const {
-  return (int64_t{x} * topo_.num_nodes + j) * s.plan.slice.count;
+int64_t SliceSchedule::staged_at(const Slice& s, int j, int x) const { return blockwise_staged_at(s.plan, j, x); }
+
+int SliceSchedule::pieces_carried(const Slice& s, int j) const {
+  if (!carries_blocks(s)) return 0;
+  return (node_size(j) - me_ + topo_.rails - 1) / topo_.rails;  // local ranks me, me + R, ... of node j
 }
 
 bool step_acquire(SliceSchedule& p, Slice& s, const SliceSchedule::TimePoint* until) { return p.acquire(s, until); }

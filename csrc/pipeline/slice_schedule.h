@@ -90,6 +90,18 @@ class SliceSchedule {
   bool owns_chunk(const Slice& s) const { return me_ < s.plan.num_chunks(); }
   // Whether this rank carries its chunk of the slice to other nodes.
   bool carries_chunk(const Slice& s) const { return rail_ != nullptr && owns_chunk(s); }
+  // Whether the slice goes through the node's slot areas (the script with
+  // the node steps): several ranks on the node, or a blockwise slice on
+  // uneven nodes.
+  bool staged(const Slice& s) const;
+  // Blockwise: the ranks of node j, the local rank whose rail carries local
+  // rank x's pieces (plan.h: x % R), whether we carry a chunk (passive ranks
+  // do not), and how many of node j's pieces our chunk holds (1 on equal
+  // nodes; 0 for a passive rank).
+  int node_size(int j) const { return static_cast<int>(topo_.node_ranks[j].size()); }
+  int carrier(int x) const { return x % topo_.rails; }
+  bool carries_blocks(const Slice& s) const { return me_ < s.plan.num_chunks(); }
+  int pieces_carried(const Slice& s, int j) const;
   // Blockwise: where piece (node j, local x) of the slice is in the op's
   // input and output of one block per rank, in a tensor of a single block,
   // and in the slot areas.

@@ -98,7 +98,20 @@ int64_t num_slices(Cut cut, int64_t numel, int64_t elem_size, int world, const P
 SlicePlan plan_slice(Cut cut, int64_t numel, int64_t elem_size, int64_t index, int ranks_per_node, int num_nodes,
                      const PlanParams& params) {
   if (cut == Cut::kWhole) return plan_slice(numel, elem_size, index, ranks_per_node, num_nodes, params);
-  const int world = ranks_per_node * num_nodes;
+  return plan_slice(cut, numel, elem_size, index, std::vector<int>(static_cast<size_t>(num_nodes), ranks_per_node),
+                    params);
+}
+
+SlicePlan plan_slice(Cut cut, int64_t numel, int64_t elem_size, int64_t index, const std::vector<int>& node_sizes,
+                     const PlanParams& params) {
+  if (node_sizes.empty() || *std::min_element(node_sizes.begin(), node_sizes.end()) < 1) {
+    throw Error(ErrorKind::kBackend, "plan_slice: a node without ranks");
+  }
+  const int rails = *std::min_element(node_sizes.begin(), node_sizes.end());
+  const int num_nodes = static_cast<int>(node_sizes.size());
+  if (cut == Cut::kWhole) return plan_slice(numel, elem_size, index, rails, num_nodes, params);
+  int world = 0;
+  for (int k : node_sizes) world += k;
   const int64_t slices = num_slices(cut, numel, elem_size, world, params);
   if (index < 0 || index >= slices) {
     throw Error(ErrorKind::kBackend, "plan_slice: slice index out of range");
@@ -106,22 +119,44 @@ SlicePlan plan_slice(Cut cut, int64_t numel, int64_t elem_size, int64_t index, i
   SlicePlan plan;
   plan.slice = nth_even_range(std::max<int64_t>(numel, 0), slices, align_elems(elem_size, params), index);
   const int64_t piece = plan.slice.count;
-  for (int x = 0; x < ranks_per_node; ++x) {
-    plan.chunks.push_back(Range{int64_t{x} * num_nodes * piece, num_nodes * piece});
+  // Chunk r: rail r's pieces, node by node; node j's are those of its local
+  // ranks r, r + R, r + 2R...  (one on equal nodes).
+  int64_t at = 0;
+  for (int r = 0; r < rails; ++r) {
+    const int64_t start = at;
     std::vector<Range> shards;
-    for (int j = 0; j < num_nodes; ++j) shards.push_back(Range{j * piece, piece});
+    for (int k : node_sizes) {
+      const int64_t pieces = (k - r + rails - 1) / rails;
+      shards.push_back(Range{at - start, pieces * piece});
+      at += pieces * piece;
+    }
+    plan.chunks.push_back(Range{start, at - start});
     plan.shards.push_back(std::move(shards));
   }
   return plan;
 }
 
-int64_t max_shard_bytes(const PlanParams& params, int ranks_per_node, int num_nodes) {
+int64_t blockwise_staged_at(const SlicePlan& plan, int j, int x) {
+  const int rails = plan.num_chunks();
+  const int r = x % rails;
+  return plan.chunks[r].offset + plan.shards[r][j].offset + int64_t{x / rails} * plan.slice.count;
+}
+
+int64_t max_shard_bytes(const PlanParams& params, int ranks_per_node, int num_nodes, int largest_node) {
   // A chunk is a 1/K share of a full slice, or below min_chunk_bytes when the
   // slice was too small to use every rank; a shard likewise.  The slack covers
   // rounding to aligned boundaries and the unaligned tail of the last range.
   const int64_t slack = 4 * params.align_bytes;
   const int64_t chunk = std::max(params.slice_bytes / ranks_per_node, params.min_chunk_bytes) + slack;
-  return std::max(chunk / num_nodes, params.min_shard_bytes) + slack;
+  const int64_t bound = std::max(chunk / num_nodes, params.min_shard_bytes) + slack;
+  if (largest_node <= ranks_per_node) return bound;
+  // A blockwise shard of the largest node: ceil(largest / R) pieces of a
+  // slice cut into W >= largest + (N - 1) R of them (piece_elems), each at
+  // most one aligned unit, and a tail, longer than its share.
+  const int64_t world = largest_node + int64_t{num_nodes - 1} * ranks_per_node;
+  const int64_t pieces = (largest_node + ranks_per_node - 1) / ranks_per_node;
+  const int64_t piece = std::max(params.align_bytes, params.slice_bytes / world) + 2 * params.align_bytes;
+  return std::max(bound, pieces * piece + slack);
 }
 
 }  // namespace fairring

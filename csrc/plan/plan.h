@@ -56,10 +56,13 @@ SlicePlan plan_slice(int64_t numel, int64_t elem_size, int64_t index, int ranks_
 // kBlockwise (reduce-scatter, all-gather): the big tensor holds one block
 // of `numel` elements per rank (W in all, in rank order) and the small one a
 // single block.  Slice i is the same piece of every block, and the slot
-// areas hold the slice's W pieces grouped by the local rank they belong
-// to: piece (node j, local x) at (x * N + j) * c, c = slice.count.  So chunk
-// x (the pieces of every node's local rank x, reduced or gathered by local
-// rank x) is one range, and shard j of it is node j's piece.
+// areas hold the slice's W pieces grouped by the rail that carries them:
+// local rank x's piece is carried by local rank x % R (R rails: the smallest
+// node's rank count), chunk r holds the pieces rail r carries, shard j of it
+// node j's, in local-rank order.  On equal nodes (R = K) that is piece
+// (node j, local x) at (x * N + j) * c, c = slice.count: chunk x is local
+// rank x's pieces of every node, shard j of it node j's piece.  On unequal
+// nodes a larger node's shard holds several pieces (its passive ranks' too).
 enum class Cut { kWhole, kBlockwise };
 
 // Whether the slot areas (slice_bytes each) hold a blockwise slice of W
@@ -71,6 +74,13 @@ bool blockwise_fits(int64_t elem_size, int world, const PlanParams& params);
 int64_t num_slices(Cut cut, int64_t numel, int64_t elem_size, int world, const PlanParams& params);
 SlicePlan plan_slice(Cut cut, int64_t numel, int64_t elem_size, int64_t index, int ranks_per_node, int num_nodes,
                      const PlanParams& params);
+// The same on nodes of these rank counts, equal or not (kWhole: cut for the
+// rails, the smallest node's count).
+SlicePlan plan_slice(Cut cut, int64_t numel, int64_t elem_size, int64_t index, const std::vector<int>& node_sizes,
+                     const PlanParams& params);
+// Where piece (node j, local x) of a blockwise slice planned as above is in
+// the slot areas, in elements.
+int64_t blockwise_staged_at(const SlicePlan& plan, int j, int x);
 
 // Bytes that hold a rank's whole part of an exchange (RailPattern::kExchange:
 // all-to-all, gather, scatter) of one blockwise slice, its sent and its
@@ -82,6 +92,8 @@ int64_t exchange_staging_bytes(int64_t slice_area, int num_nodes);
 
 // An upper bound on the bytes of any shard of any slice plan_slice makes with
 // these parameters, for sizing the reduction servers' staging buffers.
-int64_t max_shard_bytes(const PlanParams& params, int ranks_per_node, int num_nodes);
+// `largest_node` above `ranks_per_node` (the rails of unequal nodes): also
+// the blockwise shards of a larger node, several pieces each.
+int64_t max_shard_bytes(const PlanParams& params, int ranks_per_node, int num_nodes, int largest_node = 0);
 
 }  // namespace fairring

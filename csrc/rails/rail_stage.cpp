@@ -566,9 +566,10 @@ void RailStage::loop() {
   }
 }
 
-int64_t rail_stage_bytes_per_slot(const Config& config, const PlanParams& params, int ranks_per_node, int num_nodes) {
+int64_t rail_stage_bytes_per_slot(const Config& config, const PlanParams& params, int ranks_per_node, int num_nodes,
+                                  int largest_node) {
   if (num_nodes < 2) return 0;
-  const int64_t shard = max_shard_bytes(params, ranks_per_node, num_nodes);
+  const int64_t shard = max_shard_bytes(params, ranks_per_node, num_nodes, largest_node);
   int64_t servers = 0;  // the wire buffers to and from reduction servers (the constructor's bound)
   if (uses_reduction_servers(config, num_nodes) && config.wire_dtype != "none") {
     const int64_t chunk = max_shard_bytes(params, ranks_per_node, 1);
@@ -596,7 +597,8 @@ std::unique_ptr<RailStage> connect_rail(const c10::intrusive_ptr<c10d::Store>& s
         max_server_piece_bytes(servers.max_chunk_bytes, int64_t{config.reduction_servers} * kPiecesPerServer));
   }
   return std::make_unique<RailStage>(topo, *mesh, reduce_cpu, std::move(callbacks), config.timeout, config.parallelism,
-                                     max_shard_bytes(params, topo.rails, topo.num_nodes), wire, std::move(servers));
+                                     max_shard_bytes(params, topo.rails, topo.num_nodes, topo.largest_node()), wire,
+                                     std::move(servers));
 }
 
 }  // namespace fairring

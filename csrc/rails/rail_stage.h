@@ -146,7 +146,9 @@ class RailStage : public RailExchange {
 // Host memory a RailStage of this config allocates per slot: the server's
 // receive buffers and, with compressed rails, the wire buffers (0 on one
 // node).  Both engines count it in their staging memory.
-int64_t rail_stage_bytes_per_slot(const Config& config, const PlanParams& params, int ranks_per_node, int num_nodes);
+// `largest_node`: as max_shard_bytes reads it (0 on equal nodes).
+int64_t rail_stage_bytes_per_slot(const Config& config, const PlanParams& params, int ranks_per_node, int num_nodes,
+                                  int largest_node = 0);
 
 // Connects this rank's rail (`mesh`: a TCP connection to the same local rank
 // of every other node) and builds its stage (not started: RailStage::start),

@@ -35,16 +35,21 @@ void register_plan_hooks(py::module& m) {
   m.def(
       "_plan_for_test",
       [](int64_t numel, int64_t elem_size, int ranks_per_node, int num_nodes, int64_t slice_bytes,
-         int64_t min_chunk_bytes, int64_t min_shard_bytes, const std::string& collective) {
+         int64_t min_chunk_bytes, int64_t min_shard_bytes, const std::string& collective, std::vector<int> node_sizes) {
         const Cut c = collective_def(collective_named(collective)).cut();
         PlanParams p;
         p.slice_bytes = slice_bytes;
         p.min_chunk_bytes = min_chunk_bytes;
         p.min_shard_bytes = min_shard_bytes;
+        // node_sizes given: nodes of those rank counts (ranks_per_node and
+        // num_nodes are ignored).
+        if (node_sizes.empty()) node_sizes.assign(static_cast<size_t>(num_nodes), ranks_per_node);
+        int world = 0;
+        for (int k : node_sizes) world += k;
         py::list slices;
-        const int64_t n = num_slices(c, numel, elem_size, ranks_per_node * num_nodes, p);
+        const int64_t n = num_slices(c, numel, elem_size, world, p);
         for (int64_t i = 0; i < n; ++i) {
-          SlicePlan s = plan_slice(c, numel, elem_size, i, ranks_per_node, num_nodes, p);
+          SlicePlan s = plan_slice(c, numel, elem_size, i, node_sizes, p);
           py::dict d;
           d["slice"] = py::make_tuple(s.slice.offset, s.slice.count);
           d["chunks"] = ranges(s.chunks);
@@ -52,13 +57,23 @@ void register_plan_hooks(py::module& m) {
           for (const auto& sh : s.shards) shards.append(ranges(sh));
           d["shards"] = shards;
           d["replicated"] = s.replicated;
+          if (c == Cut::kBlockwise) {
+            py::dict at;  // (node, local rank) -> where its piece is staged
+            for (size_t j = 0; j < node_sizes.size(); ++j) {
+              for (int x = 0; x < node_sizes[j]; ++x) {
+                at[py::make_tuple(j, x)] = blockwise_staged_at(s, static_cast<int>(j), x);
+              }
+            }
+            d["staged_at"] = at;
+          }
           slices.append(d);
         }
         return slices;
       },
       py::arg("numel"), py::arg("elem_size"), py::arg("ranks_per_node"), py::arg("num_nodes"),
       py::arg("slice_bytes") = PlanParams().slice_bytes, py::arg("min_chunk_bytes") = PlanParams().min_chunk_bytes,
-      py::arg("min_shard_bytes") = PlanParams().min_shard_bytes, py::arg("collective") = "all_reduce");
+      py::arg("min_shard_bytes") = PlanParams().min_shard_bytes, py::arg("collective") = "all_reduce",
+      py::arg("node_sizes") = std::vector<int>{});
   m.def("_blockwise_fits_for_test", [](int64_t elem_size, int world, int64_t slice_bytes) {
     PlanParams p;
     p.slice_bytes = slice_bytes;
@@ -106,21 +121,25 @@ void register_plan_hooks(py::module& m) {
 
   // The phase list of a collective (by name) on a node of `ranks_per_node`.
   m.def("_phases_for_test", [](const std::string& collective, int ranks_per_node) {
-    const Script& script = collective_def(collective_named(collective)).script(ranks_per_node);
+    const Script& script = collective_def(collective_named(collective)).script(/*alone=*/ranks_per_node == 1);
     std::vector<std::string> names;
     for (const Step& step : script.steps) names.push_back(step.name);
     return py::make_tuple(names, script.front);
   });
 
   m.def("_exchange_staging_bytes_for_test", &exchange_staging_bytes);
-  m.def("_max_shard_bytes_for_test",
-        [](int ranks_per_node, int num_nodes, int64_t slice_bytes, int64_t min_chunk_bytes, int64_t min_shard_bytes) {
-          PlanParams p;
-          p.slice_bytes = slice_bytes;
-          p.min_chunk_bytes = min_chunk_bytes;
-          p.min_shard_bytes = min_shard_bytes;
-          return max_shard_bytes(p, ranks_per_node, num_nodes);
-        });
+  m.def(
+      "_max_shard_bytes_for_test",
+      [](int ranks_per_node, int num_nodes, int64_t slice_bytes, int64_t min_chunk_bytes, int64_t min_shard_bytes,
+         int largest_node) {
+        PlanParams p;
+        p.slice_bytes = slice_bytes;
+        p.min_chunk_bytes = min_chunk_bytes;
+        p.min_shard_bytes = min_shard_bytes;
+        return max_shard_bytes(p, ranks_per_node, num_nodes, largest_node);
+      },
+      py::arg("ranks_per_node"), py::arg("num_nodes"), py::arg("slice_bytes"), py::arg("min_chunk_bytes"),
+      py::arg("min_shard_bytes"), py::arg("largest_node") = 0);
 }
 
 }  // namespace fairring

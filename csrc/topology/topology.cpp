@@ -14,6 +14,18 @@ std::vector<int> Topology::rail() const {
   return peers;
 }
 
+std::vector<int> Topology::node_sizes() const {
+  std::vector<int> sizes;
+  for (const auto& members : node_ranks) sizes.push_back(static_cast<int>(members.size()));
+  return sizes;
+}
+
+int Topology::largest_node() const {
+  int largest = 0;
+  for (const auto& members : node_ranks) largest = std::max(largest, static_cast<int>(members.size()));
+  return largest;
+}
+
 std::pair<int, int> Topology::place_of(int r) const {
   for (int n = 0; n < num_nodes; ++n) {
     const auto& members = node_ranks[n];

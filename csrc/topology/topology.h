@@ -36,11 +36,14 @@ struct Topology {
   // Group rank of each node's member of this rank's rail (index = node);
   // empty for a passive rank.
   std::vector<int> rail() const;
+  // The rank count of each node, and the largest.
+  std::vector<int> node_sizes() const;
+  int largest_node() const;
   // Where group rank `r` is: {node, local rank}.
   std::pair<int, int> place_of(int r) const;
   // The same group with every rank its own node: the schedule of the
-  // collectives whose blocks belong to ranks (all-gather, reduce-scatter,
-  // all-to-all, gather, scatter) on uneven nodes.
+  // exchanges whose pieces go to one rank each (all-to-all, gather,
+  // scatter) on uneven nodes.
   Topology flat() const;
 };
 
