@@ -7,6 +7,8 @@ import signal
 import socket
 import time
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 
@@ -50,10 +52,16 @@ def rogue_then_allreduce(rank, world):
             "new_group_s": new_group_s}
 
 
-def killed_mid_op(rank, world, victim_pid, stop_instead):
+def killed_mid_op(rank, world, victim_pid, stop_instead, op_timeout_s=None):
     """All-reduces in a loop; rank 0 kills (or stops) a server after a few.
-    Returns the error every rank ends with."""
+    Returns the error every rank ends with.  `op_timeout_s`: the group's
+    timeout once a first all-reduce went through the servers (creation keeps
+    the launch's, so that servers slow to join under load do not fail it)."""
     x = torch.ones(1 << 20)
+    if op_timeout_s is not None:
+        dist.all_reduce(x)
+        dist.distributed_c10d._get_default_group().set_timeout(timedelta(seconds=op_timeout_s))
+        x.fill_(1.0)
     for i in range(10_000):
         if rank == 0 and i == 5:
             os.kill(victim_pid, signal.SIGSTOP if stop_instead else signal.SIGKILL)

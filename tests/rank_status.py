@@ -95,7 +95,15 @@ def killed_rank(rank, world, flag_dir):
         except ProcessLookupError:
             break
         time.sleep(0.05)
-    return status.format(status.collect(timeout_s=2.0)) if rank == 0 else ""
+    # Rank 1 stays (its listener with it) until rank 0 has taken the view.
+    seen = os.path.join(flag_dir, "seen")
+    if rank == 0:
+        view = status.format(status.collect(timeout_s=2.0))
+        open(seen, "w").close()
+        return view
+    while not os.path.exists(seen) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return ""
 
 
 def registered_keys(rank, world, store_url):

@@ -27,6 +27,18 @@ def test_all_to_all_moves_every_block_to_its_rank(name):
         assert not r.value["failures"], f"{name} rank {r.rank}:\n" + "\n".join(r.value["failures"][:20])
 
 
+def test_all_to_all_where_landings_outnumber_the_ranks():
+    """3+3+1: one rail; each node of three has two passive ranks, each
+    receiving four pieces from the other nodes through the rail's landing
+    room, eight in all for seven ranks: the slice is cut for eight pieces
+    (plan.h, blockwise_slice_pieces).  4 KiB slices: many in flight."""
+    env = {"FAIRRING_SLICE_SIZE": "4K", "FAIRRING_PARALLELISM": "2", "FAIRRING_TOTAL_MEMORY": "1M"}
+    res = launch.run_ranks(rank_all_to_all.sec_all_to_all, ["a", "b", "a", "b", "a", "b", "c"],
+                           args=({"sizes": [1, 13, 1031], "big": 20_011},), env=env, timeout_s=240, pg_timeout_s=60)
+    for r in res:
+        assert not r.value["failures"], f"rank {r.rank}:\n" + "\n".join(r.value["failures"][:20])
+
+
 @pytest.mark.parametrize("name", list(TOPOLOGIES))
 def test_unequal_splits_are_right(name):
     ids, env = TOPOLOGIES[name]

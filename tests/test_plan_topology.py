@@ -185,7 +185,8 @@ def test_blockwise_phase_lists():
     # All-to-all: the node's pieces through shared memory after the rail post,
     # so the local copies overlap the rail traffic.
     phases, front = _C._phases_for_test("all_to_all", 2)
-    assert phases == ["acquire", "publish-blocks", "exchange-blocks", "local-blocks", "await-own", "release"]
+    assert phases == ["acquire", "publish-blocks", "exchange-blocks", "local-blocks", "take-landed", "await-own",
+                      "release"]
     assert phases[front - 1] == "exchange-blocks"
     # Gather and scatter: the rail post ends the front half; the root's copies follow.
     assert _C._phases_for_test("gather", 2) == (
@@ -317,3 +318,13 @@ def test_shard_bound_holds_on_uneven_nodes(sizes, elem):
             for s in _C._plan_for_test(numel, elem, 0, 0, **kw, collective=coll, node_sizes=list(sizes)):
                 for shards in s["shards"]:
                     assert max(cnt for _, cnt in shards) * elem <= bound, (numel, elem, sizes, coll)
+
+
+def test_blockwise_slice_pieces():
+    """A blockwise slice is cut into a piece per rank, or, where an all-to-all's
+    passive ranks receive more pieces than that through their carrier's landing
+    room ((K - R) passive ranks x (W - K) pieces), into as many as those."""
+    pieces = _C._blockwise_slice_pieces_for_test
+    assert pieces([2, 2]) == 4 and pieces([1]) == 1 and pieces([3]) == 3
+    assert pieces([2, 1]) == 3 and pieces([3, 2]) == 5 and pieces([4, 1]) == 5
+    assert pieces([3, 3, 1]) == 2 * 4 and pieces([4, 4, 2]) == 2 * 6

@@ -139,8 +139,9 @@ def test_server_lost_mid_op(how):
         # Server processes do not know their index before joining: take the
         # second process, whichever index it got; its name is in its log.
         victim = servers.procs[1].pid
-        res = launch.run_ranks(rank_servers.killed_mid_op, ["a", "b", "c"], args=(victim, stopped), store_port=port,
-                               env={"FAIRRING_REDUCTION_SERVERS": "2"}, pg_timeout_s=3 if stopped else 60,
+        # Stopped: the ops' timeout is 3 s, set once the servers have joined.
+        res = launch.run_ranks(rank_servers.killed_mid_op, ["a", "b", "c"], args=(victim, stopped, 3 if stopped else None),
+                               store_port=port, env={"FAIRRING_REDUCTION_SERVERS": "2"}, pg_timeout_s=60,
                                timeout_s=120)
         if stopped:
             servers.procs[1].send_signal(18)  # SIGCONT, so that it can be killed and its log read

@@ -16,4 +16,8 @@ TOPOLOGIES = {
     "2x2-slice4K": (["a", "a", "b", "b"], {"FAIRRING_SLICE_SIZE": "4K", "FAIRRING_PARALLELISM": "2",
                                           "FAIRRING_TOTAL_MEMORY": "1M"}),
     "2x2-deferred": (["a", "a", "b", "b"], {"FAIRRING_TEST_DEFERRED_MOVER": "1"}),
+    # A node of one beside a node of three: one rail carrying two passive ranks'
+    # pieces, under the device-like mover, many slices in flight.
+    "uneven-1+3-deferred": (["a", "b", "b", "b"], {"FAIRRING_TEST_DEFERRED_MOVER": "1", "FAIRRING_SLICE_SIZE": "4K",
+                                                  "FAIRRING_PARALLELISM": "2", "FAIRRING_TOTAL_MEMORY": "1M"}),
 }

@@ -174,10 +174,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::all_to_all_uneven(const std::vec
   }
   for (const at::Tensor& t : inputs) op->footprint.read(t);
   for (const at::Tensor& t : outputs) op->footprint.write(t);
-  PlanParams params;
-  params.slice_bytes = config_.slice_size;
-  TORCH_CHECK(blockwise_fits(c10::elementSize(op->dtype), world, params), "fairring: ", kind, " on ", world,
-              " ranks does not fit a slice of FAIRRING_SLICE_SIZE=", config_.slice_size, " bytes; raise it");
+  check_blockwise_fits(kind, op->dtype);
   if (!first.is_cpu()) return submit_device(std::move(op), type, outputs, kind);
   return submit_cpu(std::static_pointer_cast<HostOp>(op), type, outputs, kind, "fairring:all_to_all");
 }

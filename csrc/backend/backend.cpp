@@ -724,10 +724,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
               scatter ? "an input of world size times the output's elements"
                       : "an output of world size times the input's elements",
               ", but the input has ", in.numel, " and the output ", out_numel, " (real elements)");
-  PlanParams params;
-  params.slice_bytes = config_.slice_size;
-  TORCH_CHECK(blockwise_fits(c10::elementSize(in.dtype), world, params), "fairring: ", kind, " on ", world,
-              " ranks does not fit a slice of FAIRRING_SLICE_SIZE=", config_.slice_size, " bytes; raise it");
+  check_blockwise_fits(kind, in.dtype);
 
   auto op = in.buffer.is_cpu() ? std::make_shared<HostOp>() : new_device_op();
   op->collective = collective;
@@ -841,6 +838,15 @@ void FairringBackend::order_after_delegated(const Footprint& fp, bool with_p2p) 
       }
     }
   }
+}
+
+void FairringBackend::check_blockwise_fits(const char* kind, c10::ScalarType dtype) const {
+  PlanParams params;
+  params.slice_bytes = config_.slice_size;
+  // A slice holds a piece per rank, or more on uneven nodes (plan.h).
+  TORCH_CHECK(blockwise_fits(c10::elementSize(dtype), blockwise_slice_pieces(topo_.node_sizes()), params),
+              "fairring: ", kind, " on ", getSize(), " ranks does not fit a slice of FAIRRING_SLICE_SIZE=",
+              config_.slice_size, " bytes; raise it");
 }
 
 int64_t FairringBackend::flat_ops() const {
@@ -1117,8 +1123,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_rooted(Collective collect
   }
   op->dtype = one.is_complex() ? c10::toRealValueType(one.scalar_type()) : one.scalar_type();
   op->numel = one.numel() * (one.is_complex() ? 2 : 1);
-  TORCH_CHECK(blockwise_fits(c10::elementSize(op->dtype), world, params), "fairring: ", kind, " on ", world,
-              " ranks does not fit a slice of FAIRRING_SLICE_SIZE=", config_.slice_size, " bytes; raise it");
+  check_blockwise_fits(kind, op->dtype);
   std::vector<at::Tensor> outputs = gather ? blocks : std::vector<at::Tensor>{one};
   if (!one.is_cpu()) return submit_device(std::move(op), type, std::move(outputs), kind);
   return submit_cpu(std::static_pointer_cast<HostOp>(op), type, std::move(outputs), kind,

@@ -183,6 +183,8 @@ class FairringBackend : public c10d::Backend {
   uint64_t order_waits() const;
   // Ops run on the flat schedule of uneven nodes (-1: equal nodes, none).
   int64_t flat_ops() const;
+  // A blockwise collective's slice fits this group's pieces; else a clear error.
+  void check_blockwise_fits(const char* kind, c10::ScalarType dtype) const;
 
  private:
   // Lets the ops issued so far finish before a delegated op runs, so that

@@ -4,7 +4,8 @@
 // R of node RN:
 //
 //   front: acquire        wait until every peer released the slot; claim it
-//          publish-piece  on the root's node, our piece into our input area
+//          publish-piece  on the root's node (elsewhere a passive rank, for
+//                         its carrier), our piece into our input area
 //          exchange       N > 1: our piece on our rail to the root's node
 //                         (kExchange, one piece per node, empty but for the
 //                         root's node); there, rail x's pieces land in the
@@ -14,6 +15,8 @@
 //          await-own      N > 1: the rail is done with our task
 //          release        we are done with the slot
 //
+// On uneven nodes rail x also carries the pieces of the passive ranks x + R,
+// x + 2R... (plan.h): rail_span(x) pieces per node, the missing ones empty.
 // Each piece crosses the network once and the root's node's memory once.
 // A node of one rank: exchange | to-root | await-own.
 #include "collectives/collectives.h"
@@ -29,7 +32,8 @@ std::pair<int, int> root_place(SliceSchedule& p, const Slice& s) { return p.topo
 
 bool publish_piece(SliceSchedule& p, Slice& s, const TimePoint*) {
   const auto [root_node, root_local] = root_place(p, s);
-  if (p.topo().node == root_node && p.me() != root_local) {
+  const bool root_node_here = p.topo().node == root_node;
+  if ((root_node_here && p.me() != root_local) || (!root_node_here && !p.carries_blocks(s))) {
     const int slot = p.slot(s);
     p.mover().copy(slot, p.mover().input_area(slot, p.me()), p.own_piece(s.op->buffer, s),
                    s.plan.slice.count * p.esize(s), false);
@@ -38,27 +42,37 @@ bool publish_piece(SliceSchedule& p, Slice& s, const TimePoint*) {
   return true;
 }
 
-bool exchange(SliceSchedule& p, Slice& s, const TimePoint*) {
+bool exchange(SliceSchedule& p, Slice& s, const TimePoint* until) {
   p.set_mirror(s, nullptr, nullptr, 0);  // the root reads what our rail brought itself
-  if (!p.multi_node()) return true;
+  if (!p.multi_node() || !p.carries_blocks(s)) return true;  // a passive rank's carrier takes its piece
   const auto [root_node, root_local] = root_place(p, s);
   const int node = p.topo().node;
   const int slot = p.slot(s);
+  const int rails = p.topo().rails;
+  // Away from the root's node we also carry our passive peers' pieces.
+  for (int x = p.me() + rails; node != root_node && x < p.k(); x += rails) {
+    if (!p.node().wait_input(s.id(), x, until)) return false;
+    p.mover().after(slot, x, PeerStep::kInputReady);
+  }
   const int64_t count = s.plan.slice.count;
   char* ours = p.own_piece(s.op->buffer, s);
   RailTask t = p.rail_task(s);
   t.pattern = RailPattern::kExchange;
   for (int j = 0; j < p.topo().num_nodes; ++j) {
-    const bool brought = node == root_node && j != node;
-    t.shards.push_back(Range{0, j == root_node && node != root_node ? count : 0});
-    t.pieces.push_back(ours);
-    t.received.push_back(Range{0, brought ? count : 0});
-    char* landing = ours;  // (nothing lands)
-    if (brought) {
-      landing = p.me() == root_local ? p.output_block(s, j, p.me())
-                                     : p.mover().output_area(slot, p.me()) + p.staged_at(s, j, p.me()) * p.esize(s);
+    for (int i = 0; i < p.rail_span(p.me()); ++i) {
+      const int x = p.me() + i * rails;  // the piece of local rank x
+      const bool sent = j == root_node && node != root_node && x < p.k();
+      const bool brought = node == root_node && j != node && x < p.node_size(j);
+      t.shards.push_back(Range{0, sent ? count : 0});
+      t.pieces.push_back(!sent || x == p.me() ? ours : p.mover().input_area(slot, x));
+      t.received.push_back(Range{0, brought ? count : 0});
+      char* landing = ours;  // (nothing lands)
+      if (brought) {
+        landing = p.me() == root_local ? p.output_block(s, j, x)
+                                       : p.mover().output_area(slot, p.me()) + p.staged_at(s, j, x) * p.esize(s);
+      }
+      t.landings.push_back(landing);
     }
-    t.landings.push_back(landing);
   }
   p.post(std::move(t));
   return true;
@@ -68,8 +82,9 @@ bool to_root(SliceSchedule& p, Slice& s, const TimePoint* until) {
   if (!p.inputs_in(s, until)) return false;
   if (p.topo().rank != s.op->root) return true;
   // Every peer's rail brought its pieces (ours landed in place).
-  for (int x = 0; p.multi_node() && x < p.k(); ++x) {
-    if (x != p.me() && !p.node().wait_chunk(s.id(), x, until)) return false;
+  const int rails = p.multi_node() ? s.plan.num_chunks() : 0;
+  for (int r = 0; r < rails; ++r) {
+    if (r != p.me() && !p.node().wait_chunk(s.id(), r, until)) return false;
   }
   const PipelineOp& op = *s.op;
   const int slot = p.slot(s);
@@ -84,12 +99,15 @@ bool to_root(SliceSchedule& p, Slice& s, const TimePoint* until) {
     }
     p.mover().after(slot, x, PeerStep::kInputReady);
     p.mover().copy(slot, p.output_block(s, node, x), p.mover().input_area(slot, x), bytes, large);
-    if (!p.multi_node()) continue;
-    p.mover().after(slot, x, PeerStep::kChunkDone);
+  }
+  for (int r = 0; r < rails; ++r) {
+    if (r == p.me()) continue;  // our rail's pieces landed in our output
+    p.mover().after(slot, r, PeerStep::kChunkDone);
     for (int j = 0; j < p.topo().num_nodes; ++j) {
-      if (j == node) continue;
-      p.mover().copy(slot, p.output_block(s, j, x), p.mover().output_area(slot, x) + p.staged_at(s, j, x) * esize,
-                     bytes, large);
+      for (int x = r; j != node && x < p.node_size(j); x += p.topo().rails) {
+        p.mover().copy(slot, p.output_block(s, j, x), p.mover().output_area(slot, r) + p.staged_at(s, j, x) * esize,
+                       bytes, large);
+      }
     }
   }
   return true;
@@ -109,8 +127,7 @@ const CollectiveDef& gather_def() {
               {"await-own", step_await_rails},
               {"release", step_release}},
              3},
-      Script{{{"exchange", exchange}, {"to-root", to_root}, {"await-own", step_await_rails}}, 1},
-      /*on_uneven_nodes=*/false);  // each piece goes to one rank: flat there (plan.h)
+      Script{{{"exchange", exchange}, {"to-root", to_root}, {"await-own", step_await_rails}}, 1});
   return def;
 }
 

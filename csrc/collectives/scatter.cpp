@@ -11,10 +11,14 @@
 //                          (kExchange, one piece per node); elsewhere the
 //                          rail brings ours into our output
 //   back:  from-root       on the root's node, our piece from R's input area
-//                          (R: from its input) into our output
+//                          (R: from its input) into our output; on uneven
+//                          nodes a passive rank's from its carrier
 //          await-own       N > 1: the rail is done with our task
 //          release         we are done with the slot
 //
+// On uneven nodes rail x also carries the pieces of the passive ranks x + R,
+// x + 2R... (plan.h): rail_span(x) pieces per node, the missing ones empty;
+// a passive rank's lands in the output area at staged_at, where it takes it.
 // Each piece crosses the network once.  A node of one rank: exchange |
 // from-root | await-own.
 #include "collectives/collectives.h"
@@ -40,8 +44,8 @@ bool publish_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
     const int slot = p.slot(s);
     char* area = p.mover().input_area(slot, p.me());
     for (int j = 0; j < p.topo().num_nodes; ++j) {
-      for (int x = 0; x < p.k(); ++x) {
-        if (x == p.me()) continue;
+      for (int x = 0; x < p.node_size(j); ++x) {
+        if (j == p.topo().node && x == p.me()) continue;
         p.mover().copy(slot, area + p.staged_at(s, j, x) * p.esize(s), p.input_block(s, j, x),
                        s.plan.slice.count * p.esize(s), false);
       }
@@ -53,7 +57,7 @@ bool publish_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
 
 bool exchange(SliceSchedule& p, Slice& s, const TimePoint* until) {
   p.set_mirror(s, nullptr, nullptr, 0);
-  if (!p.multi_node()) return true;
+  if (!p.multi_node() || !p.carries_blocks(s)) return true;  // a passive rank's carrier brings its piece
   const auto [root_node, root_local] = root_place(p, s);
   const int node = p.topo().node;
   const bool root_node_here = node == root_node;
@@ -63,15 +67,22 @@ bool exchange(SliceSchedule& p, Slice& s, const TimePoint* until) {
     p.mover().after(p.slot(s), root_local, PeerStep::kInputReady);
   }
   const int64_t count = s.plan.slice.count;
+  const int64_t esize = p.esize(s);
   char* ours = p.own_piece(s.op->output, s);
   RailTask t = p.rail_task(s);
   t.pattern = RailPattern::kExchange;
   for (int j = 0; j < p.topo().num_nodes; ++j) {
-    const bool carried = root_node_here && j != node;
-    t.shards.push_back(Range{0, carried ? count : 0});
-    t.pieces.push_back(carried ? root_piece(p, s, j, p.me()) : ours);
-    t.received.push_back(Range{0, !root_node_here && j == root_node ? count : 0});
-    t.landings.push_back(ours);
+    for (int i = 0; i < p.rail_span(p.me()); ++i) {
+      const int x = p.me() + i * p.topo().rails;  // the piece of local rank x
+      const bool carried = root_node_here && j != node && x < p.node_size(j);
+      const bool brought = !root_node_here && j == root_node && x < p.k();
+      t.shards.push_back(Range{0, carried ? count : 0});
+      t.pieces.push_back(carried ? root_piece(p, s, j, x) : ours);
+      t.received.push_back(Range{0, brought ? count : 0});
+      t.landings.push_back(!brought || x == p.me() ? ours
+                                                   : p.mover().output_area(p.slot(s), p.me()) +
+                                                         p.staged_at(s, node, x) * esize);
+    }
   }
   p.post(std::move(t));
   return true;
@@ -80,8 +91,19 @@ bool exchange(SliceSchedule& p, Slice& s, const TimePoint* until) {
 bool from_root(SliceSchedule& p, Slice& s, const TimePoint* until) {
   if (!p.inputs_in(s, until)) return false;
   const auto [root_node, root_local] = root_place(p, s);
-  if (p.topo().node != root_node) return true;  // the rail brings ours
   const int slot = p.slot(s);
+  if (p.topo().node != root_node) {
+    if (p.carries_blocks(s)) return true;  // the rail brings ours
+    // Passive: our carrier's rail brought ours into the output area.
+    const int from = p.carrier(p.me());
+    if (!p.node().wait_chunk(s.id(), from, until)) return false;
+    p.mover().after(slot, from, PeerStep::kChunkDone);
+    const int64_t esize = p.esize(s);
+    p.mover().copy(slot, p.own_piece(s.op->output, s),
+                   p.mover().output_area(slot, from) + p.staged_at(s, p.topo().node, p.me()) * esize,
+                   s.plan.slice.count * esize, false);
+    return true;
+  }
   if (p.me() != root_local) p.mover().after(slot, root_local, PeerStep::kInputReady);
   const int64_t bytes = s.plan.slice.count * p.esize(s);
   p.mover().copy(slot, p.own_piece(s.op->output, s), root_piece(p, s, root_node, p.me()), bytes,
@@ -103,8 +125,7 @@ const CollectiveDef& scatter_def() {
               {"await-own", step_await_rails},
               {"release", step_release}},
              3},
-      Script{{{"exchange", exchange}, {"from-root", from_root}, {"await-own", step_await_rails}}, 1},
-      /*on_uneven_nodes=*/false);  // each piece goes to one rank: flat there (plan.h)
+      Script{{{"exchange", exchange}, {"from-root", from_root}, {"await-own", step_await_rails}}, 1});
   return def;
 }
 

@@ -189,7 +189,7 @@ void Pipeline::submit(std::shared_ptr<PipelineOp> op) {
 }
 
 int64_t Pipeline::slices_of(const PipelineOp& op) const {
-  return num_slices(op.def->cut(), op.numel, c10::elementSize(op.dtype), topo_.size, params_);
+  return num_slices(op.def->cut(), op.numel, c10::elementSize(op.dtype), blockwise_slice_pieces(node_sizes_), params_);
 }
 
 Slice Pipeline::make_slice(const std::shared_ptr<PipelineOp>& op, int64_t index) {

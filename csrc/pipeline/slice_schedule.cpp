@@ -179,7 +179,8 @@ bool step_await_own(SliceSchedule& p, Slice& s, const SliceSchedule::TimePoint* 
 }
 
 bool step_await_rails(SliceSchedule& p, Slice& s, const SliceSchedule::TimePoint* until) {
-  return !p.multi_node() || step_await_own(p, s, until);
+  // A passive rank (uneven nodes) posted no rail task: its carrier did.
+  return !p.multi_node() || !p.carries_blocks(s) || step_await_own(p, s, until);
 }
 
 bool step_release(SliceSchedule& p, Slice& s, const SliceSchedule::TimePoint*) {

@@ -102,6 +102,9 @@ class SliceSchedule {
   int carrier(int x) const { return x % topo_.rails; }
   bool carries_blocks(const Slice& s) const { return me_ < s.plan.num_chunks(); }
   int pieces_carried(const Slice& s, int j) const;
+  // The most pieces of one node that rail `r` carries (1 on equal nodes):
+  // the exchanges' pieces per node on that rail, the same on every node.
+  int rail_span(int r) const { return (topo_.largest_node() - r + topo_.rails - 1) / topo_.rails; }
   // Blockwise: where piece (node j, local x) of the slice is in the op's
   // input and output of one block per rank, in a tensor of a single block,
   // and in the slot areas.

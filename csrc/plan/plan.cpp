@@ -102,6 +102,16 @@ SlicePlan plan_slice(Cut cut, int64_t numel, int64_t elem_size, int64_t index, i
                     params);
 }
 
+int blockwise_slice_pieces(const std::vector<int>& node_sizes) {
+  if (node_sizes.empty()) return 1;
+  const int rails = *std::min_element(node_sizes.begin(), node_sizes.end());
+  int world = 0;
+  for (int k : node_sizes) world += k;
+  int pieces = world;
+  for (int k : node_sizes) pieces = std::max(pieces, (k - rails) * (world - k));
+  return pieces;
+}
+
 SlicePlan plan_slice(Cut cut, int64_t numel, int64_t elem_size, int64_t index, const std::vector<int>& node_sizes,
                      const PlanParams& params) {
   if (node_sizes.empty() || *std::min_element(node_sizes.begin(), node_sizes.end()) < 1) {
@@ -110,9 +120,7 @@ SlicePlan plan_slice(Cut cut, int64_t numel, int64_t elem_size, int64_t index, c
   const int rails = *std::min_element(node_sizes.begin(), node_sizes.end());
   const int num_nodes = static_cast<int>(node_sizes.size());
   if (cut == Cut::kWhole) return plan_slice(numel, elem_size, index, rails, num_nodes, params);
-  int world = 0;
-  for (int k : node_sizes) world += k;
-  const int64_t slices = num_slices(cut, numel, elem_size, world, params);
+  const int64_t slices = num_slices(cut, numel, elem_size, blockwise_slice_pieces(node_sizes), params);
   if (index < 0 || index >= slices) {
     throw Error(ErrorKind::kBackend, "plan_slice: slice index out of range");
   }

@@ -74,8 +74,14 @@ bool blockwise_fits(int64_t elem_size, int world, const PlanParams& params);
 int64_t num_slices(Cut cut, int64_t numel, int64_t elem_size, int world, const PlanParams& params);
 SlicePlan plan_slice(Cut cut, int64_t numel, int64_t elem_size, int64_t index, int ranks_per_node, int num_nodes,
                      const PlanParams& params);
+// The pieces a blockwise slice is cut for on nodes of these rank counts: one
+// per rank, or, where a passive rank of an all-to-all receives more pieces
+// than that (its carrier lands them in the output area: K - R passive ranks
+// of a node of K, W - K pieces each from the other nodes), as many as those.
+int blockwise_slice_pieces(const std::vector<int>& node_sizes);
 // The same on nodes of these rank counts, equal or not (kWhole: cut for the
-// rails, the smallest node's count).
+// rails, the smallest node's count; kBlockwise: into
+// blockwise_slice_pieces(node_sizes) pieces).
 SlicePlan plan_slice(Cut cut, int64_t numel, int64_t elem_size, int64_t index, const std::vector<int>& node_sizes,
                      const PlanParams& params);
 // Where piece (node j, local x) of a blockwise slice planned as above is in

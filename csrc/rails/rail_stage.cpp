@@ -437,22 +437,23 @@ void RailStage::loop() {
   pthread_setname_np(pthread_self(), "fairring-rail");
   std::vector<struct pollfd> fds;
   const std::vector<Channel*> chans = all_channels();
-  // Later than a local peer's deadline: see deadlines.h.
-  const std::chrono::milliseconds timeout = timeout_.load(std::memory_order_relaxed);
-  const auto remote_timeout = rail_peer_deadline(timeout);
-  // A silent peer whose rail thread still runs (its heartbeats arrive) is
-  // not stuck on the network: it has not issued the collective, or it waits
-  // for another rank (a node-mate, or a rail peer of its own) that is the
-  // real culprit.  Its deadline is deferred a little, so that the rank that
-  // sees the culprit itself names it first and its abort reaches us, still
-  // before the network-wide deadline (half of the gap to it).
-  const auto alive_grace = (network_deadline(timeout) - remote_timeout) / 2;
-  const auto heartbeat_every = std::clamp<std::chrono::milliseconds>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(alive_grace / 4), kHeartbeatMin, kHeartbeatMax);
-  const auto alive_window = 2 * heartbeat_every + kHeartbeatSlack;
   auto next_heartbeat = Clock::now();
   try {
     for (;;) {
+      // Read every round: set_timeout() governs the waits from now on.
+      // Later than a local peer's deadline: see deadlines.h.
+      const std::chrono::milliseconds timeout = timeout_.load(std::memory_order_relaxed);
+      const auto remote_timeout = rail_peer_deadline(timeout);
+      // A silent peer whose rail thread still runs (its heartbeats arrive) is
+      // not stuck on the network: it has not issued the collective, or it
+      // waits for another rank (a node-mate, or a rail peer of its own) that
+      // is the real culprit.  Its deadline is deferred a little, so that the
+      // rank that sees the culprit itself names it first and its abort
+      // reaches us, still before the network-wide deadline (half of the gap).
+      const auto alive_grace = (network_deadline(timeout) - remote_timeout) / 2;
+      const auto heartbeat_every = std::clamp<std::chrono::milliseconds>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(alive_grace / 4), kHeartbeatMin, kHeartbeatMax);
+      const auto alive_window = 2 * heartbeat_every + kHeartbeatSlack;
       std::deque<RailTask> fresh;
       std::optional<Error> abort_reason;
       bool done = false;

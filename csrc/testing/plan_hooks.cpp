@@ -44,10 +44,8 @@ void register_plan_hooks(py::module& m) {
         // node_sizes given: nodes of those rank counts (ranks_per_node and
         // num_nodes are ignored).
         if (node_sizes.empty()) node_sizes.assign(static_cast<size_t>(num_nodes), ranks_per_node);
-        int world = 0;
-        for (int k : node_sizes) world += k;
         py::list slices;
-        const int64_t n = num_slices(c, numel, elem_size, world, p);
+        const int64_t n = num_slices(c, numel, elem_size, blockwise_slice_pieces(node_sizes), p);
         for (int64_t i = 0; i < n; ++i) {
           SlicePlan s = plan_slice(c, numel, elem_size, i, node_sizes, p);
           py::dict d;
@@ -74,6 +72,7 @@ void register_plan_hooks(py::module& m) {
       py::arg("slice_bytes") = PlanParams().slice_bytes, py::arg("min_chunk_bytes") = PlanParams().min_chunk_bytes,
       py::arg("min_shard_bytes") = PlanParams().min_shard_bytes, py::arg("collective") = "all_reduce",
       py::arg("node_sizes") = std::vector<int>{});
+  m.def("_blockwise_slice_pieces_for_test", &blockwise_slice_pieces);
   m.def("_blockwise_fits_for_test", [](int64_t elem_size, int world, int64_t slice_bytes) {
     PlanParams p;
     p.slice_bytes = slice_bytes;
