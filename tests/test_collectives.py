@@ -137,17 +137,6 @@ def test_native_ran_natively(topo):
     assert_clean(topo, "native", "native_only")
 
 
-@pytest.mark.parametrize("topo", [t for t in TOPOLOGIES if t.startswith("uneven")])
-def test_uneven_nodes_keep_their_hierarchy(topo):
-    """On nodes of unequal size the equal-size reduce_scatter and all_gather
-    run on the nodes' schedule (a rail carries its passive ranks' pieces),
-    not on the flat one, whose ops are counted."""
-    per_rank = section(topo, "native")
-    assert all(v["flat_ops"][0] >= 0 for v in per_rank), f"{topo}: no flat schedule on uneven nodes? {per_rank}"
-    flat = [f"[{topo} rank {r}] {f}" for r, v in enumerate(per_rank) for f in v["failures"] if "flat schedule" in f]
-    assert not flat, "\n".join(flat)
-
-
 @pytest.mark.parametrize("topo", list(TOPOLOGIES))
 def test_native_gloo_gaps(topo):
     """What the delegated path gets wrong or refuses (gloo, torch 2.13): int16

@@ -204,14 +204,6 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
     job_uid_.assign(blob.begin() + secret_.size(), blob.end());
   }
   engine_ = std::make_unique<HostEngine>(store, topo_, config_, job_uid_, secret_);
-  if (topo_.uneven) {
-    // Its own store keys and shared memory; no reduction servers (they
-    // serve the all-reduce only).
-    Config flat = config_;
-    flat.reduction_servers = 0;
-    flat_engine_ = std::make_unique<HostEngine>(c10::make_intrusive<c10d::PrefixStore>("fairring-flat/", store),
-                                                topo_.flat(), flat, job_uid_ + "-flat", secret_);
-  }
   if (size > 1)
     p2p_ = std::make_unique<P2pEngine>(store, topo_, job_uid_, secret_, config_.socket_ifname, config_.timeout,
                                        config_.wait_spin, config_.huge_pages == "advise");
@@ -238,7 +230,7 @@ void FairringBackend::log_setup() const {
     std::string sizes;
     for (const auto& members : topo_.node_ranks) sizes += (sizes.empty() ? "" : "+") + std::to_string(members.size());
     layout = std::to_string(topo_.num_nodes) + " nodes of " + sizes + " ranks, " + std::to_string(topo_.rails) +
-             " rail(s) (uneven: all-to-all, gather and scatter run flat)";
+             " rail(s) (uneven: the larger nodes' other ranks are passive)";
   }
   FAIRRING_LOG(rank, "topology: %s; this rank is local rank %d of node %d (ranks %s)", layout.c_str(), topo_.local_rank,
                topo_.node, list(topo_.local_ranks()).c_str());
@@ -255,7 +247,6 @@ FairringBackend::~FairringBackend() {
     // parent only, and their memory maps and sockets are the parent's.
     // Leave them alone (their memory is the child's copy, freed at exit).
     (void)engine_.release();
-    (void)flat_engine_.release();
     (void)p2p_.release();
     (void)cuda_engine_.release();
     (void)fallback_.release();
@@ -270,7 +261,6 @@ FairringBackend::~FairringBackend() {
   if (p2p_poller_) p2p_poller_->clear();  // (waits for a poll in progress)
   cuda_engine_.reset();
   p2p_.reset();
-  flat_engine_.reset();
   engine_.reset();
 }
 
@@ -289,7 +279,7 @@ void FairringBackend::retire(const std::string& why) {
 
 void FairringBackend::abort_engines(const std::string& text) {
   const Error why(ErrorKind::kBackend, text);
-  with_host_pipelines([&](Pipeline& p) {
+  with_host_pipeline([&](Pipeline& p) {
     p.abort(why);
     return true;
   });
@@ -307,9 +297,8 @@ void FairringBackend::shutdown() {
   const auto left = [&] {
     return std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
   };
-  if (engine_ &&
-      (!with_host_pipelines([&](Pipeline& p) { return p.drain(left()); }) || (p2p_ && !p2p_->drain(left())) ||
-       !with_device_pipeline([&](Pipeline& p) { return p.drain(left()); }))) {
+  if (engine_ && (!with_host_pipeline([&](Pipeline& p) { return p.drain(left()); }) || (p2p_ && !p2p_->drain(left())) ||
+                  !with_device_pipeline([&](Pipeline& p) { return p.drain(left()); }))) {
     const std::string why =
         "rank " + std::to_string(getRank()) +
         ": this process group was shut down while collectives were still in flight after its timeout (" +
@@ -318,7 +307,7 @@ void FairringBackend::shutdown() {
     abort_engines(why);
   } else if (engine_) {
     const std::string closed = "this process group was shut down (shutdown() or destroy_process_group())";
-    with_host_pipelines([&](Pipeline& p) {
+    with_host_pipeline([&](Pipeline& p) {
       p.close(closed);
       return true;
     });
@@ -341,7 +330,7 @@ void FairringBackend::setTimeout(std::chrono::milliseconds timeout) {
 
 void FairringBackend::apply_timeout() {
   const auto timeout = config_.timeout + ephemeral_->extra();
-  with_host_pipelines([&](Pipeline& p) {
+  with_host_pipeline([&](Pipeline& p) {
     p.set_timeout(timeout);
     return true;
   });
@@ -364,7 +353,7 @@ void FairringBackend::addEphemeralTimeout(const std::chrono::milliseconds& timeo
 
 std::optional<Error> FairringBackend::first_error() const {
   std::optional<Error> first;
-  with_host_pipelines([&](Pipeline& p) {
+  with_host_pipeline([&](Pipeline& p) {
     if (!first && p.failed()) first = p.failure();
     return true;
   });
@@ -488,7 +477,7 @@ void FairringBackend::leave(const char* how) {
   } else {
     why += " after " + ops.back().kind + " #" + std::to_string(ops.back().seq);
   }
-  with_host_pipelines([&](Pipeline& p) {
+  with_host_pipeline([&](Pipeline& p) {
     p.leave(why);
     return true;
   });
@@ -657,29 +646,12 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_cpu(std::shared_ptr<HostO
   op->after_complete = [work](std::exception_ptr error) { work->complete_future(error); };
   op->complete_here = [work](std::exception_ptr error) { return work->complete_future_if_untaken(error); };
   work->set_interrupt_hook(abort_hook_, kind);
-  HostEngine& engine = host_engine_for(*op);
-  engine.submit(std::move(op));
+  engine_->submit(std::move(op));
   return work;
 }
 
-HostEngine& FairringBackend::host_engine_for(const PipelineOp& op) {
-  if (!flat_engine_) return *engine_;
-  const bool flat = !op.def->on_uneven_nodes();
-  HostEngine& to = flat ? *flat_engine_ : *engine_;
-  HostEngine& other = flat ? *engine_ : *flat_engine_;
-  if (other.failed() && !to.failed()) to.abort(other.failure());
-  GilReleaseIfHeld no_gil;
-  if (op.collective == Collective::kBarrier) {
-    other.wait_idle();
-  } else if (other.wait_conflicts(op.footprint)) {
-    delegated_waits_.fetch_add(1, std::memory_order_relaxed);
-  }
-  return to;
-}
-
-bool FairringBackend::with_host_pipelines(const std::function<bool(Pipeline&)>& f) const {
-  if (engine_ && !f(*engine_)) return false;
-  return !flat_engine_ || f(*flat_engine_);
+bool FairringBackend::with_host_pipeline(const std::function<bool(Pipeline&)>& f) const {
+  return !engine_ || f(*engine_);
 }
 
 c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective collective,
@@ -789,7 +761,7 @@ bool FairringBackend::native_tensors(const std::vector<at::Tensor>& tensors) {
 c10d::Backend& FairringBackend::delegate(const char* kind) {
   check_same_process(kind);
   recent_->start(number_collective(), std::string(kind) + " (gloo)", "", 0, /*delegated=*/true);
-  with_host_pipelines([](Pipeline& p) {
+  with_host_pipeline([](Pipeline& p) {
     p.wait_idle();
     return true;
   });
@@ -845,12 +817,8 @@ void FairringBackend::check_blockwise_fits(const char* kind, c10::ScalarType dty
   params.slice_bytes = config_.slice_size;
   // A slice holds a piece per rank, or more on uneven nodes (plan.h).
   TORCH_CHECK(blockwise_fits(c10::elementSize(dtype), blockwise_slice_pieces(topo_.node_sizes()), params),
-              "fairring: ", kind, " on ", getSize(), " ranks does not fit a slice of FAIRRING_SLICE_SIZE=",
-              config_.slice_size, " bytes; raise it");
-}
-
-int64_t FairringBackend::flat_ops() const {
-  return flat_engine_ ? static_cast<int64_t>(flat_engine_->ops_submitted()) : -1;
+              "fairring: ", kind, " on ", getSize(),
+              " ranks does not fit a slice of FAIRRING_SLICE_SIZE=", config_.slice_size, " bytes; raise it");
 }
 
 uint64_t FairringBackend::order_waits() const {
@@ -860,7 +828,7 @@ uint64_t FairringBackend::order_waits() const {
     return true;
   });
   uint64_t host = 0;
-  with_host_pipelines([&](Pipeline& p) {
+  with_host_pipeline([&](Pipeline& p) {
     host += p.order_waits();
     return true;
   });
@@ -1300,7 +1268,7 @@ bool FairringBackend::p2p_native(const char* kind, const char* arg, const std::v
 void FairringBackend::order_p2p(const Footprint& fp) {
   order_after_delegated(fp);  // delegated ops, and the pending sends and receives
   GilReleaseIfHeld no_gil;
-  with_host_pipelines([&](Pipeline& p) {  // the pipelines'
+  with_host_pipeline([&](Pipeline& p) {  // the pipelines'
     p.wait_conflicts(fp);
     return true;
   });

@@ -181,8 +181,6 @@ class FairringBackend : public c10d::Backend {
   // (pipeline/op_order.h), CPU and CUDA engines together, and calls that
   // waited for a delegated collective.
   uint64_t order_waits() const;
-  // Ops run on the flat schedule of uneven nodes (-1: equal nodes, none).
-  int64_t flat_ops() const;
   // A blockwise collective's slice fits this group's pieces; else a clear error.
   void check_blockwise_fits(const char* kind, c10::ScalarType dtype) const;
 
@@ -301,11 +299,6 @@ class FairringBackend : public c10d::Backend {
   const int creator_pid_ = getpid();
   c10::intrusive_ptr<c10d::Backend> fallback_;
   std::unique_ptr<HostEngine> engine_;
-  // On uneven nodes (topology.h), the schedule of the exchanges whose
-  // pieces each go to one rank (all-to-all, gather, scatter): every rank
-  // its own node, as their scripts do not stage a passive rank's pieces on
-  // its carrier's rail (CollectiveDef::on_uneven_nodes).  Null on equal nodes.
-  std::unique_ptr<HostEngine> flat_engine_;
   // Send and receive (null in a group of one rank).
   std::unique_ptr<P2pEngine> p2p_;
   // Collectives issued (delegated ones included: every rank issues the same,
@@ -367,13 +360,8 @@ class FairringBackend : public c10d::Backend {
   c10::weak_intrusive_ptr<c10d::Backend> last_split_{c10::intrusive_ptr<c10d::Backend>()};
   // f(the CUDA engine) if there is one (its abort(), drain(), close()); else true.
   bool with_device_pipeline(const std::function<bool(Pipeline&)>& f) const;
-  // f(each host schedule: engine_, then flat_engine_ if any); false at the first false.
-  bool with_host_pipelines(const std::function<bool(Pipeline&)>& f) const;
-  // The host schedule `op` runs on: the flat one for a collective whose
-  // scripts do not run on uneven nodes, else engine_.  Before handing it over, waits until the
-  // other schedule's ops that `op` must follow are done (a barrier follows
-  // all of them), and passes on the other's failure: the group has one.
-  HostEngine& host_engine_for(const PipelineOp& op);
+  // f(the host schedule, engine_) if it is built; else true.
+  bool with_host_pipeline(const std::function<bool(Pipeline&)>& f) const;
   // The topology the CUDA engine is built on: uneven nodes run it flat.
   Topology device_topology() const { return topo_.uneven ? topo_.flat() : topo_; }
   c10::intrusive_ptr<c10d::Store> store_;
@@ -394,8 +382,8 @@ class FairringBackend : public c10d::Backend {
   };
   std::vector<Delegated> delegated_;
   std::atomic<bool> has_delegated_{false};  // !delegated_.empty()
-  // Calls that waited for a delegated collective, or for the other host
-  // engine's op (host_engine_for): part of order_waits.
+  // Calls that waited for a delegated collective or a send/receive: part
+  // of order_waits.
   std::atomic<uint64_t> delegated_waits_{0};
   mutable std::mutex cuda_mu_;
   std::unique_ptr<CudaEngine> cuda_engine_;

@@ -206,8 +206,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("order_waits", &FairringBackend::order_waits,
            "How many ops of this group waited for an earlier op whose memory they share (one of them "
            "writing it): the issue-order rule at work")
-      .def("_flat_ops", &FairringBackend::flat_ops,
-           "Ops run on the flat schedule of uneven nodes (all-to-all, gather, scatter); -1 on equal nodes")
       .def(
           "recent_ops", [](const FairringBackend& b) { return records_to_python(b.recent_ops().snapshot()); },
           "The group's last collectives, oldest first (fairring_py.dump_recent)")

@@ -123,14 +123,12 @@ const CollectiveDef& all_gather_def() {
 
 // An all-to-all of unequal blocks first shares every rank's block sizes
 // (backend: all_to_all_uneven): an all-gather under its own kind, so that a
-// rank that issued something else instead is told what its peers ran.  On
-// the all-to-all's schedule (flat on uneven nodes), so that a rank whose
-// all-to-all has no splits meets it there and sees the mismatch.
+// rank that issued something else instead is told what its peers ran.
 const CollectiveDef& all_to_all_sizes_def() {
   static const ScriptedCollective def(
       Collective::kAllToAllSizes,
       {"all_to_all_sizes", [](const OpKey&) { return std::string("the block sizes of an all_to_all with splits"); }},
-      Cut::kBlockwise, node_script(), alone_script(), all_to_all_def().on_uneven_nodes());
+      Cut::kBlockwise, node_script(), alone_script());
   return def;
 }
 

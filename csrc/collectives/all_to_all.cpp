@@ -103,8 +103,7 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
         // Piece y for node j: from our local rank y to node j's rank x.
         char* from = p.input_block(s, node, p.me());  // (nothing is sent)
         if (sent) {
-          from = y == p.me() ? p.input_block(s, j, x)
-                             : p.mover().input_area(slot, y) + p.staged_at(s, j, x) * esize;
+          from = y == p.me() ? p.input_block(s, j, x) : p.mover().input_area(slot, y) + p.staged_at(s, j, x) * esize;
         }
         t.shards.push_back(Range{0, sent ? p.piece_count(s, p.rank_of(node, y), p.rank_of(j, x)) : 0});
         t.pieces.push_back(from);
@@ -158,8 +157,7 @@ bool take_landed(SliceSchedule& p, Slice& s, const TimePoint* until) {
       const int64_t count = p.piece_count(s, p.rank_of(j, y), p.topo().rank);
       if (count > 0) {
         p.mover().copy(slot, p.output_block(s, j, y),
-                       p.mover().output_area(slot, from) + landed_at(p, s, p.me(), j, y) * esize, count * esize,
-                       large);
+                       p.mover().output_area(slot, from) + landed_at(p, s, p.me(), j, y) * esize, count * esize, large);
       }
     }
   }

@@ -79,9 +79,8 @@ bool exchange(SliceSchedule& p, Slice& s, const TimePoint* until) {
       t.shards.push_back(Range{0, carried ? count : 0});
       t.pieces.push_back(carried ? root_piece(p, s, j, x) : ours);
       t.received.push_back(Range{0, brought ? count : 0});
-      t.landings.push_back(!brought || x == p.me() ? ours
-                                                   : p.mover().output_area(p.slot(s), p.me()) +
-                                                         p.staged_at(s, node, x) * esize);
+      t.landings.push_back(
+          !brought || x == p.me() ? ours : p.mover().output_area(p.slot(s), p.me()) + p.staged_at(s, node, x) * esize);
     }
   }
   p.post(std::move(t));

@@ -45,10 +45,6 @@ class CollectiveDef {
   virtual const Script& script(bool alone) const = 0;
   // The whole tensor, or one block per rank (plan.h).
   virtual Cut cut() const = 0;
-  // Whether the scripts run on nodes of unequal size: a blockwise one's
-  // carriers stage their passive peers' pieces (plan.h).  The backend runs
-  // the others on the flat view there (Topology::flat).
-  virtual bool on_uneven_nodes() const = 0;
 };
 
 // A collective given by its two scripts: on a node of several ranks, and on
@@ -56,22 +52,19 @@ class CollectiveDef {
 // with the words messages use for it (registered for every layer).
 class ScriptedCollective : public CollectiveDef {
  public:
-  ScriptedCollective(Collective kind, CollectiveText text, Cut cut, Script node, Script alone,
-                     bool on_uneven_nodes = true)
-      : kind_(kind), cut_(cut), node_(std::move(node)), alone_(std::move(alone)), on_uneven_nodes_(on_uneven_nodes) {
+  ScriptedCollective(Collective kind, CollectiveText text, Cut cut, Script node, Script alone)
+      : kind_(kind), cut_(cut), node_(std::move(node)), alone_(std::move(alone)) {
     register_collective_text(kind, text);
   }
   Collective kind() const override { return kind_; }
   Cut cut() const override { return cut_; }
   const Script& script(bool alone) const override { return alone ? alone_ : node_; }
-  bool on_uneven_nodes() const override { return on_uneven_nodes_; }
 
  private:
   Collective kind_;
   Cut cut_;
   Script node_;
   Script alone_;
-  bool on_uneven_nodes_;
 };
 
 }  // namespace fairring

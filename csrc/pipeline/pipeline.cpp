@@ -136,19 +136,8 @@ void Pipeline::set_timeout(std::chrono::milliseconds timeout) {
   on_set_timeout(timeout);
 }
 
-uint64_t Pipeline::ops_submitted() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return submitted_;
-}
-
 void Pipeline::submit(std::shared_ptr<PipelineOp> op) {
   if (!op->def) throw Error(ErrorKind::kBackend, "fairring: an op without a collective definition was submitted");
-  if (topo_.uneven && !op->def->on_uneven_nodes()) {
-    // Its pieces each go to one rank, which a passive rank's carrier does
-    // not stage (the backend runs such ops on the flat view: Topology::flat).
-    throw Error(ErrorKind::kBackend, std::string("fairring: ") + collective_name(op->collective) +
-                                         " was submitted to the schedule of uneven nodes");
-  }
   std::unique_lock<std::mutex> lock(mu_);
   if (op->stage && order_.must_follow(op->footprint) == 0) {
     // Nothing pending touches what the stage reads or writes: it runs now,

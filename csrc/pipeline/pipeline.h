@@ -99,8 +99,6 @@ class Pipeline {
   Error failure() const { return failure_.error(); }
   // Ops that waited for an earlier op under the order rule (op_order.h).
   uint64_t order_waits() const { return order_waits_.load(std::memory_order_relaxed); }
-  // Ops submitted to this schedule so far.
-  uint64_t ops_submitted();
 
  protected:
   using TimePoint = std::chrono::steady_clock::time_point;

@@ -41,9 +41,8 @@ struct Topology {
   int largest_node() const;
   // Where group rank `r` is: {node, local rank}.
   std::pair<int, int> place_of(int r) const;
-  // The same group with every rank its own node: the schedule of the
-  // exchanges whose pieces go to one rank each (all-to-all, gather,
-  // scatter) on uneven nodes.
+  // The same group with every rank its own node: the CUDA engine's view of
+  // uneven nodes (its movers have no slot areas on a node of one rank).
   Topology flat() const;
 };
 
