@@ -91,7 +91,8 @@ def test_splits_on_some_ranks_only_fail_on_every_rank(ids):
 
 
 @pytest.mark.parametrize("which", ["size", "all_reduce"])
-@pytest.mark.parametrize("ids", [["a", "a"], ["a", "b"], ["a", "a", "b", "b"]], ids=["1x2", "2x1", "2x2"])
+@pytest.mark.parametrize("ids", [["a", "a"], ["a", "b"], ["a", "a", "b", "b"], ["a", "a", "b"]],
+                         ids=["1x2", "2x1", "2x2", "uneven-2+1"])
 def test_mismatched_all_to_alls_fail_on_every_rank(which, ids):
     res = launch.run_ranks(rank_all_to_all.mismatch, ids, args=(which,), timeout_s=90, pg_timeout_s=20)
     for r in res:

@@ -35,7 +35,8 @@ def test_bad_arguments_are_a_clear_error():
 
 
 @pytest.mark.parametrize("which", ["root", "kind"])
-@pytest.mark.parametrize("ids", [["a", "a"], ["a", "b"], ["a", "a", "b", "b"]], ids=["1x2", "2x1", "2x2"])
+@pytest.mark.parametrize("ids", [["a", "a"], ["a", "b"], ["a", "a", "b", "b"], ["a", "a", "b"]],
+                         ids=["1x2", "2x1", "2x2", "uneven-2+1"])
 def test_mismatched_gathers_fail_on_every_rank(which, ids):
     res = launch.run_ranks(rank_gather_scatter.mismatch, ids, args=(which,), timeout_s=90, pg_timeout_s=20)
     for r in res:
