@@ -110,9 +110,9 @@ def _warn_uneven(store, size):
     sizes = ", ".join(f"{key!r}: {n}" for key, n in counts.items())
     warnings.warn(
         f"fairring: the nodes of this process group have different numbers of ranks ({sizes}); "
-        "all-reduce, broadcast, reduce and barrier stay hierarchical with one rail per rank of the "
-        "smallest node (the other ranks share their node's memory but carry no rail); all-gather, "
-        "reduce-scatter, all-to-all, gather and scatter run flat, every rank its own node. "
+        "collectives stay hierarchical with one rail per rank of the smallest node: the other ranks "
+        "share their node's memory, and their pieces travel on their node-mates' rails, so the larger "
+        "nodes have fewer rails per rank (CUDA tensors run flat, every rank its own node). "
         "Results are correct either way.",
         stacklevel=3,
     )
