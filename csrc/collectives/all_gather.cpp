@@ -35,7 +35,7 @@ bool publish_block(SliceSchedule& p, Slice& s, const TimePoint*) {
 }
 
 bool await_carried(SliceSchedule& p, Slice& s, const TimePoint* until) {
-  if (!p.carries_blocks(s)) return true;
+  if (!p.owns_chunk(s)) return true;
   for (int x = p.me() + p.topo().rails; x < p.k(); x += p.topo().rails) {
     if (!p.node().wait_input(s.id(), x, until)) return false;
     p.mover().after(p.slot(s), x, PeerStep::kInputReady);
@@ -49,7 +49,7 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   const int64_t esize = p.esize(s);
   const int node = p.topo().node;
   p.set_mirror(s, nullptr, nullptr, 0);   // nothing for the node's peers to read
-  if (!p.carries_blocks(s)) return true;  // passive: our carrier takes our piece
+  if (!p.owns_chunk(s)) return true;  // passive: our carrier takes our piece
   if (!p.staged(s)) {
     // Our own block of the output (unless the input is that block already).
     char* to = p.output_block(s, node, 0);

@@ -40,7 +40,7 @@ using TimePoint = SliceSchedule::TimePoint;
 // Whether we read our piece for (node j, local x) from the tensor (we carry
 // it: our rail's, to another node) rather than stage it for its carrier.
 bool carried_from_tensor(const SliceSchedule& p, const Slice& s, int j, int x) {
-  return j != p.topo().node && p.carries_blocks(s) && p.carrier(x) == p.me();
+  return j != p.topo().node && p.owns_chunk(s) && p.carrier(x) == p.me();
 }
 
 // Where our rail lands the piece that local rank (node j, local y) sends
@@ -82,7 +82,7 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
     // Our own block stays with us.
     p.mover().copy(slot, p.output_block(s, node, 0), p.input_block(s, node, 0), own * esize, false);
   }
-  if (!p.multi_node() || !p.carries_blocks(s)) return true;  // a passive rank's carrier moves its pieces
+  if (!p.multi_node() || !p.owns_chunk(s)) return true;  // a passive rank's carrier moves its pieces
   // The pieces we carry are read from every peer's input area.
   if (p.k() > 1 && !p.inputs_in(s, until)) return false;
   for (int y = 0; y < p.k(); ++y) {
@@ -144,7 +144,7 @@ bool local_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
 }
 
 bool take_landed(SliceSchedule& p, Slice& s, const TimePoint* until) {
-  if (!p.multi_node() || p.carries_blocks(s)) return true;
+  if (!p.multi_node() || p.owns_chunk(s)) return true;
   const int from = p.carrier(p.me());
   if (!p.node().wait_chunk(s.id(), from, until)) return false;
   const int slot = p.slot(s);

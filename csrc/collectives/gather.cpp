@@ -33,7 +33,7 @@ std::pair<int, int> root_place(SliceSchedule& p, const Slice& s) { return p.topo
 bool publish_piece(SliceSchedule& p, Slice& s, const TimePoint*) {
   const auto [root_node, root_local] = root_place(p, s);
   const bool root_node_here = p.topo().node == root_node;
-  if ((root_node_here && p.me() != root_local) || (!root_node_here && !p.carries_blocks(s))) {
+  if ((root_node_here && p.me() != root_local) || (!root_node_here && !p.owns_chunk(s))) {
     const int slot = p.slot(s);
     p.mover().copy(slot, p.mover().input_area(slot, p.me()), p.own_piece(s.op->buffer, s),
                    s.plan.slice.count * p.esize(s), false);
@@ -44,7 +44,7 @@ bool publish_piece(SliceSchedule& p, Slice& s, const TimePoint*) {
 
 bool exchange(SliceSchedule& p, Slice& s, const TimePoint* until) {
   p.set_mirror(s, nullptr, nullptr, 0);                      // the root reads what our rail brought itself
-  if (!p.multi_node() || !p.carries_blocks(s)) return true;  // a passive rank's carrier takes its piece
+  if (!p.multi_node() || !p.owns_chunk(s)) return true;  // a passive rank's carrier takes its piece
   const auto [root_node, root_local] = root_place(p, s);
   const int node = p.topo().node;
   const int slot = p.slot(s);

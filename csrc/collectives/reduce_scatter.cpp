@@ -46,7 +46,7 @@ bool stage_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   char* in = p.mover().input_area(slot, p.me());
   for (int j = 0; j < p.topo().num_nodes; ++j) {
     for (int x = 0; x < p.node_size(j); ++x) {
-      if (p.carries_blocks(s) && p.carrier(x) == p.me()) continue;
+      if (p.owns_chunk(s) && p.carrier(x) == p.me()) continue;
       p.mover().copy(slot, in + p.staged_at(s, j, x) * esize, p.input_block(s, j, x), s.plan.slice.count * esize,
                      false);
     }
@@ -57,7 +57,7 @@ bool stage_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
 
 bool reduce_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
   if (!p.inputs_in(s, until)) return false;
-  if (!p.carries_blocks(s)) return true;  // passive: our carrier reduces our pieces
+  if (!p.owns_chunk(s)) return true;  // passive: our carrier reduces our pieces
   const PipelineOp& op = *s.op;
   const int slot = p.slot(s);
   const int64_t esize = p.esize(s);
@@ -89,7 +89,7 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   const int slot = p.slot(s);
   const int64_t esize = p.esize(s);
   p.set_mirror(s, nullptr, nullptr, 0);   // nothing for the node's peers to read
-  if (!p.carries_blocks(s)) return true;  // passive
+  if (!p.owns_chunk(s)) return true;  // passive
   if (!p.multi_node()) {
     // A reduce-scatter of one rank is a copy (none if in place).
     if (p.k() == 1) {

@@ -57,7 +57,7 @@ bool publish_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
 
 bool exchange(SliceSchedule& p, Slice& s, const TimePoint* until) {
   p.set_mirror(s, nullptr, nullptr, 0);
-  if (!p.multi_node() || !p.carries_blocks(s)) return true;  // a passive rank's carrier brings its piece
+  if (!p.multi_node() || !p.owns_chunk(s)) return true;  // a passive rank's carrier brings its piece
   const auto [root_node, root_local] = root_place(p, s);
   const int node = p.topo().node;
   const bool root_node_here = node == root_node;
@@ -92,7 +92,7 @@ bool from_root(SliceSchedule& p, Slice& s, const TimePoint* until) {
   const auto [root_node, root_local] = root_place(p, s);
   const int slot = p.slot(s);
   if (p.topo().node != root_node) {
-    if (p.carries_blocks(s)) return true;  // the rail brings ours
+    if (p.owns_chunk(s)) return true;  // the rail brings ours
     // Passive: our carrier's rail brought ours into the output area.
     const int from = p.carrier(p.me());
     if (!p.node().wait_chunk(s.id(), from, until)) return false;

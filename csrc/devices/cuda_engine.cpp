@@ -373,6 +373,10 @@ void CudaEngine::fence_failed(CudaOp& op) noexcept {
   }
 }
 
+void CudaEngine::on_set_timeout(std::chrono::milliseconds timeout) {
+  if (rail_) rail_->set_timeout(timeout);
+}
+
 void CudaEngine::on_failed(const Error& why) {
   if (rail_) rail_->abort(why);  // the NCCL rail aborts its communicator: its kernels end
   if (held_) held_->group_failed(why);

@@ -84,6 +84,7 @@ class CudaEngine : public Pipeline {
   void settle(PipelineOp& op, std::exception_ptr& error) override;
   std::function<void()> completion_call(const std::shared_ptr<PipelineOp>& op, std::exception_ptr error) override;
   void on_failed(const Error& why) override;
+  void on_set_timeout(std::chrono::milliseconds timeout) override;
   bool let_go(TimePoint until) override;
   void wait_device_idle() override;
   bool quiesce_device(TimePoint until) override;

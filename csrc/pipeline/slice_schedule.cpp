@@ -167,11 +167,6 @@ int64_t SliceSchedule::piece_count(const Slice& s, int from, int to) const {
 }
 int64_t SliceSchedule::staged_at(const Slice& s, int j, int x) const { return blockwise_staged_at(s.plan, j, x); }
 
-int SliceSchedule::pieces_carried(const Slice& s, int j) const {
-  if (!carries_blocks(s)) return 0;
-  return (node_size(j) - me_ + topo_.rails - 1) / topo_.rails;  // local ranks me, me + R, ... of node j
-}
-
 bool step_acquire(SliceSchedule& p, Slice& s, const SliceSchedule::TimePoint* until) { return p.acquire(s, until); }
 
 bool step_await_own(SliceSchedule& p, Slice& s, const SliceSchedule::TimePoint* until) {
@@ -180,7 +175,7 @@ bool step_await_own(SliceSchedule& p, Slice& s, const SliceSchedule::TimePoint* 
 
 bool step_await_rails(SliceSchedule& p, Slice& s, const SliceSchedule::TimePoint* until) {
   // A passive rank (uneven nodes) posted no rail task: its carrier did.
-  return !p.multi_node() || !p.carries_blocks(s) || step_await_own(p, s, until);
+  return !p.multi_node() || !p.owns_chunk(s) || step_await_own(p, s, until);
 }
 
 bool step_release(SliceSchedule& p, Slice& s, const SliceSchedule::TimePoint*) {

@@ -94,14 +94,11 @@ class SliceSchedule {
   // the node steps): several ranks on the node, or a blockwise slice on
   // uneven nodes.
   bool staged(const Slice& s) const;
-  // Blockwise: the ranks of node j, the local rank whose rail carries local
-  // rank x's pieces (plan.h: x % R), whether we carry a chunk (passive ranks
-  // do not), and how many of node j's pieces our chunk holds (1 on equal
-  // nodes; 0 for a passive rank).
+  // Blockwise: the ranks of node j, and the local rank whose rail carries
+  // local rank x's pieces (plan.h: x % R).  A rank that owns no chunk of a
+  // blockwise slice is passive: its carrier moves its pieces.
   int node_size(int j) const { return static_cast<int>(topo_.node_ranks[j].size()); }
   int carrier(int x) const { return x % topo_.rails; }
-  bool carries_blocks(const Slice& s) const { return me_ < s.plan.num_chunks(); }
-  int pieces_carried(const Slice& s, int j) const;
   // The most pieces of one node that rail `r` carries (1 on equal nodes):
   // the exchanges' pieces per node on that rail, the same on every node.
   int rail_span(int r) const { return (topo_.largest_node() - r + topo_.rails - 1) / topo_.rails; }

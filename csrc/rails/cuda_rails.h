@@ -87,6 +87,9 @@ class CudaRail : public RailExchange {
   // its own (a failed op's fence: its transfers may write the op's memory).
   // Nothing for a rail whose device work is all on the slot streams.
   virtual void order_before(cudaStream_t stream) { (void)stream; }
+  // The group's new timeout (set_timeout), for the rail's waits from now
+  // on; a rail whose waits all run under the engine's keeps nothing.
+  virtual void set_timeout(std::chrono::milliseconds timeout) { (void)timeout; }
 
  protected:
   bool leak_ = false;
@@ -105,6 +108,7 @@ class CudaStagedRail : public CudaRail {
   void post(RailTask task) override;
   void abort(const Error& why) override;
   bool let_go(std::chrono::steady_clock::time_point until) override { return stage_->let_go(until); }
+  void set_timeout(std::chrono::milliseconds timeout) override { stage_->set_timeout(timeout); }
 
  private:
   // A copy between a slot's pinned memory and the device.
