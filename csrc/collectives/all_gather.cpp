@@ -48,8 +48,8 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   const int slot = p.slot(s);
   const int64_t esize = p.esize(s);
   const int node = p.topo().node;
-  p.set_mirror(s, nullptr, nullptr, 0);   // nothing for the node's peers to read
-  if (!p.owns_chunk(s)) return true;  // passive: our carrier takes our piece
+  p.set_mirror(s, nullptr, nullptr, 0);  // nothing for the node's peers to read
+  if (!p.owns_chunk(s)) return true;     // passive: our carrier takes our piece
   if (!p.staged(s)) {
     // Our own block of the output (unless the input is that block already).
     char* to = p.output_block(s, node, 0);

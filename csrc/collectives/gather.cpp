@@ -43,7 +43,7 @@ bool publish_piece(SliceSchedule& p, Slice& s, const TimePoint*) {
 }
 
 bool exchange(SliceSchedule& p, Slice& s, const TimePoint* until) {
-  p.set_mirror(s, nullptr, nullptr, 0);                      // the root reads what our rail brought itself
+  p.set_mirror(s, nullptr, nullptr, 0);                  // the root reads what our rail brought itself
   if (!p.multi_node() || !p.owns_chunk(s)) return true;  // a passive rank's carrier takes its piece
   const auto [root_node, root_local] = root_place(p, s);
   const int node = p.topo().node;

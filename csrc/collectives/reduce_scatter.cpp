@@ -88,8 +88,8 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   const PipelineOp& op = *s.op;
   const int slot = p.slot(s);
   const int64_t esize = p.esize(s);
-  p.set_mirror(s, nullptr, nullptr, 0);   // nothing for the node's peers to read
-  if (!p.owns_chunk(s)) return true;  // passive
+  p.set_mirror(s, nullptr, nullptr, 0);  // nothing for the node's peers to read
+  if (!p.owns_chunk(s)) return true;     // passive
   if (!p.multi_node()) {
     // A reduce-scatter of one rank is a copy (none if in place).
     if (p.k() == 1) {
