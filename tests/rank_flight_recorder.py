@@ -38,6 +38,14 @@ def records(rank, world_size):
     split = dist.distributed_c10d._get_default_group().split_group([0, 2] if rank != 1 else [1],
                                                                    group_name=f"split-{rank == 1}")
     dist.all_reduce(torch.ones(2), group=split)
+    # Delegated to gloo (a sparse bool sum, which gloo records, moves, and then
+    # cannot add): its entry is filed under this group's name, not the
+    # nameless gloo group's.
+    refused = None
+    try:
+        dist.all_reduce(torch.sparse_coo_tensor([[0]], [True], (2,)))
+    except Exception as e:  # noqa: BLE001
+        refused = str(e)
     dist.barrier()
     dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
     return {
@@ -46,6 +54,7 @@ def records(rank, world_size):
         "sub_name": sub.group_name if rank in (1, 2) else None,
         "split_name": split.group_name,
         "recorder": __import__("fairring_py")._C._flight_recorder(),
+        "refused": refused,
     }
 
 

@@ -26,7 +26,10 @@ def test_every_op_is_recorded_in_torchs_flight_recorder():
     for r in res:
         v = r.value
         assert v["recorder"] == {"on": True, "problem": ""}, v["recorder"]
-        default = [e for e in v["entries"] if e["process_group"][0] == "0"]
+        delegated = [e for e in v["entries"] if e["profiling_name"].startswith("gloo:")]
+        assert [(e["profiling_name"], tuple(e["process_group"])) for e in delegated] == [
+            ("gloo:sparse_all_reduce", ("0", "default_pg"))], (delegated, v["refused"])
+        default = [e for e in v["entries"] if e["process_group"][0] == "0" and e not in delegated]
         names = [e["profiling_name"] for e in default]
         expected = ["fairring:all_reduce", "fairring:all_gather", "fairring:reduce_scatter", "fairring:broadcast",
                     "fairring:all_gather"]

@@ -760,6 +760,13 @@ bool FairringBackend::native_tensors(const std::vector<at::Tensor>& tensors) {
 
 c10d::Backend& FairringBackend::delegate(const char* kind) {
   check_same_process(kind);
+  // torch named our group (setGroupUid, setGroupDesc), not the gloo group
+  // we delegate to: its flight-recorder entries would be filed under no
+  // group.  It takes our name before its first op (later ones find it set).
+  if (fallback_->getGroupUid() != getGroupUid() || fallback_->getGroupDesc() != getGroupDesc()) {
+    fallback_->setGroupUid(getGroupUid());
+    fallback_->setGroupDesc(getGroupDesc());
+  }
   recent_->start(number_collective(), std::string(kind) + " (gloo)", "", 0, /*delegated=*/true);
   with_host_pipeline([](Pipeline& p) {
     p.wait_idle();
