@@ -188,6 +188,7 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
     ranks_here += string_of(store->get("machine/" + std::to_string(r))) == machine;
   }
   topo_ = build_topology(keys, rank);
+  blockwise_pieces_ = blockwise_slice_pieces(topo_.node_sizes());
   config_.wait_spin = wait_spin_for(ranks_here, usable_cpus());
   // The group's secret (TCP peers must present it) and a unique name for its
   // shared memory, chosen by rank 0.
@@ -279,10 +280,7 @@ void FairringBackend::retire(const std::string& why) {
 
 void FairringBackend::abort_engines(const std::string& text) {
   const Error why(ErrorKind::kBackend, text);
-  with_host_pipeline([&](Pipeline& p) {
-    p.abort(why);
-    return true;
-  });
+  if (engine_) engine_->abort(why);
   if (p2p_) p2p_->abort(why);
   with_device_pipeline([&](Pipeline& p) {
     p.abort(why);
@@ -297,7 +295,7 @@ void FairringBackend::shutdown() {
   const auto left = [&] {
     return std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
   };
-  if (engine_ && (!with_host_pipeline([&](Pipeline& p) { return p.drain(left()); }) || (p2p_ && !p2p_->drain(left())) ||
+  if (engine_ && (!engine_->drain(left()) || (p2p_ && !p2p_->drain(left())) ||
                   !with_device_pipeline([&](Pipeline& p) { return p.drain(left()); }))) {
     const std::string why =
         "rank " + std::to_string(getRank()) +
@@ -307,10 +305,7 @@ void FairringBackend::shutdown() {
     abort_engines(why);
   } else if (engine_) {
     const std::string closed = "this process group was shut down (shutdown() or destroy_process_group())";
-    with_host_pipeline([&](Pipeline& p) {
-      p.close(closed);
-      return true;
-    });
+    engine_->close(closed);
     if (p2p_) p2p_->close(closed);
     with_device_pipeline([&](Pipeline& p) {
       p.close(closed);
@@ -330,10 +325,7 @@ void FairringBackend::setTimeout(std::chrono::milliseconds timeout) {
 
 void FairringBackend::apply_timeout() {
   const auto timeout = config_.timeout + ephemeral_->extra();
-  with_host_pipeline([&](Pipeline& p) {
-    p.set_timeout(timeout);
-    return true;
-  });
+  if (engine_) engine_->set_timeout(timeout);
   if (p2p_) p2p_->set_timeout(timeout);
   with_device_pipeline([&](Pipeline& p) {
     p.set_timeout(timeout);
@@ -353,10 +345,7 @@ void FairringBackend::addEphemeralTimeout(const std::chrono::milliseconds& timeo
 
 std::optional<Error> FairringBackend::first_error() const {
   std::optional<Error> first;
-  with_host_pipeline([&](Pipeline& p) {
-    if (!first && p.failed()) first = p.failure();
-    return true;
-  });
+  if (engine_ && engine_->failed()) first = engine_->failure();
   with_device_pipeline([&](Pipeline& p) {
     if (!first && p.failed()) first = p.failure();
     return true;
@@ -477,10 +466,7 @@ void FairringBackend::leave(const char* how) {
   } else {
     why += " after " + ops.back().kind + " #" + std::to_string(ops.back().seq);
   }
-  with_host_pipeline([&](Pipeline& p) {
-    p.leave(why);
-    return true;
-  });
+  if (engine_) engine_->leave(why);
   if (p2p_) p2p_->leave(why);
   with_device_pipeline([&](Pipeline& p) {
     p.leave(why);
@@ -650,10 +636,6 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_cpu(std::shared_ptr<HostO
   return work;
 }
 
-bool FairringBackend::with_host_pipeline(const std::function<bool(Pipeline&)>& f) const {
-  return !engine_ || f(*engine_);
-}
-
 c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective collective,
                                                                  const std::vector<at::Tensor>& inputs,
                                                                  const std::vector<at::Tensor>& outputs,
@@ -768,10 +750,7 @@ c10d::Backend& FairringBackend::delegate(const char* kind) {
     fallback_->setGroupDesc(getGroupDesc());
   }
   recent_->start(number_collective(), std::string(kind) + " (gloo)", "", 0, /*delegated=*/true);
-  with_host_pipeline([](Pipeline& p) {
-    p.wait_idle();
-    return true;
-  });
+  if (engine_) engine_->wait_idle();
   wait_idle_device();
   return *fallback_;
 }
@@ -823,8 +802,7 @@ void FairringBackend::check_blockwise_fits(const char* kind, c10::ScalarType dty
   PlanParams params;
   params.slice_bytes = config_.slice_size;
   // A slice holds a piece per rank, or more on uneven nodes (plan.h).
-  TORCH_CHECK(blockwise_fits(c10::elementSize(dtype), blockwise_slice_pieces(topo_.node_sizes()), params),
-              "fairring: ", kind, " on ", getSize(),
+  TORCH_CHECK(blockwise_fits(c10::elementSize(dtype), blockwise_pieces_, params), "fairring: ", kind, " on ", getSize(),
               " ranks does not fit a slice of FAIRRING_SLICE_SIZE=", config_.slice_size, " bytes; raise it");
 }
 
@@ -834,11 +812,7 @@ uint64_t FairringBackend::order_waits() const {
     device = p.order_waits();
     return true;
   });
-  uint64_t host = 0;
-  with_host_pipeline([&](Pipeline& p) {
-    host += p.order_waits();
-    return true;
-  });
+  const uint64_t host = engine_ ? engine_->order_waits() : 0;
   return host + device + delegated_waits_.load(std::memory_order_relaxed);
 }
 
@@ -1275,10 +1249,7 @@ bool FairringBackend::p2p_native(const char* kind, const char* arg, const std::v
 void FairringBackend::order_p2p(const Footprint& fp) {
   order_after_delegated(fp);  // delegated ops, and the pending sends and receives
   GilReleaseIfHeld no_gil;
-  with_host_pipeline([&](Pipeline& p) {  // the pipelines'
-    p.wait_conflicts(fp);
-    return true;
-  });
+  if (engine_) engine_->wait_conflicts(fp);  // the pipeline's
 }
 
 void FairringBackend::order_device(const Footprint& fp) {

@@ -295,6 +295,7 @@ class FairringBackend : public c10d::Backend {
                                             std::vector<at::Tensor> outputs, const char* kind, const char* title);
 
   Topology topo_;
+  int blockwise_pieces_ = 1;  // blockwise_slice_pieces of topo_'s nodes
   Config config_;
   const int creator_pid_ = getpid();
   c10::intrusive_ptr<c10d::Backend> fallback_;
@@ -360,8 +361,6 @@ class FairringBackend : public c10d::Backend {
   c10::weak_intrusive_ptr<c10d::Backend> last_split_{c10::intrusive_ptr<c10d::Backend>()};
   // f(the CUDA engine) if there is one (its abort(), drain(), close()); else true.
   bool with_device_pipeline(const std::function<bool(Pipeline&)>& f) const;
-  // f(the host schedule, engine_) if it is built; else true.
-  bool with_host_pipeline(const std::function<bool(Pipeline&)>& f) const;
   // The topology the CUDA engine is built on: uneven nodes run it flat.
   Topology device_topology() const { return topo_.uneven ? topo_.flat() : topo_; }
   c10::intrusive_ptr<c10d::Store> store_;

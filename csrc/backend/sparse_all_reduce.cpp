@@ -56,10 +56,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_sparse_cpu(at::Tensor&
   order_after_delegated(fp);
   {
     GilReleaseIfHeld no_gil;
-    with_host_pipeline([](Pipeline& p) {
-      p.wait_idle();
-      return true;
-    });
+    if (engine_) engine_->wait_idle();
     wait_idle_device();
   }
   const at::Tensor local = t.coalesce();

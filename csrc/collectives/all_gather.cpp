@@ -34,14 +34,7 @@ bool publish_block(SliceSchedule& p, Slice& s, const TimePoint*) {
   return true;
 }
 
-bool await_carried(SliceSchedule& p, Slice& s, const TimePoint* until) {
-  if (!p.owns_chunk(s)) return true;
-  for (int x = p.me() + p.topo().rails; x < p.k(); x += p.topo().rails) {
-    if (!p.node().wait_input(s.id(), x, until)) return false;
-    p.mover().after(p.slot(s), x, PeerStep::kInputReady);
-  }
-  return true;
-}
+bool await_carried(SliceSchedule& p, Slice& s, const TimePoint* until) { return p.carried_inputs_in(s, until); }
 
 bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   const PipelineOp& op = *s.op;

@@ -39,20 +39,15 @@ using TimePoint = SliceSchedule::TimePoint;
 
 // Whether we read our piece for (node j, local x) from the tensor (we carry
 // it: our rail's, to another node) rather than stage it for its carrier.
-bool carried_from_tensor(const SliceSchedule& p, const Slice& s, int j, int x) {
-  return j != p.topo().node && p.owns_chunk(s) && p.carrier(x) == p.me();
-}
+// (A passive rank carries nothing: carrier(x) < R <= me.)
+bool carried_from_tensor(const SliceSchedule& p, int j, int x) { return j != p.topo().node && p.carrier(x) == p.me(); }
 
-// Where our rail lands the piece that local rank (node j, local y) sends
-// our passive node-mate x: in the output area, each passive rank's W - K
-// pieces from the other nodes in rank order of their nodes (plan.h's
-// blockwise_slice_pieces leaves room for them).
-int64_t landed_at(const SliceSchedule& p, const Slice& s, int x, int j, int y) {
-  const int node = p.topo().node;
-  const int others = p.topo().size - p.k();
-  int64_t before = 0;
-  for (int n = 0; n < j; ++n) before += n == node ? 0 : p.node_size(n);
-  return (int64_t{x - p.topo().rails} * others + before + y) * s.plan.slice.count;
+// Where our rail lands the piece that the `sender`-th rank of the other
+// nodes (node by node, local ranks in order) sends our passive node-mate x:
+// in the output area, each passive rank's W - K such pieces in that order
+// (plan.h's blockwise_slice_pieces leaves room for them).
+int64_t landed_at(const SliceSchedule& p, const Slice& s, int x, int64_t sender) {
+  return (int64_t{x - p.topo().rails} * (p.topo().size - p.k()) + sender) * s.plan.slice.count;
 }
 
 bool publish_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
@@ -61,7 +56,7 @@ bool publish_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   char* area = p.mover().input_area(slot, p.me());
   for (int j = 0; j < p.topo().num_nodes; ++j) {
     for (int x = 0; x < p.node_size(j); ++x) {
-      if ((j == p.topo().node && x == p.me()) || carried_from_tensor(p, s, j, x)) continue;
+      if ((j == p.topo().node && x == p.me()) || carried_from_tensor(p, j, x)) continue;
       const int64_t count = p.piece_count(s, p.topo().rank, p.rank_of(j, x));
       if (count > 0)
         p.mover().copy(slot, area + p.staged_at(s, j, x) * esize, p.input_block(s, j, x), count * esize, false);
@@ -93,9 +88,11 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
   // Per node, the pieces of the pairs (x, y): from local rank y of the
   // sending node to local rank x = me + i R of the receiving one, at
   // i * largest + y, the same on both ends; the missing pairs are empty.
-  const int largest = p.topo().largest_node();
+  const int largest = p.topo().largest_node;
+  const int span = p.rail_span(p.me());
+  int64_t senders_before = 0;  // ranks of the other nodes before node j
   for (int j = 0; j < p.topo().num_nodes; ++j) {
-    for (int i = 0; i < p.rail_span(p.me()); ++i) {
+    for (int i = 0; i < span; ++i) {
       const int x = p.me() + i * p.topo().rails;
       for (int y = 0; y < largest; ++y) {
         const bool sent = j != node && x < p.node_size(j) && y < p.k();
@@ -112,11 +109,12 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
         char* landing = p.output_block(s, node, p.me());  // (nothing lands)
         if (brought) {
           landing = x == p.me() ? p.output_block(s, j, y)
-                                : p.mover().output_area(slot, p.me()) + landed_at(p, s, x, j, y) * esize;
+                                : p.mover().output_area(slot, p.me()) + landed_at(p, s, x, senders_before + y) * esize;
         }
         t.landings.push_back(landing);
       }
     }
+    if (j != node) senders_before += p.node_size(j);
   }
   p.post(std::move(t));
   return true;
@@ -145,19 +143,19 @@ bool local_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
 
 bool take_landed(SliceSchedule& p, Slice& s, const TimePoint* until) {
   if (!p.multi_node() || p.owns_chunk(s)) return true;
-  const int from = p.carrier(p.me());
-  if (!p.node().wait_chunk(s.id(), from, until)) return false;
+  if (!p.carrier_done(s, until)) return false;
   const int slot = p.slot(s);
   const int64_t esize = p.esize(s);
   const int node = p.topo().node;
   const bool large = p.large(s.op->numel * p.topo().size * esize);
-  p.mover().after(slot, from, PeerStep::kChunkDone);
+  const char* landed = p.mover().output_area(slot, p.carrier(p.me()));
+  int64_t sender = 0;  // the ranks of the other nodes, in landed_at's order
   for (int j = 0; j < p.topo().num_nodes; ++j) {
-    for (int y = 0; j != node && y < p.node_size(j); ++y) {
+    for (int y = 0; j != node && y < p.node_size(j); ++y, ++sender) {
       const int64_t count = p.piece_count(s, p.rank_of(j, y), p.topo().rank);
       if (count > 0) {
-        p.mover().copy(slot, p.output_block(s, j, y),
-                       p.mover().output_area(slot, from) + landed_at(p, s, p.me(), j, y) * esize, count * esize, large);
+        p.mover().copy(slot, p.output_block(s, j, y), landed + landed_at(p, s, p.me(), sender) * esize, count * esize,
+                       large);
       }
     }
   }

@@ -50,10 +50,7 @@ bool exchange(SliceSchedule& p, Slice& s, const TimePoint* until) {
   const int slot = p.slot(s);
   const int rails = p.topo().rails;
   // Away from the root's node we also carry our passive peers' pieces.
-  for (int x = p.me() + rails; node != root_node && x < p.k(); x += rails) {
-    if (!p.node().wait_input(s.id(), x, until)) return false;
-    p.mover().after(slot, x, PeerStep::kInputReady);
-  }
+  if (node != root_node && !p.carried_inputs_in(s, until)) return false;
   const int64_t count = s.plan.slice.count;
   char* ours = p.own_piece(s.op->buffer, s);
   RailTask t = p.rail_task(s);
@@ -104,10 +101,11 @@ bool to_root(SliceSchedule& p, Slice& s, const TimePoint* until) {
     if (r == p.me()) continue;  // our rail's pieces landed in our output
     p.mover().after(slot, r, PeerStep::kChunkDone);
     for (int j = 0; j < p.topo().num_nodes; ++j) {
-      for (int x = r; j != node && x < p.node_size(j); x += p.topo().rails) {
+      if (j == node) continue;
+      p.for_rail(r, j, [&](int x) {
         p.mover().copy(slot, p.output_block(s, j, x), p.mover().output_area(slot, r) + p.staged_at(s, j, x) * esize,
                        bytes, large);
-      }
+      });
     }
   }
   return true;

@@ -25,19 +25,11 @@ namespace {
 
 using TimePoint = SliceSchedule::TimePoint;
 
-// Rail r's pieces of node j: those of its local ranks r, r + R, ...
-template <typename F>
-void for_pieces_of_rail(const SliceSchedule& p, int r, int j, F f) {
-  for (int x = r; x < p.node_size(j); x += p.topo().rails) f(x);
-}
-
 // Our result lands in our output directly, unless our carrier's shard of
 // our node holds several pieces (uneven nodes): then the served sum stays
 // in the carrier's input area (where it staged nothing: its own chunk is
 // read from the tensor), and each rank takes its piece from there.
-bool result_staged(const SliceSchedule& p, const Slice& s) {
-  return p.multi_node() && (p.topo().uneven && p.node_size(p.topo().node) > p.topo().rails);
-}
+bool result_staged(const SliceSchedule& p) { return p.multi_node() && p.k() > p.topo().rails; }
 
 bool stage_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   // The peers' chunks only: ours is reduced straight from the tensor.
@@ -46,7 +38,7 @@ bool stage_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   char* in = p.mover().input_area(slot, p.me());
   for (int j = 0; j < p.topo().num_nodes; ++j) {
     for (int x = 0; x < p.node_size(j); ++x) {
-      if (p.owns_chunk(s) && p.carrier(x) == p.me()) continue;
+      if (p.carrier(x) == p.me()) continue;  // (never for a passive rank)
       p.mover().copy(slot, in + p.staged_at(s, j, x) * esize, p.input_block(s, j, x), s.plan.slice.count * esize,
                      false);
     }
@@ -71,7 +63,7 @@ bool reduce_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
   // servers divide.
   const bool one_node = !p.multi_node();
   for (int j = 0; j < p.topo().num_nodes; ++j) {
-    for_pieces_of_rail(p, p.me(), j, [&](int x) {
+    p.for_rail(p.me(), j, [&](int x) {
       const int64_t at = p.staged_at(s, j, x) * esize;
       const void* inputs[kMaxLocalRanks];
       for (int y = 0; y < p.k(); ++y) {
@@ -109,21 +101,19 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
     t.pieces.push_back(p.staged(s) ? p.mover().output_area(slot, p.me()) + p.staged_at(s, j, p.me()) * esize
                                    : p.input_block(s, j, 0));  // only read
   }
-  t.result = result_staged(p, s) ? p.mover().input_area(slot, p.me()) + p.staged_at(s, p.topo().node, p.me()) * esize
-                                 : p.own_piece(op.output, s);
+  t.result = result_staged(p) ? p.mover().input_area(slot, p.me()) + p.staged_at(s, p.topo().node, p.me()) * esize
+                              : p.own_piece(op.output, s);
   p.post(std::move(t));
   return true;
 }
 
 bool take_piece(SliceSchedule& p, Slice& s, const TimePoint* until) {
-  const int from = p.carrier(p.me());
-  if (!result_staged(p, s)) return step_await_own(p, s, until);
-  if (!p.node().wait_chunk(s.id(), from, until)) return false;
+  if (!result_staged(p)) return step_await_own(p, s, until);
+  if (!p.carrier_done(s, until)) return false;
   const int slot = p.slot(s);
-  if (from != p.me()) p.mover().after(slot, from, PeerStep::kChunkDone);
   const int64_t esize = p.esize(s);
   p.mover().copy(slot, p.own_piece(s.op->output, s),
-                 p.mover().input_area(slot, from) + p.staged_at(s, p.topo().node, p.me()) * esize,
+                 p.mover().input_area(slot, p.carrier(p.me())) + p.staged_at(s, p.topo().node, p.me()) * esize,
                  s.plan.slice.count * esize, false);
   return true;
 }

@@ -94,12 +94,10 @@ bool from_root(SliceSchedule& p, Slice& s, const TimePoint* until) {
   if (p.topo().node != root_node) {
     if (p.owns_chunk(s)) return true;  // the rail brings ours
     // Passive: our carrier's rail brought ours into the output area.
-    const int from = p.carrier(p.me());
-    if (!p.node().wait_chunk(s.id(), from, until)) return false;
-    p.mover().after(slot, from, PeerStep::kChunkDone);
+    if (!p.carrier_done(s, until)) return false;
     const int64_t esize = p.esize(s);
     p.mover().copy(slot, p.own_piece(s.op->output, s),
-                   p.mover().output_area(slot, from) + p.staged_at(s, p.topo().node, p.me()) * esize,
+                   p.mover().output_area(slot, p.carrier(p.me())) + p.staged_at(s, p.topo().node, p.me()) * esize,
                    s.plan.slice.count * esize, false);
     return true;
   }

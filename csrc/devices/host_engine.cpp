@@ -23,7 +23,7 @@ int64_t required_memory(const Config& c, const PlanParams& p, const Topology& t)
   const int k = t.ranks_per_node;
   // A node of one rank has slot areas on uneven nodes only (node_arena.h).
   const int64_t shared = k > 1 ? c.slice_size * (k + 1) / k : (t.uneven ? 2 * c.slice_size : 0);
-  const int64_t rail = t.on_rail() ? rail_stage_bytes_per_slot(c, p, t.rails, t.num_nodes, t.largest_node()) : 0;
+  const int64_t rail = t.on_rail() ? rail_stage_bytes_per_slot(c, p, t.rails, t.num_nodes, t.largest_node) : 0;
   return (shared + rail) * c.parallelism;
 }
 

@@ -36,6 +36,7 @@ std::set<Pipeline*> g_live;
 Pipeline::Pipeline(const Topology& topo, const Config& config, const char* device)
     : topo_(topo),
       node_sizes_(topo.node_sizes()),
+      slice_pieces_(blockwise_slice_pieces(node_sizes_)),
       config_(config),
       device_(device),
       creator_pid_(getpid()),
@@ -178,7 +179,7 @@ void Pipeline::submit(std::shared_ptr<PipelineOp> op) {
 }
 
 int64_t Pipeline::slices_of(const PipelineOp& op) const {
-  return num_slices(op.def->cut(), op.numel, c10::elementSize(op.dtype), blockwise_slice_pieces(node_sizes_), params_);
+  return num_slices(op.def->cut(), op.numel, c10::elementSize(op.dtype), slice_pieces_, params_);
 }
 
 Slice Pipeline::make_slice(const std::shared_ptr<PipelineOp>& op, int64_t index) {

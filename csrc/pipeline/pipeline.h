@@ -205,6 +205,7 @@ class Pipeline {
 
   Topology topo_;
   const std::vector<int> node_sizes_;  // topo_'s, for the plans
+  const int slice_pieces_;             // blockwise_slice_pieces(node_sizes_)
   Config config_;
   PlanParams params_;
   const char* device_;

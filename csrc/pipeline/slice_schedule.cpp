@@ -103,6 +103,21 @@ bool SliceSchedule::wait_chunks(Slice& s, int n, const TimePoint* until) {
   return true;
 }
 
+bool SliceSchedule::carried_inputs_in(Slice& s, const TimePoint* until) {
+  for (int x = me_ + topo_.rails; x < k_; x += topo_.rails) {
+    if (!node_.wait_input(s.id(), x, until)) return false;
+    mover_.after(slot(s), x, PeerStep::kInputReady);
+  }
+  return true;
+}
+
+bool SliceSchedule::carrier_done(Slice& s, const TimePoint* until) {
+  const int from = carrier(me_);
+  if (!node_.wait_chunk(s.id(), from, until)) return false;
+  if (from != me_) mover_.after(slot(s), from, PeerStep::kChunkDone);
+  return true;
+}
+
 void SliceSchedule::release(Slice& s) {
   // In slice order, also for a slice whose reads ended earlier: the counter
   // only moves forward.

@@ -99,9 +99,21 @@ class SliceSchedule {
   // blockwise slice is passive: its carrier moves its pieces.
   int node_size(int j) const { return static_cast<int>(topo_.node_ranks[j].size()); }
   int carrier(int x) const { return x % topo_.rails; }
+  // f(x) for each local rank x of node j whose pieces rail r carries:
+  // r, r + R, r + 2R...
+  template <typename F>
+  void for_rail(int r, int j, F f) const {
+    for (int x = r; x < node_size(j); x += topo_.rails) f(x);
+  }
+  // A carrier: the passive ranks whose pieces we carry have published
+  // their input (the device ordered after it).
+  bool carried_inputs_in(Slice& s, const TimePoint* until);
+  // A passive rank: our carrier's chunk of the slice is published (what it
+  // brought us is there; the device ordered after it).
+  bool carrier_done(Slice& s, const TimePoint* until);
   // The most pieces of one node that rail `r` carries (1 on equal nodes):
   // the exchanges' pieces per node on that rail, the same on every node.
-  int rail_span(int r) const { return (topo_.largest_node() - r + topo_.rails - 1) / topo_.rails; }
+  int rail_span(int r) const { return (topo_.largest_node - r + topo_.rails - 1) / topo_.rails; }
   // Blockwise: where piece (node j, local x) of the slice is in the op's
   // input and output of one block per rank, in a tensor of a single block,
   // and in the slot areas.

@@ -114,10 +114,8 @@ int blockwise_slice_pieces(const std::vector<int>& node_sizes) {
 
 SlicePlan plan_slice(Cut cut, int64_t numel, int64_t elem_size, int64_t index, const std::vector<int>& node_sizes,
                      const PlanParams& params) {
-  if (node_sizes.empty() || *std::min_element(node_sizes.begin(), node_sizes.end()) < 1) {
-    throw Error(ErrorKind::kBackend, "plan_slice: a node without ranks");
-  }
-  const int rails = *std::min_element(node_sizes.begin(), node_sizes.end());
+  const int rails = node_sizes.empty() ? 0 : *std::min_element(node_sizes.begin(), node_sizes.end());
+  if (rails < 1) throw Error(ErrorKind::kBackend, "plan_slice: a node without ranks");
   const int num_nodes = static_cast<int>(node_sizes.size());
   if (cut == Cut::kWhole) return plan_slice(numel, elem_size, index, rails, num_nodes, params);
   const int64_t slices = num_slices(cut, numel, elem_size, blockwise_slice_pieces(node_sizes), params);

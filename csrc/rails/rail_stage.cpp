@@ -598,7 +598,7 @@ std::unique_ptr<RailStage> connect_rail(const c10::intrusive_ptr<c10d::Store>& s
         max_server_piece_bytes(servers.max_chunk_bytes, int64_t{config.reduction_servers} * kPiecesPerServer));
   }
   return std::make_unique<RailStage>(topo, *mesh, reduce_cpu, std::move(callbacks), config.timeout, config.parallelism,
-                                     max_shard_bytes(params, topo.rails, topo.num_nodes, topo.largest_node()), wire,
+                                     max_shard_bytes(params, topo.rails, topo.num_nodes, topo.largest_node), wire,
                                      std::move(servers));
 }
 

@@ -20,12 +20,6 @@ std::vector<int> Topology::node_sizes() const {
   return sizes;
 }
 
-int Topology::largest_node() const {
-  int largest = 0;
-  for (const auto& members : node_ranks) largest = std::max(largest, static_cast<int>(members.size()));
-  return largest;
-}
-
 std::pair<int, int> Topology::place_of(int r) const {
   for (int n = 0; n < num_nodes; ++n) {
     const auto& members = node_ranks[n];
@@ -41,7 +35,11 @@ namespace {
 void place(Topology& t) {
   t.num_nodes = static_cast<int>(t.node_ranks.size());
   t.rails = static_cast<int>(t.node_ranks[0].size());
-  for (const auto& members : t.node_ranks) t.rails = std::min(t.rails, static_cast<int>(members.size()));
+  t.largest_node = t.rails;
+  for (const auto& members : t.node_ranks) {
+    t.rails = std::min(t.rails, static_cast<int>(members.size()));
+    t.largest_node = std::max(t.largest_node, static_cast<int>(members.size()));
+  }
   t.uneven = false;
   for (const auto& members : t.node_ranks) t.uneven |= static_cast<int>(members.size()) != t.rails;
   const auto [node, local] = t.place_of(t.rank);

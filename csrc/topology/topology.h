@@ -19,8 +19,9 @@ struct Topology {
   // input and gather the results through the node's memory, and own no
   // chunk and no rail.  Equal nodes: rails == ranks_per_node.
   int rails = 1;
-  int node = 0;        // index of this rank's node, 0..N-1
-  int local_rank = 0;  // index of this rank inside its node, 0..K-1
+  int largest_node = 1;  // the rank count of the largest node
+  int node = 0;          // index of this rank's node, 0..N-1
+  int local_rank = 0;    // index of this rank inside its node, 0..K-1
   // The nodes have different rank counts (some ranks are passive).
   bool uneven = false;
   // A flat view (flat()): every rank its own node.
@@ -36,9 +37,8 @@ struct Topology {
   // Group rank of each node's member of this rank's rail (index = node);
   // empty for a passive rank.
   std::vector<int> rail() const;
-  // The rank count of each node, and the largest.
+  // The rank count of each node.
   std::vector<int> node_sizes() const;
-  int largest_node() const;
   // Where group rank `r` is: {node, local rank}.
   std::pair<int, int> place_of(int r) const;
   // The same group with every rank its own node: the CUDA engine's view of
