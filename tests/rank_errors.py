@@ -746,7 +746,7 @@ def memory_after_failure(rank, world, slow_rank, delay_s, drop):
 def killed_during_init(rank, world, sync_dir, kill_after_s):
     """Creates the group itself (env://), while a thread SIGKILLs this rank
     ``kill_after_s`` into it; rank 0's thread first writes what /dev/shm
-    holds then (rank 1 is still late: FAIRRING_TEST_ARENA_DELAY_MS)."""
+    holds of its segments then (rank 1 is still late: FAIRRING_TEST_ARENA_DELAY_MS)."""
     import signal
     import threading
 
@@ -754,7 +754,9 @@ def killed_during_init(rank, world, sync_dir, kill_after_s):
         time.sleep(kill_after_s)
         if rank == 0:
             with open(os.path.join(sync_dir, "shm.tmp"), "w") as f:
-                f.write("\n".join(sorted(launch.list_shm())))
+                # Only what this rank created (its "-p<pid>" tag): tests beside
+                # this one create segments of their own meanwhile.
+                f.write("\n".join(sorted(n for n in launch.list_shm() if n.endswith(f"-p{os.getpid()}"))))
             os.replace(os.path.join(sync_dir, "shm.tmp"), os.path.join(sync_dir, "shm"))
         os.kill(os.getpid(), signal.SIGKILL)
 
