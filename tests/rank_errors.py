@@ -680,6 +680,10 @@ def interrupted_wait(rank, world, culprit, timeout_s):
     sync = dist.new_group(list(range(world)), backend="gloo")
     interrupted = culprit == 0 and 1 or 0
     if rank == interrupted:
+        # Python turns SIGINT into KeyboardInterrupt only if it was not ignored
+        # when the process started, and a suite started in the background of a
+        # non-interactive shell inherits it ignored: set what a terminal gives.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         threading.Timer(1.0, os.kill, args=(os.getpid(), signal.SIGINT)).start()
         t0 = time.monotonic()
         try:
