@@ -9,8 +9,8 @@ out) with the two copies overlapping.
 A child process fills a buffer and waits; the parent reads it with
 process_vm_readv into its own buffer, and copies its own buffer with
 torch (one memcpy, for scale), sizes 256 KiB to 25 MiB, microseconds per
-read, median of repeats.  BENCHMARKS.md ("Single copy between node-mates")
-compares these with a prototype that used them for send/recv.
+read, median of repeats.  docs/BENCHMARKS_HISTORY.md ("Single copy between
+node-mates") compares these with a prototype that used them for send/recv.
 """
 from __future__ import annotations
 

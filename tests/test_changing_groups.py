@@ -37,7 +37,7 @@ def test_a_rank_that_leaves_is_named_at_once(case):
         nxt = v["next"]
         assert nxt["error"], f"rank {r.rank}: the all_reduce after rank {leaver} left did not fail"
         # At once, not at the group's timeout (60 s): the bound leaves room
-        # for a loaded machine (measured: BENCHMARKS.md, "When ranks leave");
+        # for a loaded machine (measured: docs/BENCHMARKS_HISTORY.md, "When ranks leave");
         # the rank that left is named, where this rank learned it first
         # hand, and the phrase torch's users match is there in every case.
         print(f"{case} rank {r.rank}: named after {nxt['seconds'] * 1e3:.1f} ms")
@@ -92,7 +92,7 @@ def test_survivors_shrink_and_go_on(case):
         assert v["new_size"] == len(ids) - 1 and v["is_default"], v
         assert not v["after"], f"rank {r.rank}: {v['after']}"
         assert v["broadcast_ok"], v
-        # Far below the 30 s timeout (measured: BENCHMARKS.md, "When ranks leave").
+        # Far below the 30 s timeout (measured: docs/BENCHMARKS_HISTORY.md, "When ranks leave").
         print(f"{case} rank {r.rank}: failed after {v['failed']['seconds'] * 1e3:.1f} ms, "
               f"error to first all_reduce on the shrunk group {v['recovery_s'] * 1e3:.0f} ms")
         assert v["recovery_s"] < 10.0, f"rank {r.rank}: from the error to a completed all_reduce: {v['recovery_s']:.2f} s"

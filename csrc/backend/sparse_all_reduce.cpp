@@ -16,7 +16,8 @@
 //
 // Every rank merges the same bytes the same way, so the result is the same
 // on every rank.  Measured against gloo's (which gathers the same data and
-// then sums the ranks' tensors pairwise): BENCHMARKS.md, "Sparse all-reduce".
+// then sums the ranks' tensors pairwise): docs/BENCHMARKS_HISTORY.md, "Uneven reduce_scatter
+// list, sparse all-reduce, stand-in cache".
 #include <ATen/core/grad_mode.h>
 
 #include "backend/backend.h"

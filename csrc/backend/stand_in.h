@@ -2,7 +2,7 @@
 // flattened into one buffer, a strided tensor's contiguous copy, a stand-in
 // output copied back at the end): on CPU, from the process's cache of host
 // blocks (common/host_blocks.h), so that an op on a large list does not
-// fault in fresh pages every time (BENCHMARKS.md, "Uneven reduce_scatter
+// fault in fresh pages every time (docs/BENCHMARKS_HISTORY.md, "Uneven reduce_scatter
 // list").  Small ones and device tensors: at::empty.
 #pragma once
 

@@ -101,10 +101,10 @@ bool HostEngine::runs_inline(const PipelineOp& op) const {
   // An op of one slice runs on the caller's thread when the engine is idle
   // (pipeline.h).  Handing it to the loop thread instead costs two thread
   // wake-ups, about 100 us on a 2-core VM: more than the whole op up to a
-  // few hundred KiB, and more CPU time too (BENCHMARKS.md, "The inline path
+  // few hundred KiB, and more CPU time too (docs/BENCHMARKS_HISTORY.md, "The inline path
   // up to one slice").  On one node so does an op that fits the slots (up
   // to 4 MiB by default): it runs at memory speed once the peers are in,
-  // the same schedule as the loop's (BENCHMARKS.md, "Mid-size ops").
+  // the same schedule as the loop's (docs/BENCHMARKS_HISTORY.md, "Mid-size ops").
   // Between nodes an op of several slices waits on the network: the loop
   // runs it and the caller stays free.
   if (deferred_) return false;  // like a device: the caller never runs the steps

@@ -24,7 +24,7 @@ struct Config;
 // A group uses its reduction servers only from this many nodes on.  At two,
 // each worker's link carries S each way with or without them (2(N-1)/N = 1),
 // and the hop through a server only adds latency (measured 5-6% slower at
-// 25 MiB, 1 Gbit/s: BENCHMARKS.md).
+// 25 MiB, 1 Gbit/s: docs/BENCHMARKS_HISTORY.md, "Dedicated reduction servers").
 constexpr int kMinNodesForServers = 3;
 bool uses_reduction_servers(const Config& config, int num_nodes);
 

@@ -12,7 +12,7 @@ namespace {
 // Longer than most waits between two ranks that run at once (one side a
 // slice's copy or reduce ahead), shorter than a slice: the spin either ends
 // the wait or costs little beside the slice.  A futex sleep and wake-up cost
-// 20-50 us on a VM (BENCHMARKS.md, "Spinning before sleeping").
+// 20-50 us on a VM (docs/BENCHMARKS_HISTORY.md, "Mid-size ops").
 constexpr std::chrono::microseconds kWaitSpin(50);
 }  // namespace
 

@@ -219,7 +219,7 @@ def moe_table(s: dict) -> str:
 def parser() -> argparse.ArgumentParser:
     p = ddp.training_parser("python -m fairring_py.bench.moe", __doc__, "moe.json", 256, "d_model", 16, 10, 2)
     # Default sizes: on the 2-core test machine, 2 x 2, communication is about
-    # 45-50% of gloo's step (BENCHMARKS.md).
+    # 45-50% of gloo's step (docs/BENCHMARKS_HISTORY.md).
     p.add_argument("--hidden", type=int, default=128, help="each expert's hidden size (default 128)")
     p.add_argument("--capacity-factor", type=float, default=1.25,
                    help="slots per expert = factor x tokens / experts (default 1.25)")

@@ -170,7 +170,7 @@ def pipeline_table(s: dict) -> str:
 
 def parser() -> argparse.ArgumentParser:
     # Defaults: on the 2-core test machine, 2 x 2, communication is about 40%
-    # of gloo's step (BENCHMARKS.md): neither a compute benchmark nor a
+    # of gloo's step (docs/BENCHMARKS_HISTORY.md): neither a compute benchmark nor a
     # communication loop.
     p = ddp.training_parser("python -m fairring_py.bench.pipeline", __doc__, "pipeline.json", 64, "width", 4096,
                             10, 2)
