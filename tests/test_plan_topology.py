@@ -1,6 +1,8 @@
 """The pure logic behind the schedule: topology grouping and slice planning.
 No processes: these call the C++ functions directly."""
 
+import re
+
 import pytest
 
 from fairring_py import _C
@@ -167,6 +169,31 @@ def test_allreduce_phase_list():
     assert _C._phases_for_test("barrier", 2) == _C._phases_for_test("all_reduce", 2)
     with pytest.raises(ValueError, match="no collective named"):
         _C._phases_for_test("alltoall", 2)
+
+
+def test_every_collective_is_listed_once():
+    """FAIRRING_COLLECTIVES (csrc/common/op_key.h) is the one list of the
+    collectives: each kind has one number and one name, a definition of its
+    own kind, words for messages, and a shape that agrees with its cut; the
+    front of every script ends where the slice goes to the rails."""
+    listed = _C._collectives_for_test()
+    names = [c["name"] for c in listed]
+    numbers = [c["number"] for c in listed]
+    assert len(set(names)) == len(names) and len(set(numbers)) == len(numbers), listed
+    assert {"all_reduce", "barrier", "broadcast", "reduce", "reduce_scatter", "all_gather", "all_to_all",
+            "gather", "scatter", "all_to_all_sizes"} <= set(names)
+    for c in listed:
+        assert re.fullmatch(r"[a-z_]+", c["name"]), c
+        assert c["def_kind"] == c["number"] == c["named"], c
+        assert c["describe"].startswith(c["name"]) and "collective " not in c["describe"], c
+        assert c["blockwise"] == (c["input_per_rank"] or c["output_per_rank"]), c
+        for script in (c["node_script"], c["alone_script"]):
+            front, back = script
+            assert front and back, c
+            assert front[-1].startswith("exchange"), c
+    # A kind outside the list (a peer's newer build) is named by its number.
+    unknown = max(numbers) + 1
+    assert _C._describe_kind_for_test(unknown).startswith(f"collective {unknown}")
 
 
 def test_blockwise_phase_lists():

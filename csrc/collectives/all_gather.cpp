@@ -95,22 +95,20 @@ const Script& node_script() {
   static const Script script{{{"acquire", step_acquire},
                               {"publish-block", publish_block},
                               {"await-carried", await_carried},
-                              {"exchange-blocks", exchange_blocks},
-                              {"gather-blocks", gather_blocks},
-                              {"release", step_release}},
-                             4};
+                              {"exchange-blocks", exchange_blocks}},
+                             {{"gather-blocks", gather_blocks}, {"release", step_release}}};
   return script;
 }
 const Script& alone_script() {
-  static const Script script{{{"exchange-blocks", exchange_blocks}, {"await-own", step_await_own}}, 1};
+  static const Script script{{{"exchange-blocks", exchange_blocks}}, {{"await-own", step_await_own}}};
   return script;
 }
 }  // namespace
 
 const CollectiveDef& all_gather_def() {
-  static const ScriptedCollective def(Collective::kAllGather,
-                                      {"all_gather", [](const OpKey& k) { return elements_of(k) + " per rank"; }},
-                                      Cut::kBlockwise, node_script(), alone_script());
+  static const ScriptedCollective def(
+      Collective::kAllGather, [](const OpKey& k) { return elements_of(k) + " per rank"; }, Cut::kBlockwise,
+      Shape::blocks_out(), node_script(), alone_script());
   return def;
 }
 
@@ -120,8 +118,8 @@ const CollectiveDef& all_gather_def() {
 const CollectiveDef& all_to_all_sizes_def() {
   static const ScriptedCollective def(
       Collective::kAllToAllSizes,
-      {"all_to_all_sizes", [](const OpKey&) { return std::string("the block sizes of an all_to_all with splits"); }},
-      Cut::kBlockwise, node_script(), alone_script());
+      [](const OpKey&) { return std::string("the block sizes of an all_to_all with splits"); }, Cut::kBlockwise,
+      Shape::blocks_out(), node_script(), alone_script());
   return def;
 }
 

@@ -113,26 +113,25 @@ Script node_script() {
   return Script{{{"acquire", step_acquire},
                  {"publish-input", step_publish_input},
                  {"reduce-chunk", reduce_chunk},
-                 {"exchange", exchange},
-                 {"gather", step_gather},
-                 {"release", step_release}},
-                4};
+                 {"exchange", exchange}},
+                {{"gather", step_gather}, {"release", step_release}}};
 }
 
-Script alone_script() { return Script{{{"exchange", exchange}, {"gather", step_gather}}, 1}; }
+Script alone_script() { return Script{{{"exchange", exchange}}, {{"gather", step_gather}}}; }
 
 }  // namespace
 
 const CollectiveDef& all_reduce_def() {
-  static const ScriptedCollective def(Collective::kAllReduce,
-                                      {"all_reduce", [](const OpKey& k) { return elements_of(k) + with_op(k); }},
-                                      Cut::kWhole, node_script(), alone_script());
+  static const ScriptedCollective def(
+      Collective::kAllReduce, [](const OpKey& k) { return elements_of(k) + with_op(k); }, Cut::kWhole, Shape::whole(),
+      node_script(), alone_script());
   return def;
 }
 
 const CollectiveDef& barrier_def() {
-  static const ScriptedCollective def(Collective::kBarrier, {"barrier", [](const OpKey&) { return std::string(); }},
-                                      Cut::kWhole, node_script(), alone_script());
+  static const ScriptedCollective def(
+      Collective::kBarrier, [](const OpKey&) { return std::string(); }, Cut::kWhole, Shape::whole(), node_script(),
+      alone_script());
   return def;
 }
 

@@ -167,17 +167,14 @@ bool take_landed(SliceSchedule& p, Slice& s, const TimePoint* until) {
 const CollectiveDef& all_to_all_def() {
   static const ScriptedCollective def(
       Collective::kAllToAll,
-      {"all_to_all", [](const OpKey& k) { return (k.layout != 0 ? "up to " : "") + elements_of(k) + " per block"; }},
-      Cut::kBlockwise,
-      Script{{{"acquire", step_acquire},
-              {"publish-blocks", publish_blocks},
-              {"exchange-blocks", exchange_blocks},
-              {"local-blocks", local_blocks},
+      [](const OpKey& k) { return (k.layout != 0 ? "up to " : "") + elements_of(k) + " per block"; }, Cut::kBlockwise,
+      Shape::blocks_both(),
+      Script{{{"acquire", step_acquire}, {"publish-blocks", publish_blocks}, {"exchange-blocks", exchange_blocks}},
+             {{"local-blocks", local_blocks},
               {"take-landed", take_landed},
               {"await-own", step_await_rails},
-              {"release", step_release}},
-             3},
-      Script{{{"exchange-blocks", exchange_blocks}, {"await-own", step_await_rails}}, 1});
+              {"release", step_release}}},
+      Script{{{"exchange-blocks", exchange_blocks}}, {{"await-own", step_await_rails}}});
   return def;
 }
 

@@ -96,16 +96,11 @@ bool gather_root(SliceSchedule& p, Slice& s, const TimePoint* until) {
 const CollectiveDef& broadcast_def() {
   static const ScriptedCollective def(
       Collective::kBroadcast,
-      {"broadcast",
-       [](const OpKey& k) { return std::to_string(k.numel) + " bytes from rank " + std::to_string(k.root); }},
-      Cut::kWhole,
-      Script{{{"acquire", step_acquire},
-              {"publish-root", publish_root},
-              {"exchange-root", exchange_root},
-              {"gather-root", gather_root},
-              {"release", step_release}},
-             3},
-      Script{{{"exchange-root", exchange_root}, {"gather-root", gather_root}}, 1});
+      [](const OpKey& k) { return std::to_string(k.numel) + " bytes from rank " + std::to_string(k.root); },
+      Cut::kWhole, Shape::whole().with_root(),
+      Script{{{"acquire", step_acquire}, {"publish-root", publish_root}, {"exchange-root", exchange_root}},
+             {{"gather-root", gather_root}, {"release", step_release}}},
+      Script{{{"exchange-root", exchange_root}}, {{"gather-root", gather_root}}});
   return def;
 }
 

@@ -116,16 +116,11 @@ bool to_root(SliceSchedule& p, Slice& s, const TimePoint* until) {
 const CollectiveDef& gather_def() {
   static const ScriptedCollective def(
       Collective::kGather,
-      {"gather", [](const OpKey& k) { return elements_of(k) + " per rank to rank " + std::to_string(k.root); }},
-      Cut::kBlockwise,
-      Script{{{"acquire", step_acquire},
-              {"publish-piece", publish_piece},
-              {"exchange", exchange},
-              {"to-root", to_root},
-              {"await-own", step_await_rails},
-              {"release", step_release}},
-             3},
-      Script{{{"exchange", exchange}, {"to-root", to_root}, {"await-own", step_await_rails}}, 1});
+      [](const OpKey& k) { return elements_of(k) + " per rank to rank " + std::to_string(k.root); }, Cut::kBlockwise,
+      Shape::blocks_out().with_root(),
+      Script{{{"acquire", step_acquire}, {"publish-piece", publish_piece}, {"exchange", exchange}},
+             {{"to-root", to_root}, {"await-own", step_await_rails}, {"release", step_release}}},
+      Script{{{"exchange", exchange}}, {{"to-root", to_root}, {"await-own", step_await_rails}}});
   return def;
 }
 

@@ -90,16 +90,14 @@ bool to_root(SliceSchedule& p, Slice& s, const TimePoint* until) {
 const CollectiveDef& reduce_def() {
   static const ScriptedCollective def(
       Collective::kReduce,
-      {"reduce", [](const OpKey& k) { return elements_of(k) + with_op(k) + " to rank " + std::to_string(k.root); }},
-      Cut::kWhole,
+      [](const OpKey& k) { return elements_of(k) + with_op(k) + " to rank " + std::to_string(k.root); }, Cut::kWhole,
+      Shape::whole().with_root(),
       Script{{{"acquire", step_acquire},
               {"publish-input", step_publish_input},
               {"reduce-chunk", reduce_chunk},
-              {"exchange", exchange},
-              {"to-root", to_root},
-              {"release", step_release}},
-             4},
-      Script{{{"exchange", exchange}, {"to-root", to_root}}, 1});
+              {"exchange", exchange}},
+             {{"to-root", to_root}, {"release", step_release}}},
+      Script{{{"exchange", exchange}}, {{"to-root", to_root}}});
   return def;
 }
 

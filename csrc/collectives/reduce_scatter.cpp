@@ -122,16 +122,14 @@ bool take_piece(SliceSchedule& p, Slice& s, const TimePoint* until) {
 
 const CollectiveDef& reduce_scatter_def() {
   static const ScriptedCollective def(
-      Collective::kReduceScatter,
-      {"reduce_scatter", [](const OpKey& k) { return elements_of(k) + per_rank(k) + with_op(k); }}, Cut::kBlockwise,
+      Collective::kReduceScatter, [](const OpKey& k) { return elements_of(k) + per_rank(k) + with_op(k); },
+      Cut::kBlockwise, Shape::blocks_in(),
       Script{{{"acquire", step_acquire},
               {"stage-blocks", stage_blocks},
               {"reduce-blocks", reduce_blocks},
-              {"exchange-blocks", exchange_blocks},
-              {"take-piece", take_piece},
-              {"release", step_release}},
-             4},
-      Script{{{"exchange-blocks", exchange_blocks}, {"await-own", step_await_own}}, 1});
+              {"exchange-blocks", exchange_blocks}},
+             {{"take-piece", take_piece}, {"release", step_release}}},
+      Script{{{"exchange-blocks", exchange_blocks}}, {{"await-own", step_await_own}}});
   return def;
 }
 

@@ -113,16 +113,11 @@ bool from_root(SliceSchedule& p, Slice& s, const TimePoint* until) {
 const CollectiveDef& scatter_def() {
   static const ScriptedCollective def(
       Collective::kScatter,
-      {"scatter", [](const OpKey& k) { return elements_of(k) + " per rank from rank " + std::to_string(k.root); }},
-      Cut::kBlockwise,
-      Script{{{"acquire", step_acquire},
-              {"publish-blocks", publish_blocks},
-              {"exchange", exchange},
-              {"from-root", from_root},
-              {"await-own", step_await_rails},
-              {"release", step_release}},
-             3},
-      Script{{{"exchange", exchange}, {"from-root", from_root}, {"await-own", step_await_rails}}, 1});
+      [](const OpKey& k) { return elements_of(k) + " per rank from rank " + std::to_string(k.root); }, Cut::kBlockwise,
+      Shape::blocks_in().with_root(),
+      Script{{{"acquire", step_acquire}, {"publish-blocks", publish_blocks}, {"exchange", exchange}},
+             {{"from-root", from_root}, {"await-own", step_await_rails}, {"release", step_release}}},
+      Script{{{"exchange", exchange}}, {{"from-root", from_root}, {"await-own", step_await_rails}}});
   return def;
 }
 

@@ -14,27 +14,28 @@ namespace fairring {
 namespace {
 // By kind; kinds are small integers (op_key.h).
 constexpr int kMaxCollectiveKinds = 64;
-CollectiveText* texts() {
-  static CollectiveText table[kMaxCollectiveKinds];
+DescribeArgs* describers() {
+  static DescribeArgs table[kMaxCollectiveKinds] = {};
   return table;
-}
-const CollectiveText* text_of(Collective c) {
-  const int i = static_cast<int>(c);
-  if (i < 0 || i >= kMaxCollectiveKinds || !texts()[i].name) return nullptr;
-  return &texts()[i];
 }
 }  // namespace
 
-void register_collective_text(Collective c, CollectiveText text) {
+void register_collective_args(Collective c, DescribeArgs args) {
   const int i = static_cast<int>(c);
   if (i < 0 || i >= kMaxCollectiveKinds) {
     throw Error(ErrorKind::kBackend, "fairring: collective kind " + std::to_string(i) + " out of range");
   }
-  texts()[i] = text;
+  describers()[i] = args;
 }
 
 const char* collective_name(Collective c) {
-  if (const CollectiveText* t = text_of(c)) return t->name;
+  switch (c) {
+#define FAIRRING_COLLECTIVE_NAME(kind, number, name) \
+  case Collective::k##kind:                          \
+    return #name;
+    FAIRRING_COLLECTIVES(FAIRRING_COLLECTIVE_NAME)
+#undef FAIRRING_COLLECTIVE_NAME
+  }
   static thread_local std::string unknown;
   unknown = "collective " + std::to_string(static_cast<int>(c));
   return unknown.c_str();
@@ -63,8 +64,9 @@ std::string per_rank(const OpKey& k) {
 }
 
 std::string describe_args(const OpKey& k) {
-  const CollectiveText* t = text_of(static_cast<Collective>(k.collective));
-  return t && t->args ? t->args(k) : elements_of(k);
+  const int i = k.collective;
+  const DescribeArgs args = i >= 0 && i < kMaxCollectiveKinds ? describers()[i] : nullptr;
+  return args ? args(k) : elements_of(k);
 }
 
 std::string describe(const OpKey& k) {

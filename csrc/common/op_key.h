@@ -10,38 +10,46 @@
 
 namespace fairring {
 
-// The collective an op is, compared between ranks (slot and wire headers).
+// Every collective the pipeline runs natively, in the one list that names
+// them: its kind, the number ranks compare (slot and wire headers: never
+// reuse or renumber one), and its name, which is also its definition's,
+// `<name>_def()` in collectives/<file> (collectives.h).  A kind is added
+// here and nowhere else is it listed: the enum, the names, the definition
+// lookup and its test (test_plan_topology.py) follow from this list.
+//
 // kBarrier runs the all-reduce's script on one byte, but is its own kind so
 // that it is reported as the mismatch it is against an all-reduce.
 // kReduceScatter and kAllGather move one block of `numel` elements per rank
-// (plan.h: "blockwise"); each kind has its own script (collectives/).
-// kReduce is an all-reduce whose result only the root keeps.
+// (plan.h: "blockwise"); kReduce is an all-reduce whose result only the
+// root keeps; kAllToAllSizes shares the block sizes of an all-to-all of
+// unequal blocks before it (an all-gather under its own kind).
+#define FAIRRING_COLLECTIVES(X)       \
+  X(AllReduce, 1, all_reduce)         \
+  X(Barrier, 2, barrier)              \
+  X(Broadcast, 3, broadcast)          \
+  X(ReduceScatter, 4, reduce_scatter) \
+  X(AllGather, 5, all_gather)         \
+  X(Reduce, 6, reduce)                \
+  X(AllToAll, 7, all_to_all)          \
+  X(Gather, 8, gather)                \
+  X(Scatter, 9, scatter)              \
+  X(AllToAllSizes, 10, all_to_all_sizes)
+
 enum class Collective : int32_t {
-  kAllReduce = 1,
-  kBarrier = 2,
-  kBroadcast = 3,
-  kReduceScatter = 4,
-  kAllGather = 5,
-  kReduce = 6,
-  kAllToAll = 7,
-  kGather = 8,
-  kScatter = 9,
-  // The block sizes of an all-to-all of unequal blocks, shared before it
-  // (an all-gather under its own kind: collectives/all_gather.cpp).
-  kAllToAllSizes = 10
+#define FAIRRING_COLLECTIVE_KIND(kind, number, name) k##kind = number,
+  FAIRRING_COLLECTIVES(FAIRRING_COLLECTIVE_KIND)
+#undef FAIRRING_COLLECTIVE_KIND
 };
 
-// How messages name and describe a collective of one kind.  Each
-// collective's own file (collectives/) says it, registered when the library
-// loads; the layers below the collectives read it here.
-struct CollectiveText {
-  const char* name = nullptr;  // "all_reduce"
-  // The op's arguments: "1000 elements of float32 with SUM" (elements_of, with_op).
-  std::string (*args)(const struct OpKey& k) = nullptr;
-};
-void register_collective_text(Collective c, CollectiveText text);
+// How messages describe the arguments of a collective of one kind: "1000
+// elements of float32 with SUM" (elements_of, with_op).  Each collective's
+// own file (collectives/) says it, registered when the library loads; the
+// layers below the collectives read it here.
+using DescribeArgs = std::string (*)(const struct OpKey& k);
+void register_collective_args(Collective c, DescribeArgs args);
 
-// "all_reduce"; "collective 7" for a kind this build does not know.
+// "all_reduce"; "collective 11" for a kind this build does not know (a
+// peer's newer build).
 const char* collective_name(Collective c);
 
 struct OpKey {

@@ -28,12 +28,33 @@ struct Step {
   StepFn run;
 };
 
-// The steps of one slice.  The pipeline runs steps[0, front) as the slice
-// enters ("front": up to handing it to the rails) and the rest
-// `parallelism - 1` slices later ("back").
+// The steps of one slice, in two named halves.  The pipeline runs the
+// front as the slice enters (up to handing it to the rails) and the back
+// `parallelism - 1` slices later.
 struct Script {
-  std::vector<Step> steps;
-  size_t front = 0;
+  Script(std::vector<Step> front_steps, std::vector<Step> back_steps) : steps(std::move(front_steps)) {
+    front = steps.size();
+    steps.insert(steps.end(), back_steps.begin(), back_steps.end());
+  }
+  std::vector<Step> steps;  // the front's, then the back's
+  size_t front = 0;         // steps[0, front) are the front
+};
+
+// What the caller's tensors hold, for the checks and the entry points
+// that every collective shares (backend): a block per rank in the input,
+// in the output, or in both (an all-to-all); a root, or none.  On a rooted
+// collective the per-rank side is the root's only (a gather's output, a
+// scatter's input).
+struct Shape {
+  bool input_per_rank = false;
+  bool output_per_rank = false;
+  bool rooted = false;
+
+  static constexpr Shape whole() { return Shape{}; }
+  static constexpr Shape blocks_in() { return Shape{true, false, false}; }
+  static constexpr Shape blocks_out() { return Shape{false, true, false}; }
+  static constexpr Shape blocks_both() { return Shape{true, true, false}; }
+  constexpr Shape with_root() const { return Shape{input_per_rank, output_per_rank, true}; }
 };
 
 class CollectiveDef {
@@ -45,24 +66,27 @@ class CollectiveDef {
   virtual const Script& script(bool alone) const = 0;
   // The whole tensor, or one block per rank (plan.h).
   virtual Cut cut() const = 0;
+  virtual Shape shape() const = 0;
 };
 
 // A collective given by its two scripts: on a node of several ranks, and on
 // a node of one rank (no node steps).  What each collective file builds,
-// with the words messages use for it (registered for every layer).
+// with the words messages use for its arguments (registered for every layer).
 class ScriptedCollective : public CollectiveDef {
  public:
-  ScriptedCollective(Collective kind, CollectiveText text, Cut cut, Script node, Script alone)
-      : kind_(kind), cut_(cut), node_(std::move(node)), alone_(std::move(alone)) {
-    register_collective_text(kind, text);
+  ScriptedCollective(Collective kind, DescribeArgs args, Cut cut, Shape shape, Script node, Script alone)
+      : kind_(kind), cut_(cut), shape_(shape), node_(std::move(node)), alone_(std::move(alone)) {
+    register_collective_args(kind, args);
   }
   Collective kind() const override { return kind_; }
   Cut cut() const override { return cut_; }
+  Shape shape() const override { return shape_; }
   const Script& script(bool alone) const override { return alone ? alone_ : node_; }
 
  private:
   Collective kind_;
   Cut cut_;
+  Shape shape_;
   Script node_;
   Script alone_;
 };

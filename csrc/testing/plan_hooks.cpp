@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "collectives/collectives.h"
+#include "common/op_key.h"
 #include "plan/plan.h"
 #include "plan/rail_walk.h"
 #include "topology/machine.h"
@@ -124,6 +125,45 @@ void register_plan_hooks(py::module& m) {
     std::vector<std::string> names;
     for (const Step& step : script.steps) names.push_back(step.name);
     return py::make_tuple(names, script.front);
+  });
+
+  // The list of collectives (FAIRRING_COLLECTIVES) as each layer sees it:
+  // per kind its number, its name, its definition's kind, cut and shape,
+  // its scripts' halves, and how a message describes an op of it.
+  m.def("_collectives_for_test", [] {
+    py::list out;
+    for (Collective c : all_collectives()) {
+      const CollectiveDef& def = collective_def(c);
+      const auto halves = [](const Script& script) {
+        std::vector<std::string> front, back;
+        for (size_t i = 0; i < script.steps.size(); ++i)
+          (i < script.front ? front : back).push_back(script.steps[i].name);
+        return py::make_tuple(front, back);
+      };
+      OpKey key;
+      key.collective = static_cast<int32_t>(c);
+      key.numel = 7;
+      const Shape shape = def.shape();
+      py::dict d;
+      d["number"] = static_cast<int>(c);
+      d["name"] = std::string(collective_name(c));
+      d["named"] = static_cast<int>(collective_named(collective_name(c)));
+      d["def_kind"] = static_cast<int>(def.kind());
+      d["blockwise"] = def.cut() == Cut::kBlockwise;
+      d["input_per_rank"] = shape.input_per_rank;
+      d["output_per_rank"] = shape.output_per_rank;
+      d["rooted"] = shape.rooted;
+      d["node_script"] = halves(def.script(false));
+      d["alone_script"] = halves(def.script(true));
+      d["describe"] = describe(key);
+      out.append(d);
+    }
+    return out;
+  });
+  m.def("_describe_kind_for_test", [](int kind) {
+    OpKey key;
+    key.collective = kind;
+    return describe(key);
   });
 
   m.def("_exchange_staging_bytes_for_test", &exchange_staging_bytes);
