@@ -94,7 +94,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::all_to_all_uneven(const std::vec
   m[2 * world + 2] = rejected ? 1 : 0;
   at::Tensor all = at::empty({world * row}, at::kLong);
   auto sizes =
-      submit_blockwise(Collective::kAllToAllSizes, {mine}, {all}, c10d::ReduceOp::SUM, c10d::OpType::ALLGATHER);
+      submit_blockwise(Collective::kAllToAllSizes, {mine}, {all}, /*reduce_op=*/nullptr, c10d::OpType::ALLGATHER);
   {
     GilReleaseIfHeld no_gil;
     sizes->wait();
@@ -137,8 +137,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::all_to_all_uneven(const std::vec
     send_reals[r] = counts[me * world + r];
     recv_reals[r] = counts[r * world + me];
   }
-  auto op = first.is_cpu() ? std::make_shared<HostOp>() : new_device_op();
-  op->collective = Collective::kAllToAll;
+  auto op = new_op(Collective::kAllToAll, first);
   op->op = RedOp::kSum;  // compared between ranks, not applied
   op->dtype = first.is_complex() ? c10::toRealValueType(first.scalar_type()) : first.scalar_type();
   op->numel = largest;
@@ -174,9 +173,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::all_to_all_uneven(const std::vec
   }
   for (const at::Tensor& t : inputs) op->footprint.read(t);
   for (const at::Tensor& t : outputs) op->footprint.write(t);
-  check_blockwise_fits(kind, op->dtype);
-  if (!first.is_cpu()) return submit_device(std::move(op), type, outputs, kind);
-  return submit_cpu(std::static_pointer_cast<HostOp>(op), type, outputs, kind, "fairring:all_to_all");
+  return submit(std::move(op), type, outputs);
 }
 
 }  // namespace fairring

@@ -222,21 +222,31 @@ class FairringBackend : public c10d::Backend {
   void build(const c10::intrusive_ptr<InitStore>& store, const std::string& node_key);
   // FAIRRING_DEBUG=2: the options, topology and rails this rank ended up with.
   void log_setup() const;
-  // `scale`: PREMUL_SUM's factor applied to the input first (null: none).
-  c10::intrusive_ptr<c10d::Work> allreduce_cpu(std::vector<at::Tensor>& tensors, RedOp op, c10d::OpType type,
-                                               std::function<void(at::Tensor&)> scale);
-  // Reduce-scatter, all-gather or all-to-all (plan.h "blockwise") of
-  // native_tensors: `inputs` flattened are read, `outputs` flattened receive
-  // the result.  `padded`: the blocks of `inputs` hold `padded->block`
-  // elements each (a list of unequal blocks, each followed by zeros), and
-  // `outputs` receive the first elements of this rank's block.
+  // The op builders (collective_ops.cpp): the caller's native tensors
+  // turned into one op of an engine.  All-reduce of one tensor, or of
+  // several flattened (allreduce_coalesced, CPU); `scale`: PREMUL_SUM's
+  // factor applied to the input first (null: none).
+  c10::intrusive_ptr<c10d::Work> submit_all_reduce(std::vector<at::Tensor>& tensors, RedOp op, c10d::OpType type,
+                                                   std::function<void(at::Tensor&)> scale);
+  // Broadcast and reduce of one tensor, from or to `root`.
+  c10::intrusive_ptr<c10d::Work> submit_broadcast(std::vector<at::Tensor>& tensors, int root);
+  c10::intrusive_ptr<c10d::Work> submit_reduce(std::vector<at::Tensor>& tensors, int root,
+                                               const c10d::ReduceOp& reduce_op);
+  // A blockwise collective (plan.h) whose every rank passes both sides, by
+  // its shape (collective_def.h: reduce-scatter, all-gather, all-to-all):
+  // `inputs` flattened are read, `outputs` flattened receive the result;
+  // `reduce_op`: the reduction (null: none, the blocks only move).
+  // `padded`: the blocks of `inputs` hold `padded->block` elements each (a
+  // list of unequal blocks, each followed by zeros), and `outputs` receive
+  // the first elements of this rank's block.
   struct Padded {
     int64_t block = 0;    // elements of a padded block (the largest block)
     uint32_t layout = 0;  // OpKey::layout of the unpadded sizes
   };
   c10::intrusive_ptr<c10d::Work> submit_blockwise(Collective collective, const std::vector<at::Tensor>& inputs,
-                                                  const std::vector<at::Tensor>& outputs, const c10d::ReduceOp& op,
-                                                  c10d::OpType type, const Padded* padded = nullptr);
+                                                  const std::vector<at::Tensor>& outputs,
+                                                  const c10d::ReduceOp* reduce_op, c10d::OpType type,
+                                                  const Padded* padded = nullptr);
   // Sparse all-reduce (sparse_all_reduce.cpp): native for one CPU COO tensor
   // with SUM (not bool); the rest goes to gloo.
   static bool sparse_native(const std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
@@ -289,10 +299,16 @@ class FairringBackend : public c10d::Backend {
   // dst or src; null for recvAnysource, whose peer is kAnySource) runs
   // natively; throws on a peer that is not one (itself, out of the group).
   bool p2p_native(const char* kind, const char* arg, const std::vector<at::Tensor>& tensors, int peer) const;
-  // Every native CPU collective, once: its Work (`outputs`, profiler title
-  // "fairring:<kind>"), its record in recent_ops, and the op on the pipeline.
+  // An op of `collective` on the engine of `on`'s device (HostOp, CudaOp).
+  static std::shared_ptr<PipelineOp> new_op(Collective collective, const at::Tensor& on);
+  // Every native collective, once: the checks its shape needs (a
+  // blockwise slice fits), then its Work (`outputs`), its record and its
+  // engine (submit_cpu, submit_device).  `kind`: its name in messages and
+  // the profiler ("fairring:<kind>"); null: the collective's.
+  c10::intrusive_ptr<c10d::Work> submit(std::shared_ptr<PipelineOp> op, c10d::OpType type,
+                                        std::vector<at::Tensor> outputs, const char* kind = nullptr);
   c10::intrusive_ptr<c10d::Work> submit_cpu(std::shared_ptr<HostOp> op, c10d::OpType type,
-                                            std::vector<at::Tensor> outputs, const char* kind, const char* title);
+                                            std::vector<at::Tensor> outputs, const char* kind);
 
   Topology topo_;
   int blockwise_pieces_ = 1;  // blockwise_slice_pieces of topo_'s nodes
@@ -317,17 +333,14 @@ class FairringBackend : public c10d::Backend {
   // Gives the engines config_.timeout plus the live ephemeral extensions.
   void apply_timeout();
 
-  // All-reduce of a tensor that is not on the CPU (backend_cuda.cpp): the
-  // CUDA engine, created at the group's first CUDA all-reduce, or an error.
-  c10::intrusive_ptr<c10d::Work> allreduce_device(at::Tensor& t, std::vector<at::Tensor>& tensors, RedOp op,
-                                                  std::function<void(at::Tensor&)> scale);
   // Whether this build runs collectives of tensors on t's (non-CPU) device.
   static bool device_native(const at::Tensor& t);
   // Dense tensors all in host memory, or all on one device_native device.
   static bool native_tensors(const std::vector<at::Tensor>& tensors);
   // The op object of the device engine (CUDA).
   static std::shared_ptr<PipelineOp> new_device_op();
-  // Like submit_cpu, on the device engine (created by the first one).
+  // Like submit_cpu, on the device engine (backend_cuda.cpp; created by the
+  // group's first device op, or an error).
   c10::intrusive_ptr<c10d::Work> submit_device(std::shared_ptr<PipelineOp> op, c10d::OpType type,
                                                std::vector<at::Tensor> outputs, const char* kind);
   void wait_idle_device();

@@ -48,24 +48,6 @@ std::shared_ptr<PipelineOp> FairringBackend::new_device_op() {
 #endif
 }
 
-c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_device(at::Tensor& t, std::vector<at::Tensor>& tensors,
-                                                                 RedOp op, std::function<void(at::Tensor&)> scale) {
-  TORCH_CHECK(device_native(t), "fairring: all_reduce of ", t.device().str(), " tensors is not supported",
-              t.is_cuda() ? " by this build; only CPU tensors are (this fairring_py._C was built without CUDA: "
-                            "rebuild with FAIRRING_BUILD_CUDA=1 against a CUDA build of torch)"
-                          : "; it supports CPU and CUDA tensors");
-  ReduceInput in = prepare_reduce_input(tensors, op);
-  auto aop = new_device_op();
-  aop->buffer = in.buffer;
-  aop->users = in.users;  // one tensor per call on CUDA
-  aop->dtype = in.dtype;
-  aop->op = op;
-  aop->numel = in.numel;
-  aop->stage = stage_of(in, std::move(scale));
-  aop->footprint.write(t);
-  return submit_device(std::move(aop), c10d::OpType::ALLREDUCE, tensors, "all_reduce");
-}
-
 c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<PipelineOp> base, c10d::OpType type,
                                                               std::vector<at::Tensor> outputs, const char* kind) {
 #ifndef FAIRRING_WITH_CUDA
@@ -110,7 +92,6 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_device(std::shared_ptr<Pi
   if (rec != cudaSuccess) cudaEventDestroy(aop->ready);
   cuda_check(rec, "cudaEventRecord on the caller's stream");
   // No recordStream: the engine holds the op's tensors until its device work is over.
-  aop->def = &collective_def(aop->collective);
   aop->on_complete = track(kind, *aop, [work](std::exception_ptr error) { work->mark_done(error); }, " (CUDA)");
   aop->after_complete = [work](std::exception_ptr error, const c10::cuda::CUDAStream& stream) {
     work->complete_future(error, stream);

@@ -1,0 +1,83 @@
+#include "backend/tensor_args.h"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+
+#include "common/dtype_name.h"
+
+namespace fairring {
+
+RedOp to_redop(const c10d::ReduceOp& op, c10::ScalarType dtype) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+      return RedOp::kSum;
+    case c10d::ReduceOp::AVG:
+      return RedOp::kAvg;
+    case c10d::ReduceOp::PRODUCT:
+      return RedOp::kProduct;
+    case c10d::ReduceOp::MIN:
+      return RedOp::kMin;
+    case c10d::ReduceOp::MAX:
+      return RedOp::kMax;
+    case c10d::ReduceOp::BAND:
+      return RedOp::kBand;
+    case c10d::ReduceOp::BOR:
+      return RedOp::kBor;
+    case c10d::ReduceOp::BXOR:
+      return RedOp::kBxor;
+    case c10d::ReduceOp::PREMUL_SUM:
+      return RedOp::kSum;  // after premultiply()
+    default:
+      TORCH_CHECK(false, "fairring: unsupported ReduceOp ", static_cast<int>(op.op_), " (tensor of ", dtype_name(dtype),
+                  ")");
+  }
+}
+
+std::function<void(at::Tensor&)> premul_factor(const c10d::ReduceOp& op, c10::ScalarType dtype, const char* kind) {
+  if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return nullptr;
+  const auto* s = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+  TORCH_CHECK(s, "fairring: ", kind, " with PREMUL_SUM but no factor");
+  TORCH_CHECK(at::isFloatingType(dtype) || at::isComplexType(dtype), "fairring: ", kind,
+              " with PREMUL_SUM needs floating-point tensors, got ", dtype_name(dtype));
+  return [tensor_factor = s->tensor_factor, factor = s->double_factor](at::Tensor& t) {
+    at::NoGradGuard no_grad;  // the caller's tensor may be a leaf that requires grad
+    if (tensor_factor.defined()) {
+      t.mul_(tensor_factor);
+    } else {
+      t.mul_(factor);
+    }
+  };
+}
+
+void check_splits(const std::vector<int64_t>& splits, const at::Tensor& t, int world, const char* which) {
+  TORCH_CHECK(t.dim() > 0, "fairring: all_to_all_single needs tensors of at least one dimension, but the ", which,
+              " is a scalar");
+  if (splits.empty()) {
+    TORCH_CHECK(t.size(0) % world == 0, "fairring: all_to_all_single without ", which, " splits cuts dim 0 into ",
+                world, " equal blocks, but the ", which, " has ", t.size(0), " rows; give the splits");
+    return;
+  }
+  TORCH_CHECK(static_cast<int>(splits.size()) == world, "fairring: all_to_all_single needs one ", which,
+              " split per rank (", world, "), but got ", splits.size());
+  int64_t sum = 0;
+  for (int64_t n : splits) {
+    TORCH_CHECK(n >= 0, "fairring: all_to_all_single got a negative ", which, " split (", n, ")");
+    sum += n;
+  }
+  TORCH_CHECK(sum == t.size(0), "fairring: all_to_all_single's ", which, " splits add up to ", sum, " rows, but the ",
+              which, " has ", t.size(0));
+}
+
+std::vector<at::Tensor> both(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  std::vector<at::Tensor> all(a);
+  all.insert(all.end(), b.begin(), b.end());
+  return all;
+}
+
+Footprint read_only(const std::vector<at::Tensor>& ts) {
+  Footprint fp;
+  for (const at::Tensor& t : ts) fp.read(t);
+  return fp;
+}
+
+}  // namespace fairring
