@@ -13,6 +13,8 @@ import time
 import torch
 import torch.distributed as dist
 
+import fairring_py
+
 from . import launch, metrics, sync_only
 
 # The synthetic batches' seed.
@@ -94,8 +96,6 @@ def compared_groups(ranks, cfg: dict):
 
 
 def _recent(group=None):
-    import fairring_py
-
     return fairring_py.dump_recent(group, file=io.StringIO())
 
 

@@ -45,6 +45,8 @@ from typing import Dict, List
 import torch
 import torch.distributed as dist
 
+from fairring_py.options import resolve
+
 from . import collectives, ddp, fsdp, metrics, moe, pipeline, report
 from .collectives import make_input
 from .launch import Ranks, run_meta, run_rank
@@ -413,8 +415,6 @@ def cpu_load(ranks, cpu, wall, away, ops) -> dict:
 def run_allreduce(ranks: Ranks, cfg: dict) -> int:
     collective = cfg.get("collective", "all_reduce")
     coll = collectives.BY_NAME[collective]
-    from fairring_py.options import resolve
-
     plain_wire = resolve().wire_dtype  # FAIRRING_WIRE_DTYPE of the plain group
     backends = [TorchBackend("fairring", ranks.fairring, collective, exact=plain_wire == "none"),
                 TorchBackend(ranks.baseline_name, ranks.baseline, collective)]
