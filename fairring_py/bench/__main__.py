@@ -20,7 +20,7 @@ import json
 import os
 import sys
 
-from . import launch, metrics, netns, report, worker
+from . import collectives, launch, metrics, netns, report, worker
 
 
 def parser() -> argparse.ArgumentParser:
@@ -39,8 +39,7 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--sizes", help="bytes per rank: list '4K,25M', range '4K:256M' (x2 steps) or '4K:256M:4' "
                                    "(x4 steps; default 4K:256M:4; scaling mode: 25M)")
     w.add_argument("--collective",
-                   choices=["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "gather",
-                            "scatter", "send_recv", "barrier"],
+                   choices=collectives.NAMES,
                    default="all_reduce",
                    help="what to time (default all_reduce; reduce_scatter: reduce_scatter_single (was "
                         "reduce_scatter_tensor), SUM, size = each rank's full input; all_gather: all_gather_single "
@@ -120,17 +119,18 @@ def build_config(args, p) -> dict:
             p.error("--node-sizes replaces --nodes and --ranks-per-node, and takes no --scaling, --servers or --mpi")
     if args.inflight < 1 or args.min_samples < 1 or args.max_samples < args.min_samples or args.max_reps < 1:
         p.error("--inflight, --min-samples, --max-reps must be >= 1 and --max-samples >= --min-samples")
-    if args.collective == "barrier" and (args.sizes or args.scaling or args.inflight != 1):
-        p.error("--collective barrier takes no --sizes, --scaling or --inflight")
-    if args.collective == "send_recv" and args.inflight != 1:
-        p.error("--collective send_recv takes no --inflight (a ping-pong is one message at a time)")
-    if args.fresh_buffers and args.collective == "barrier":
-        p.error("--fresh-buffers applies to the collectives with a tensor, not to barrier")
+    coll = collectives.BY_NAME[args.collective]
+    if not coll.sized and (args.sizes or args.scaling or args.inflight != 1):
+        p.error(f"--collective {coll.name} takes no --sizes, --scaling or --inflight")
+    if coll.one_at_a_time and args.inflight != 1:
+        p.error(f"--collective {coll.name} takes no --inflight ({coll.one_at_a_time})")
+    if args.fresh_buffers and not coll.sized:
+        p.error(f"--fresh-buffers applies to the collectives with a tensor, not to {coll.name}")
     wire = [w.strip().lower() for w in args.wire_dtype.split(",")] if args.wire_dtype else []
     if any(w not in ("bf16", "fp16") for w in wire) or len(set(wire)) != len(wire):
         p.error(f"--wire-dtype takes bf16, fp16 or bf16,fp16, got {args.wire_dtype!r}")
-    if wire and args.collective != "all_reduce":
-        p.error("--wire-dtype applies to --collective all_reduce only")
+    if wire and not coll.wire_dtype:
+        p.error(f"--wire-dtype applies to --collective {only('wire_dtype')} only")
     servers = parse_servers(args, p)
     try:
         default_sizes = "25M" if args.scaling else "4K:256M:4"
@@ -140,7 +140,7 @@ def build_config(args, p) -> dict:
     except ValueError as e:
         p.error(str(e))
     return {
-        "job": "barrier" if args.collective == "barrier" else "allreduce",
+        "job": coll.job,
         "collective": args.collective,
         "sizes": sizes,
         "inflight": args.inflight,
@@ -169,6 +169,11 @@ def build_config(args, p) -> dict:
     }
 
 
+def only(option: str) -> str:
+    """The collectives an option applies to (a flag of their records), for its error."""
+    return " or ".join(c.name for c in collectives.TABLE if getattr(c, option))
+
+
 def parse_servers(args, p):
     """--servers: None, a count, or "auto" (one per node)."""
     v = args.servers
@@ -177,8 +182,9 @@ def parse_servers(args, p):
     v = v.strip().lower()
     if v != "auto" and not (v.isdigit() and int(v) >= 1):
         p.error(f"--servers takes a count >= 1 or 'auto', got {args.servers!r}")
-    if args.collective != "all_reduce":
-        p.error("--servers applies to --collective all_reduce only (the other collectives do not use the servers)")
+    if not collectives.BY_NAME[args.collective].servers:
+        p.error(f"--servers applies to --collective {only('servers')} only (the other collectives do not use the "
+                "servers)")
     if args.mpi:
         p.error("--servers cannot be combined with --mpi (mpirun starts the ranks, not the servers)")
     if not args.scaling and (args.nodes or 2) < 2:

@@ -29,64 +29,17 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import launch, metrics
+from . import launch, metrics, training
 
 SEED = 4321
 # Largest relative parameter difference between the fairring and baseline
 # replicas that a different summation order can explain after a few SGD steps.
 REPLICA_RTOL = 1e-4
-
-
-def make_model(cfg: dict) -> torch.nn.Module:
-    width, depth = cfg["width"], cfg["depth"]
-    if cfg["model"] == "transformer":
-        layer = torch.nn.TransformerEncoderLayer(d_model=width, nhead=max(1, width // 64),
-                                                 dim_feedforward=4 * width, dropout=0.0, batch_first=True)
-        return torch.nn.TransformerEncoder(layer, num_layers=depth, enable_nested_tensor=False)
-    layers = []
-    for _ in range(depth):
-        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers[:-1])
-
-
-def timed_steps(ranks, cfg, replicas, opts, dev):
-    """Trains the replicas in turn on the same batches (the order rotates every
-    step, so machine noise hits them alike); returns, per replica, the times of
-    the steps after warm-up as the slowest rank saw them, and every step's loss."""
-    times = [[] for _ in replicas]
-    losses = [[] for _ in replicas]
-    for step in range(cfg["warmup"] + cfg["steps"]):
-        x, y = make_batch(cfg, ranks.rank, step, dev)
-        for j in range(len(replicas)):
-            i = (j + step) % len(replicas)
-            ranks.sync()
-            ranks.barrier()
-            t0 = time.perf_counter()
-            loss = torch.nn.functional.mse_loss(replicas[i](x), y)
-            opts[i].zero_grad(set_to_none=True)
-            loss.backward()
-            opts[i].step()
-            ranks.sync()
-            if step >= cfg["warmup"]:
-                times[i].append(time.perf_counter() - t0)
-            losses[i].append(loss.item())
-    flat = ranks.max_over_ranks([t for ts in times for t in ts])
-    n = cfg["steps"]
-    return [flat[i * n:(i + 1) * n] for i in range(len(replicas))], losses
-
-
-def make_batch(cfg: dict, rank: int, step: int, device):
-    g = torch.Generator().manual_seed(SEED + 1000003 * step + rank)
-    shape = (cfg["batch"], cfg["seq"], cfg["width"]) if cfg["model"] == "transformer" else (cfg["batch"], cfg["width"])
-    x = torch.randn(shape, generator=g)
-    y = torch.randn(shape, generator=g)
-    return x.to(device), y.to(device)
 
 
 def flat_params(model) -> torch.Tensor:
@@ -117,7 +70,7 @@ def same_on_all_ranks(ranks, flat: torch.Tensor) -> bool:
 def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
     dev = ranks.device
     torch.manual_seed(SEED)
-    model = make_model(cfg).to(dev)
+    model = training.make_model(cfg).to(dev)
     names = ["fairring", ranks.baseline_name]
     groups = [ranks.fairring, ranks.baseline]
     for w, g in ranks.wire_groups:  # --wire-dtype: compressed rails
@@ -138,7 +91,7 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
         replicas[-1].register_comm_hook(ranks.baseline, bf16_hook)
     opts = [torch.optim.SGD(r.parameters(), lr=cfg["lr"]) for r in replicas]
     nparams = sum(p.numel() for p in model.parameters())
-    times, losses = timed_steps(ranks, cfg, replicas, opts, dev)
+    times, losses = training.timed_steps(ranks, cfg, replicas, opts, dev)
     final_loss = [ls[-1] for ls in losses]
 
     params = [flat_params(r.module) for r in replicas]
@@ -200,87 +153,8 @@ def ddp_table(s: dict) -> str:
     return "\n".join(out)
 
 
-def throughput_table(s: dict, heading: str, unit: str, key: str, losses: str = "losses") -> list:
-    """The lines a training benchmark with a compute-only run prints (bench.moe,
-    bench.pipeline): `heading`, one row per backend (`key` of each row in
-    `unit`), the communication per step, the check of `losses`, the kinds of
-    the fairring group's ops."""
-    m = s["meta"]
-    base = m["baseline"]
-    out = [heading + launch.steps_heading(m),
-           f"{'backend':<14}{'step ms':>10}{'p10-p90 ms':>19}{unit:>12}{'vs ' + base:>10}"]
-    for r in s["rows"]:
-        spread = f"{r['p10_step_s'] * 1e3:.1f}-{r['p90_step_s'] * 1e3:.1f}"
-        out.append(f"{r['backend']:<14}{r['median_step_s'] * 1e3:>10.1f}{spread:>19}{r[key]:>12.0f}"
-                   f"{r['speedup_vs_baseline']:>9.2f}x")
-    step = {r["backend"]: r["median_step_s"] * 1e3 for r in s["rows"]}
-    if "compute only" in step:
-        comm = {b: step[b] - step["compute only"] for b in ("fairring", base)}
-        ratio = f"{comm[base] / comm['fairring']:.2f}x" if comm["fairring"] > 0 else "n/a"
-        out.append(f"communication per step (step minus compute only): fairring {comm['fairring']:.1f} ms, "
-                   f"{base} {comm[base]:.1f} ms ({ratio}); compute only {step['compute only']:.1f} ms "
-                   f"({100 * comm[base] / step[base]:.0f}% of {base}'s step is communication)")
-    if "sync only" in step:
-        # bench/sync_only.py: the same exchanges, one element each.
-        line = (f"sync only (every exchange moves one element): {step['sync only']:.1f} ms; moving the bytes: "
-                f"fairring {step['fairring'] - step['sync only']:.1f} ms (step minus sync only)")
-        if "compute only" in step:
-            line += f"; waiting: {step['sync only'] - step['compute only']:.1f} ms (sync only minus compute only)"
-        out.append(line + f"; {base}'s step / sync only: {step[base] / step['sync only']:.2f}x (a backend that "
-                   "moved the bytes for free, synchronising as fairring does)")
-    c = s["check"]
-    kinds = ", ".join(f"{k} x{n}" for k, n in sorted(s["fairring_kinds"].items()))
-    out.append(f"check: {'OK' if c['ok'] else 'FAILED'} (fairring vs {base}: {losses} differ by at most "
-               f"{c['loss_max_rel_diff']:.1e} relative; limit {c['rtol']:.0e})")
-    out.append(f"fairring group's ops while training (of its last 64): {kinds}")
-    return out
-
-
-def training_parser(prog: str, doc: str, out_file: str, width: int, width_help: str, batch: int, steps: int,
-                    warmup: int) -> argparse.ArgumentParser:
-    """The command line the training benchmarks share (this one and
-    bench.fsdp); each adds its own options."""
-    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc.split("\n\n", 1)[1])
-    p.add_argument("--nodes", type=int, default=2)
-    p.add_argument("--ranks-per-node", type=int, default=2)
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--width", type=int, default=width, help=f"{width_help} (default {width})")
-    p.add_argument("--depth", type=int, default=4, help="layers (default 4)")
-    p.add_argument("--seq", type=int, default=32, help="transformer sequence length (default 32)")
-    p.add_argument("--batch", type=int, default=batch, help=f"samples per rank per step (default {batch})")
-    p.add_argument("--steps", type=int, default=steps, help=f"timed steps (default {steps})")
-    p.add_argument("--warmup", type=int, default=warmup)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
-    p.add_argument("--netns", action="store_true", help="root: each node in its own network namespace")
-    p.add_argument("--link-rate", help="cap each node's link, e.g. 1gbit (needs --netns)")
-    p.add_argument("--out", default="bench_out", help=f"directory for {out_file} (default bench_out)")
-    p.add_argument("--timeout", type=float, default=1800)
-    return p
-
-
-def training_cfg(p: argparse.ArgumentParser, a: argparse.Namespace, job: str) -> dict:
-    """The shared options, checked, as the job's config."""
-    if a.link_rate and not a.netns:
-        p.error("--link-rate needs --netns")
-    if min(a.nodes, a.ranks_per_node, a.width, a.depth, a.seq, a.batch, a.steps) < 1 or a.warmup < 0:
-        p.error("sizes and counts must be >= 1 (--warmup >= 0)")
-    try:
-        rate = metrics.parse_rate(a.link_rate) if a.link_rate else None
-    except ValueError as e:
-        p.error(str(e))
-    return {"job": job, "device": a.device, "width": a.width, "depth": a.depth, "seq": a.seq, "batch": a.batch,
-            "steps": a.steps, "warmup": a.warmup, "lr": a.lr, "threads": a.threads, "nodes": a.nodes,
-            "ranks_per_node": a.ranks_per_node, "netns": a.netns, "link_rate_Bps": rate, "out": a.out}
-
-
-def run_training(cfg: dict, rank_main, a: argparse.Namespace, name: str) -> int:
-    return launch.run_job(cfg, rank_main, a.nodes, a.ranks_per_node, a.timeout, a.netns, cfg["link_rate_Bps"], name)
-
-
 def parser() -> argparse.ArgumentParser:
-    p = training_parser("python -m fairring_py.bench.ddp", __doc__, "ddp.json", 1024, "hidden size", 32, 20, 3)
+    p = training.parser("python -m fairring_py.bench.ddp", __doc__, "ddp.json", 1024, "hidden size", 32, 20, 3)
     p.add_argument("--model", choices=["mlp", "transformer"], default="mlp")
     p.add_argument("--bucket-cap-mb", type=float, default=2.0, help="DDP bucket size (default 2, so several buckets)")
     p.add_argument("--wire-dtype", help="also train over fairring with compressed rails ('bf16', 'fp16' or "
@@ -295,14 +169,14 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     p = parser()
     a = p.parse_args(argv)
-    cfg = training_cfg(p, a, "ddp")
+    cfg = training.config(p, a, "ddp")
     wire = [w.strip().lower() for w in a.wire_dtype.split(",")] if a.wire_dtype else []
     if any(w not in ("bf16", "fp16") for w in wire) or len(set(wire)) != len(wire):
         p.error(f"--wire-dtype takes bf16, fp16 or bf16,fp16, got {a.wire_dtype!r}")
     if a.servers < 0:
         p.error("--servers must be >= 0")
     cfg.update(model=a.model, bucket_cap_mb=a.bucket_cap_mb, wire_dtypes=wire, servers=a.servers)
-    return run_training(cfg, rank_main, a, "bench.ddp")
+    return training.run(cfg, rank_main, a, "bench.ddp")
 
 
 if __name__ == "__main__":

@@ -33,14 +33,11 @@ skips it; it is skipped where torch lacks the fake group.)
 from __future__ import annotations
 
 import argparse
-import collections
-import io
 import sys
 
 import torch
-import torch.distributed as dist
 
-from . import ddp, launch, metrics, sync_only
+from . import launch, metrics, training
 
 SEED = 8765
 VARIANTS = ("fsdp2", "fsdp1")
@@ -71,34 +68,6 @@ def shard(variant: str, model: torch.nn.Module, group, device) -> torch.nn.Modul
     raise ValueError(f"unknown FSDP variant {variant!r}")
 
 
-def compute_only_group():
-    """torch's "fake" process group (collectives that move nothing), or None
-    where this torch lacks it.  Collective: every rank calls it."""
-    try:
-        import torch.testing._internal.distributed.fake_pg  # noqa: F401  registers "fake"
-    except Exception:
-        return None
-    return dist.new_group(backend="fake")
-
-
-def compared_groups(ranks, cfg: dict):
-    """The names and groups a training bench times: Fairring, the baseline,
-    torch's fake group when ``cfg["compute_only"]`` (and torch has it), and
-    a Fairring group of its own whose exchanges move one element when
-    ``cfg.get("sync_only")`` (bench/sync_only.py; the models of bench.moe
-    and bench.pipeline know it)."""
-    names = ["fairring", ranks.baseline_name]
-    groups = [ranks.fairring, ranks.baseline]
-    fake = compute_only_group() if cfg["compute_only"] else None
-    if fake is not None:
-        names.append("compute only")
-        groups.append(fake)
-    if cfg.get("sync_only"):
-        names.append("sync only")
-        groups.append(sync_only.SyncOnly(dist.new_group(backend="fairring", timeout=ranks.timeout)))
-    return names, groups
-
-
 def local_shards(model) -> torch.Tensor:
     """This rank's part of the parameters, flattened (a DTensor's local shard for
     FSDP2, the flat-parameter view for FSDP1; identical layouts over both groups)."""
@@ -109,33 +78,9 @@ def local_shards(model) -> torch.Tensor:
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
-def _recent(group=None):
-    import fairring_py
-
-    return fairring_py.dump_recent(group, file=io.StringIO())
-
-
-def last_seq(group=None) -> int:
-    try:
-        recs = _recent(group)
-    except Exception:  # informational only
-        return -1
-    return recs[-1]["seq"] if recs else -1
-
-
-def fairring_kinds(since: int, group=None) -> dict:
-    """How many of the fairring group's collectives after sequence number
-    ``since`` ran as each kind (of the last 64 it keeps)."""
-    try:
-        recs = _recent(group)
-    except Exception as e:  # informational only
-        return {f"unknown ({e})": 0}
-    return dict(collections.Counter(r["kind"] for r in recs if r["seq"] > since))
-
-
 def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
     dev = ranks.device
-    names, groups = compared_groups(ranks, cfg)
+    names, groups = training.compared_groups(ranks, cfg)
     cfg = dict(cfg, model="transformer")
     summary_rows, checks, kinds = [], {}, {}
     all_ok = True
@@ -143,13 +88,13 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
         replicas, opts = [], []
         for g in groups:
             torch.manual_seed(SEED)
-            m = shard(variant, ddp.make_model(cfg).to(dev), g, dev)
+            m = shard(variant, training.make_model(cfg).to(dev), g, dev)
             replicas.append(m)
             opts.append(torch.optim.SGD(m.parameters(), lr=cfg["lr"]))
-        nparams = sum(p.numel() for p in ddp.make_model(cfg).parameters())
-        seq0 = last_seq()
-        times, losses = ddp.timed_steps(ranks, cfg, replicas, opts, dev)
-        kinds[variant] = fairring_kinds(seq0)
+        nparams = sum(p.numel() for p in training.make_model(cfg).parameters())
+        seq0 = training.last_seq()
+        times, losses = training.timed_steps(ranks, cfg, replicas, opts, dev)
+        kinds[variant] = training.fairring_kinds(seq0)
         # The compute-only run (if any) is last; its losses are meaningless.
         loss_rel = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses[0], losses[1]))
         shards = [local_shards(r) for r in replicas]
@@ -207,7 +152,7 @@ def fsdp_table(s: dict) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = ddp.training_parser("python -m fairring_py.bench.fsdp", __doc__, "fsdp.json", 256, "d_model", 8, 10, 2)
+    p = training.parser("python -m fairring_py.bench.fsdp", __doc__, "fsdp.json", 256, "d_model", 8, 10, 2)
     p.add_argument("--fsdp", default="2,1", help="variants, comma-separated: 2 (fully_shard), 1 "
                                                  "(FullyShardedDataParallel); default 2,1")
     p.add_argument("--rtol", type=float, default=1e-5,
@@ -231,7 +176,7 @@ def parse_variants(text: str) -> list:
 def main(argv=None) -> int:
     p = parser()
     a = p.parse_args(argv)
-    cfg = ddp.training_cfg(p, a, "fsdp")
+    cfg = training.config(p, a, "fsdp")
     if a.width % 64 and a.width > 64:
         p.error("--width must be a multiple of 64 (one attention head per 64)")
     try:
@@ -239,7 +184,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         p.error(str(e))
     cfg.update(variants=variants, rtol=a.rtol, compute_only=a.compute_only)
-    return ddp.run_training(cfg, rank_main, a, "bench.fsdp")
+    return training.run(cfg, rank_main, a, "bench.fsdp")
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ dedicated reduction servers (``python -m fairring_py.server``), started before
 the ranks (they wait for the job's store) and stopped with them; in a
 simulated cluster each runs in its own namespace (netns.Cluster's servers).
 
-The job modules (worker.py: the all-reduce sweep; ddp.py) import this one;
-this one imports no job, so the package has no import cycle.
+The job modules (worker.py: the microbenchmark; the training benchmarks)
+import this one; this one imports no job, only netns, so the package has no
+import cycle.
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ import torch.distributed as dist
 import fairring_py  # registers the "fairring" backend
 from fairring_py import _ranks
 from fairring_py._ranks import REAP_S, free_port
+
+from . import netns
 
 WORKER = "fairring_py.bench.worker"
 SERVER = "fairring_py.server"
@@ -383,8 +386,6 @@ def run_job(cfg: dict, rank_main, nodes: int, ranks_per_node: int, timeout_s: fl
     """The end of a training job's main(): this process is one rank under
     torchrun, or it launches the ranks here (in network namespaces with
     `use_netns`, links capped at `link_rate` bytes/s)."""
-    from . import netns
-
     if external_launcher() == "torchrun":
         cfg.update(nodes=None, ranks_per_node=None)
         return run_rank(cfg, rank_main)

@@ -1,11 +1,14 @@
 """Pure helpers of the benchmarks: size and rate parsing, bandwidths, the link
-bound, summary statistics and iteration counts.  No I/O, so they are unit-tested
-directly (tests/test_bench_metrics.py)."""
+bound (each collective's factors are its record in collectives.py), summary
+statistics and iteration counts.  No I/O, so they are unit-tested directly
+(tests/test_bench_metrics.py)."""
 from __future__ import annotations
 
 import math
 import re
 from typing import Dict, List, Sequence
+
+from . import collectives
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -98,30 +101,21 @@ def algbw(nbytes: float, seconds: float) -> float:
 
 
 # The sized collectives of the microbenchmark (barrier has no size).
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "gather", "scatter",
-               "send_recv")
+COLLECTIVES = tuple(c.name for c in collectives.TABLE if c.sized)
 
 
 def busbw_factor(world_size: int, collective: str = "all_reduce") -> float:
     """nccl-tests' bus-bandwidth factor: busbw = algbw x factor, the fraction of
-    the data each rank must send (and receive) in an optimal algorithm.
-    all_reduce 2(P-1)/P; reduce_scatter and all_gather (P-1)/P, with the size
-    being the full buffer (reduce_scatter's input, all_gather's output); broadcast
-    and reduce 1; all_to_all (P-1)/P (size: each rank's input, all of which
-    but its own block leaves it); gather and scatter (P-1)/P (size: the
-    root's whole list, all of which but its own piece crosses to or from it);
-    send_recv 2 (a ping-pong: the message crosses once each way per op)."""
+    the data each rank must send (and receive) in an optimal algorithm
+    (collectives.TABLE: all_reduce 2(P-1)/P; reduce_scatter, all_gather,
+    all_to_all, gather and scatter (P-1)/P of their size; broadcast and
+    reduce 1; send_recv 2, a ping-pong crossing once each way)."""
     if world_size <= 0:
         return float("nan")
-    if collective == "send_recv":
-        return 2.0
-    if collective in ("broadcast", "reduce"):
-        return 1.0
-    if collective in ("reduce_scatter", "all_gather", "all_to_all", "gather", "scatter"):
-        return (world_size - 1) / world_size
-    if collective != "all_reduce":
+    c = collectives.BY_NAME.get(collective)
+    if c is None or c.busbw is None:
         raise ValueError(f"no busbw factor for {collective!r}")
-    return 2.0 * (world_size - 1) / world_size
+    return c.busbw(world_size)
 
 
 def busbw(nbytes: float, seconds: float, world_size: int, collective: str = "all_reduce") -> float:
@@ -130,34 +124,24 @@ def busbw(nbytes: float, seconds: float, world_size: int, collective: str = "all
 
 def link_bound_s(nbytes: float, nodes: int, rate_bytes_per_s: float, collective: str = "all_reduce",
                  ranks_per_node: int = 1, servers: int = 0) -> float:
-    """Least time to all-reduce ``nbytes`` across ``nodes`` nodes, each with one
-    full-duplex link of the given rate: each node must send (and receive)
-    2(N-1)/N of the data, whatever the algorithm.  For reduce_scatter and
-    all_gather of a full buffer of ``nbytes`` (per rank) it is (N-1)/N of it:
-    a node's reduced input must leave it except its own share, and a node must
-    receive every other node's share.  For broadcast it is all of it: every
-    other node must receive every byte (and the root's node send it at least
-    once); for reduce too: the root's node must receive, for every element,
-    at least the other nodes' combined contribution.  For all_to_all of
-    ``nbytes`` per rank, K ranks per node: every rank's blocks for the other
-    nodes, K x (N-1)/N x nbytes, leave each node (and as much comes in).
-    Gather and scatter of a root's list of ``nbytes``: (N-1)/N of it crosses
-    the root's node's link.  0 for a single node.
+    """Least time to run the collective on ``nbytes`` across ``nodes`` nodes
+    (``ranks_per_node`` each), each with one full-duplex link of the given
+    rate, whatever the algorithm: the share of the bytes that must cross the
+    busiest link (collectives.TABLE's link_share; an all-reduce: each node
+    sends and receives 2(N-1)/N of the data) over the rate.  0 for a single
+    node.
 
     An all-reduce through ``servers`` M dedicated reduction servers (each
     with a link of the same rate) moves S out and S in on every node's link,
     and N x S / M on every server's: the bound is max(1, N / M) x S / rate."""
     if nodes <= 1:
         return 0.0
-    if servers and collective == "all_reduce":
+    c = collectives.BY_NAME.get(collective)
+    if c is None or c.link_share is None:
+        raise ValueError(f"no link bound for {collective!r}")
+    if servers and c.servers:
         return max(1.0, nodes / servers) * nbytes / rate_bytes_per_s
-    if collective == "all_to_all":
-        return ranks_per_node * (nodes - 1) / nodes * nbytes / rate_bytes_per_s
-    if collective in ("broadcast", "reduce"):
-        return nbytes / rate_bytes_per_s
-    if collective == "send_recv":  # one way, then back
-        return 2 * nbytes / rate_bytes_per_s
-    return busbw_factor(nodes, collective) * nbytes / rate_bytes_per_s
+    return c.link_share(nodes, ranks_per_node) * nbytes / rate_bytes_per_s
 
 
 def tcp_payload_fraction(mtu: int = 1500) -> float:

@@ -42,7 +42,7 @@ import sys
 
 import torch
 
-from . import ddp, fsdp, launch, metrics, sync_only
+from . import launch, metrics, sync_only, training
 
 SEED = 9876
 
@@ -162,7 +162,7 @@ class MoEModel(torch.nn.Module):
 
 class _Stepper(torch.optim.SGD):
     """SGD that first averages the model's shared gradients (so that
-    ddp.timed_steps times the whole data-parallel step)."""
+    training.timed_steps times the whole data-parallel step)."""
 
     def __init__(self, model: MoEModel, lr: float):
         super().__init__(model.parameters(), lr=lr)
@@ -175,13 +175,13 @@ class _Stepper(torch.optim.SGD):
 
 def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
     dev = ranks.device
-    names, groups = fsdp.compared_groups(ranks, cfg)
+    names, groups = training.compared_groups(ranks, cfg)
     cfg = dict(cfg, model="transformer")  # batches of [batch, seq, width]
     replicas = [MoEModel(cfg, ranks.world, ranks.rank, g).to(dev) for g in groups]
     opts = [_Stepper(m, cfg["lr"]) for m in replicas]
-    seq0 = fsdp.last_seq()
-    times, losses = ddp.timed_steps(ranks, cfg, replicas, opts, dev)
-    kinds = fsdp.fairring_kinds(seq0)
+    seq0 = training.last_seq()
+    times, losses = training.timed_steps(ranks, cfg, replicas, opts, dev)
+    kinds = training.fairring_kinds(seq0)
     loss_rel = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses[0], losses[1]))
     (loss_rel,) = ranks.max_over_ranks([loss_rel])
     ok = loss_rel <= cfg["rtol"] and all(torch.isfinite(torch.tensor(ls)).all() for ls in losses[:2])
@@ -213,11 +213,11 @@ def moe_table(s: dict) -> str:
                f"{routing}; {m['params_per_rank'] / 1e6:.2f} M params per rank), "
                f"{m['batch_per_rank']} x {m['seq']} tokens/rank, {m['world_size']} ranks, "
                f"fairring topology {m['fairring_topology']}")
-    return "\n".join(ddp.throughput_table(s, heading, "tokens/s", "tokens_per_s"))
+    return "\n".join(training.throughput_table(s, heading, "tokens/s", "tokens_per_s"))
 
 
 def parser() -> argparse.ArgumentParser:
-    p = ddp.training_parser("python -m fairring_py.bench.moe", __doc__, "moe.json", 256, "d_model", 16, 10, 2)
+    p = training.parser("python -m fairring_py.bench.moe", __doc__, "moe.json", 256, "d_model", 16, 10, 2)
     # Default sizes: on the 2-core test machine, 2 x 2, communication is about
     # 45-50% of gloo's step (docs/BENCHMARKS_HISTORY.md).
     p.add_argument("--hidden", type=int, default=128, help="each expert's hidden size (default 128)")
@@ -237,12 +237,12 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     p = parser()
     a = p.parse_args(argv)
-    cfg = ddp.training_cfg(p, a, "moe")
+    cfg = training.config(p, a, "moe")
     if a.hidden < 1 or a.capacity_factor <= 0:
         p.error("--hidden must be >= 1 and --capacity-factor > 0")
     cfg.update(hidden=a.hidden, capacity_factor=a.capacity_factor, rtol=a.rtol, compute_only=a.compute_only,
                dropless=a.dropless, sync_only=a.sync_only)
-    return ddp.run_training(cfg, rank_main, a, "bench.moe")
+    return training.run(cfg, rank_main, a, "bench.moe")
 
 
 if __name__ == "__main__":

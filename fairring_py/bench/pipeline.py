@@ -35,7 +35,7 @@ import time
 
 import torch
 
-from . import ddp, fsdp, launch, metrics, sync_only
+from . import launch, metrics, sync_only, training
 
 SEED = 4242
 
@@ -111,10 +111,10 @@ def one_f_one_b(stage: Stage, group, rank: int, world: int, x, y, cfg: dict) -> 
 
 def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
     dev = ranks.device
-    names, groups = fsdp.compared_groups(ranks, cfg)
+    names, groups = training.compared_groups(ranks, cfg)
     stages = [Stage(cfg["width"], cfg["depth"], ranks.rank).to(dev) for _ in groups]
     opts = [torch.optim.SGD(s.parameters(), lr=cfg["lr"]) for s in stages]
-    seq0 = fsdp.last_seq()
+    seq0 = training.last_seq()
     times = [[] for _ in groups]
     losses = [[] for _ in groups]
     for step in range(cfg["warmup"] + cfg["steps"]):
@@ -134,7 +134,7 @@ def rank_main(ranks: launch.Ranks, cfg: dict) -> int:
     flat = ranks.max_over_ranks([t for ts in times for t in ts])
     n = cfg["steps"]
     times = [flat[i * n:(i + 1) * n] for i in range(len(groups))]
-    kinds = fsdp.fairring_kinds(seq0)
+    kinds = training.fairring_kinds(seq0)
     loss_rel = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses[0], losses[1])) \
         if ranks.rank == ranks.world - 1 else 0.0
     (loss_rel,) = ranks.max_over_ranks([loss_rel])
@@ -165,14 +165,14 @@ def pipeline_table(s: dict) -> str:
                f"{m['microbatches']} microbatches of {m['microbatch']} samples (activations "
                f"{metrics.fmt_size(m['activation_bytes'])} per send), {m['world_size']} ranks, "
                f"fairring topology {m['fairring_topology']}")
-    return "\n".join(ddp.throughput_table(s, heading, "samples/s", "samples_per_s", "the last stage's losses"))
+    return "\n".join(training.throughput_table(s, heading, "samples/s", "samples_per_s", "the last stage's losses"))
 
 
 def parser() -> argparse.ArgumentParser:
     # Defaults: on the 2-core test machine, 2 x 2, communication is about 40%
     # of gloo's step (docs/BENCHMARKS_HISTORY.md): neither a compute benchmark nor a
     # communication loop.
-    p = ddp.training_parser("python -m fairring_py.bench.pipeline", __doc__, "pipeline.json", 64, "width", 4096,
+    p = training.parser("python -m fairring_py.bench.pipeline", __doc__, "pipeline.json", 64, "width", 4096,
                             10, 2)
     p.set_defaults(depth=1)
     p.add_argument("--microbatches", type=int, default=8, help="microbatches per step (default 8)")
@@ -187,13 +187,13 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     p = parser()
     a = p.parse_args(argv)
-    cfg = ddp.training_cfg(p, a, "pipeline")
+    cfg = training.config(p, a, "pipeline")
     if a.microbatches < 1:
         p.error("--microbatches must be >= 1")
     if a.nodes * a.ranks_per_node < 2:
         p.error("a pipeline needs at least 2 ranks (stages)")
     cfg.update(microbatches=a.microbatches, rtol=a.rtol, compute_only=a.compute_only, sync_only=a.sync_only)
-    return ddp.run_training(cfg, rank_main, a, "bench.pipeline")
+    return training.run(cfg, rank_main, a, "bench.pipeline")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import List, Optional
 
-from . import metrics
+from . import collectives, metrics
 
 GB = 1e9
 CSV_FIELDS = ["size_bytes", "backend", "inflight", "reps", "samples", "median_s", "p10_s", "p90_s", "min_s",
@@ -25,8 +25,7 @@ def summarize_run(meta: dict, memcpy: dict, backends: List[str], results: List[d
     baseline = backends[1]
     nodes = meta.get("nodes") or 1
     rate = meta.get("link_rate_Bps")
-    # nccl-tests' conventions: busbw = algbw x 2(P-1)/P for all_reduce, (P-1)/P for
-    # reduce_scatter and all_gather (size: the full buffer), 1 for broadcast.
+    # busbw and the link bound: the collective's factors (collectives.TABLE).
     collective = meta.get("collective") or "all_reduce"
     # --servers: the backends whose all-reduces go through the reduction servers.
     with_servers = meta.get("with_servers") or {}
@@ -92,24 +91,8 @@ def table(summary: dict) -> str:
     m, mc = summary["meta"], summary["memcpy"]
     base = summary["baseline"]
     bounded = any(r["link_bound_s"] for r in summary["rows"])
-    collective = m.get("collective") or "all_reduce"
-    title = {
-        "broadcast": f"broadcast {m['dtype']} from rank 0",
-        "reduce": f"reduce {m['dtype']} {m['op']} to rank 0",
-        "reduce_scatter": f"{m.get('api') or 'reduce_scatter'} {m['dtype']} {m['op']} (size: each rank's full input)",
-        "all_gather": f"{m.get('api') or 'all_gather'} {m['dtype']} (size: each rank's full output)",
-        "all_to_all": f"all_to_all_single {m['dtype']}, equal blocks (size: each rank's input)",
-        "gather": f"gather {m['dtype']} to rank 0 (size: the root's whole list)",
-        "scatter": f"scatter {m['dtype']} from rank 0 (size: the root's whole list)",
-        "send_recv": f"send/recv {m['dtype']} ping-pong between ranks 0 and 1 (time per op: a round trip; "
-                     "one way is half)",
-    }.get(collective, f"all_reduce {m['dtype']} {m['op']}")
-    plural = {"broadcast": "broadcasts", "reduce_scatter": "reduce-scatters", "all_gather": "all-gathers",
-              "reduce": "reduces", "all_to_all": "all-to-alls", "gather": "gathers", "scatter": "scatters",
-              "send_recv": "round trips"}
-    factor = {"broadcast": "", "reduce": "", "reduce_scatter": " x (P-1)/P", "all_gather": " x (P-1)/P",
-              "all_to_all": " x (P-1)/P", "gather": " x (P-1)/P", "scatter": " x (P-1)/P",
-              "send_recv": " x 2 (the message crosses each way)"}
+    coll = collectives.BY_NAME[m.get("collective") or "all_reduce"]
+    title = coll.title.format(dtype=m["dtype"], op=m.get("op"), api=m.get("api") or coll.name)
     out = [
         title
         + f" on {m['device']}: {m['world_size']} ranks"
@@ -118,12 +101,11 @@ def table(summary: dict) -> str:
         + f"; fairring topology {m['fairring_topology']}"
         + (f"; netns links {m['link_rate_Bps'] * 8 / 1e9:g} Gbit/s" if m.get("link_rate_Bps") else
            ("; netns, uncapped links" if m.get("netns") else ""))
-        + (f"; {m['inflight']} {plural.get(collective, 'all-reduces')} in flight per timed unit"
+        + (f"; {m['inflight']} {coll.plural} in flight per timed unit"
            if m["inflight"] > 1 else ""),
         f"memory copy ({metrics.fmt_size(mc['bytes'])} torch copy_): {mc['alone_Bps'] / GB:.2f} GB/s on one rank "
         f"alone, {mc['concurrent_per_rank_Bps'] / GB:.2f} GB/s per rank with all ranks copying (busbw% uses this)",
-        "time: median (p10-p90) over samples of the slowest rank's time per op; busbw = algbw"
-        + factor.get(collective, " x 2(P-1)/P"),
+        "time: median (p10-p90) over samples of the slowest rank's time per op; busbw = algbw" + coll.busbw_text,
         ("outputs: a new torch.empty output for every op (--fresh-buffers; in-place collectives: the input "
          "written into it first, timed), except fairring-warm's: the same "
          "fairring group on reused outputs, in the same samples" if m.get("fresh_buffers")
@@ -140,10 +122,7 @@ def table(summary: dict) -> str:
                    f"reduction_servers={servers})), each on a link like a node's; srv cpu us/op = CPU time per op of"
                    " all servers together")
     if m.get("link_rate_Bps"):
-        share = {"reduce_scatter": "(N-1)/N x ", "all_gather": "(N-1)/N x ", "broadcast": "",
-                 "reduce": "", "all_to_all": "K x (N-1)/N x ", "gather": "(N-1)/N x ",
-                 "scatter": "(N-1)/N x ", "send_recv": "2 x "}.get(collective, "2(N-1)/N x ")
-        out.append(f"link bound = {share}bytes / link rate"
+        out.append(f"link bound = {coll.link_text}bytes / link rate"
                    + (f" (+srv: max(1, N/M) x bytes / link rate, M = {servers} servers)" if servers else "")
                    + f"; TCP over 1500-byte frames carries at most {metrics.tcp_payload_fraction() * 100:.1f}% "
                    "of the rate as payload, so bound/time stays below that")

@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+import fairring_py
+
 
 class SyncOnly:
     """A process group (Fairring's) whose exchanges move one element each."""
@@ -67,8 +69,6 @@ def largest_op_bytes(groups) -> int | None:
     """The most bytes any op of the sync-only group moved (of the last 64 it
     keeps), so that a reader or a test can check that its exchanges are what
     it says; None without one."""
-    import fairring_py
-
     for g in groups:
         if isinstance(g, SyncOnly):
             return max((r["bytes"] for r in fairring_py.dump_recent(g.group)), default=0)

@@ -45,10 +45,12 @@ from typing import Dict, List
 import torch
 import torch.distributed as dist
 
-from . import ddp, fsdp, metrics, moe, pipeline, report
+from fairring_py.options import resolve
+
+from . import collectives, ddp, fsdp, metrics, moe, pipeline, report
+from .collectives import make_input
 from .launch import Ranks, run_meta, run_rank
 
-SEED = 1234
 # A backend's name with dedicated reduction servers: "fairring+srv".
 SERVERS_SUFFIX = "+srv"
 # The machine's busy CPU is reported over at least this much sample time.
@@ -60,112 +62,38 @@ MEMCPY_REPS = 5
 
 # ---------------------------------------------------------------- data
 
-def make_input(rank: int, numel: int, device) -> torch.Tensor:
-    """Integer-valued float32: every partial sum is exact in any order, so the
-    result must equal the expectation bit for bit.  Rank r's data is a shared
-    random base rolled by r positions plus r+1 (distinct per rank and per
-    position)."""
-    g = torch.Generator().manual_seed(SEED + numel)
-    base = torch.randint(-1000, 1001, (numel,), generator=g, dtype=torch.int32).to(torch.float32)
-    return (torch.roll(base, rank * 97) + (rank + 1)).to(device)
-
-
-def make_expected(world: int, numel: int, device) -> torch.Tensor:
-    g = torch.Generator().manual_seed(SEED + numel)
-    base = torch.randint(-1000, 1001, (numel,), generator=g, dtype=torch.int32).to(torch.float32)
-    out = torch.zeros(numel, dtype=torch.float32)
-    for r in range(world):
-        out += torch.roll(base, r * 97)
-    out += world * (world + 1) // 2
-    return out.to(device)
-
-
 class Workload:
-    """What one size of a sized collective needs: the fixed per-rank input, the
-    output buffers' shape, the expected output (computed here, no collective),
-    and how to reset an output before a timed group.
+    """What one size of a sized collective needs (its record in
+    collectives.TABLE makes them): the fixed per-rank input, the output
+    buffers' shape, the expected output (computed here, no collective), and
+    how to reset an output before a timed group.
 
-    all_reduce and broadcast work in place (the buffer is the input: reset
-    copies the input in); reduce_scatter and all_gather read ``inp`` (never
-    written) and write a separate output (reset fills it with NaN)."""
+    In-place collectives (all_reduce, broadcast, ...) work on the buffer
+    (reset copies the input in); the others read ``inp`` (never written) and
+    write a separate output (reset fills it with NaN)."""
 
     def __init__(self, collective: str, rank: int, world: int, size: int, device):
         self.collective, self.rank, self.world = collective, rank, world
-        numel = size // 4
-        if collective == "reduce_scatter":
-            chunk = numel // world
-            full = chunk * world
-            self.inp = make_input(rank, full, device)
-            self.out_numel = chunk
-            self.expected = make_expected(world, full, device)[rank * chunk:(rank + 1) * chunk].clone()
-            self.size = full * 4
-        elif collective == "all_to_all":
-            # Block d of every rank's input goes to rank d.
-            chunk = numel // world
-            full = chunk * world
-            self.inp = make_input(rank, full, device)
-            self.out_numel = full
-            self.expected = torch.cat([make_input(r, full, device)[rank * chunk:(rank + 1) * chunk]
-                                       for r in range(world)])
-            self.size = full * 4
-        elif collective == "gather":
-            # Every rank's piece to rank 0's list (size: the root's whole list).
-            chunk = numel // world
-            self.inp = make_input(rank, chunk, device)
-            self.out_numel = chunk * world
-            self.expected = torch.cat([make_input(r, chunk, device) for r in range(world)]) if rank == 0 else None
-            self.size = chunk * world * 4
-        elif collective == "scatter":
-            # Rank 0's list, a piece to every rank (size: the root's whole list).
-            chunk = numel // world
-            self.inp = make_input(0, chunk * world, device)
-            self.out_numel = chunk
-            self.expected = self.inp[rank * chunk:(rank + 1) * chunk].clone()
-            self.size = chunk * world * 4
-        elif collective == "send_recv":
-            # Rank 0's message goes to rank 1 and back: rank 1 must end with
-            # it (its own input differs); rank 0 gets its own data back.
-            self.inp = make_input(rank, numel, device)
-            self.out_numel = numel
-            self.expected = make_input(0, numel, device) if rank < 2 else None
-            self.size = numel * 4
-        elif collective == "all_gather":
-            chunk = numel // world
-            self.inp = make_input(rank, chunk, device)
-            self.out_numel = chunk * world
-            self.expected = torch.cat([make_input(r, chunk, device) for r in range(world)])
-            self.size = chunk * world * 4
-        else:
-            self.inp = make_input(rank, numel, device)
-            self.out_numel = numel
-            if collective == "broadcast":
-                self.expected = make_input(0, numel, device)
-            elif collective == "reduce" and rank != 0:
-                # c10d leaves a non-root's tensor unspecified (gloo uses it as
-                # scratch): only the root's result is checked.
-                self.expected = None
-            else:
-                self.expected = make_expected(world, numel, device)
-            self.size = numel * 4
+        coll = collectives.BY_NAME[collective]
+        self.out_shard = coll.out_shard
+        self.inp, self.out_numel, self.expected, numel = coll.tensors(rank, world, size // 4, device)
+        self.size = numel * 4
         if self.out_numel == 0:
             raise SystemExit(f"fairring bench: size {size} bytes is too small for {collective} on {world} ranks "
                              f"(at least {4 * world} bytes)")
-        self.in_place = collective in ("all_reduce", "broadcast", "reduce", "send_recv")
+        self.in_place = coll.in_place
         self.inp_ref = None if self.in_place else self.inp.clone()
-        # --fresh-buffers: a new tensor per op; the in-place collectives' gets
-        # the input written in (as a trainer writes its gradients into new
-        # memory), in the timed region.  send_recv's is only received into.
-        self.fresh_holds_input = self.in_place and collective != "send_recv"
+        self.fresh_holds_input = coll.fresh_input
 
     def magnitudes(self) -> torch.Tensor:
         """Per element of the expected output, the sum over ranks of |input|:
         what the error of compressed rails is relative to (docs/COMPRESSED_RAILS.md, "Compressed
         rails": the sum may cancel).  For the reducing collectives."""
-        full = self.out_numel * (self.world if self.collective == "reduce_scatter" else 1)
+        full = self.out_numel * (self.world if self.out_shard else 1)
         out = torch.zeros(full, dtype=torch.float64)
         for r in range(self.world):
             out += make_input(r, full, "cpu").double().abs()
-        if self.collective == "reduce_scatter":
+        if self.out_shard:
             out = out[self.rank * self.out_numel:(self.rank + 1) * self.out_numel]
         return out.to(self.inp.device)
 
@@ -193,13 +121,6 @@ class Workload:
             buf.fill_(float("nan"))
 
 
-# torch 2.13 deprecates reduce_scatter_tensor / all_gather_into_tensor (a
-# FutureWarning on every call site) for reduce_scatter_single / all_gather_single:
-# the same backend operations.  Use the new names where torch has them.
-REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
 # ---------------------------------------------------------------- backends
 
 class TorchBackend:
@@ -211,42 +132,9 @@ class TorchBackend:
         # False for compressed rails: results are rounded, so their error is
         # measured instead of compared exactly.
         self.exact = exact
-        self.inp = None  # reduce_scatter / all_gather: set per size (Workload.inp)
+        self.inp = None  # the collectives that read an input: set per size (Workload.inp)
         self.fresh_run = False  # this sample's buffers are new (time_once sets it)
-        if collective == "broadcast":  # from rank 0
-            self.op = lambda b, **kw: dist.broadcast(b, src=0, **kw)
-        elif collective == "reduce":  # to rank 0
-            self.op = lambda b, **kw: dist.reduce(b, dst=0, **kw)
-        elif collective == "reduce_scatter":
-            self.op = lambda b, **kw: REDUCE_SCATTER(b, self.inp, **kw)
-        elif collective == "all_gather":
-            self.op = lambda b, **kw: ALL_GATHER(b, self.inp, **kw)
-        elif collective == "all_to_all":
-            self.op = lambda b, **kw: dist.all_to_all_single(b, self.inp, **kw)
-        elif collective == "gather":  # to rank 0, into a list of views of the buffer
-            self.op = lambda b, **kw: dist.gather(self.inp, list(b.chunk(dist.get_world_size(group)))
-                                                  if dist.get_rank(group) == 0 else None, dst=0, **kw)
-        elif collective == "scatter":  # from rank 0's list
-            self.op = lambda b, **kw: dist.scatter(b, list(self.inp.chunk(dist.get_world_size(group)))
-                                                   if dist.get_rank(group) == 0 else None, src=0, **kw)
-        elif collective == "send_recv":
-            self.op = self._ping_pong
-        else:
-            self.op = dist.all_reduce
-
-    def _ping_pong(self, b, group=None):
-        """Rank 0 sends its input to rank 1, which sends it back; each
-        receives into b; other ranks idle.  Reused buffers: rank 0's b holds
-        the input and goes both ways.  --fresh-buffers: b is a new tensor every
-        op (as a pipeline stage receives its activations), so rank 0 sends
-        the input itself."""
-        me = dist.get_rank(group)
-        if me == 0:
-            dist.send(self.inp if self.fresh_run else b, 1, group=group)
-            dist.recv(b, 1, group=group)
-        elif me == 1:
-            dist.recv(b, 0, group=group)
-            dist.send(b, 0, group=group)
+        self.op = collectives.BY_NAME[collective].call(self)
 
     def prepare(self, bufs, work=None):
         if work is not None:
@@ -273,65 +161,24 @@ class MpiBackend:
 
         self.MPI, self.comm, self.collective = MPI, comm, collective
         self.inp = None
+        coll = collectives.BY_NAME[collective]
+        self.op = coll.mpi(self)
+        self.start = coll.mpi_start(self) if coll.mpi_start else None
 
     def prepare(self, bufs, work=None):
         if work is not None:
             self.inp = work.inp.numpy()
         return [b.numpy() for b in bufs]  # views: MPI writes the tensors
 
-    def _start(self, a):
-        MPI, c = self.MPI, self.comm
-        if self.collective == "broadcast":
-            return c.Ibcast(a, root=0)
-        if self.collective == "reduce":
-            return c.Ireduce(MPI.IN_PLACE if c.Get_rank() == 0 else a, a if c.Get_rank() == 0 else None, op=MPI.SUM,
-                             root=0)
-        if self.collective == "reduce_scatter":
-            return c.Ireduce_scatter_block(self.inp, a, op=MPI.SUM)
-        if self.collective == "all_gather":
-            return c.Iallgather(self.inp, a)
-        if self.collective == "all_to_all":
-            return c.Ialltoall(self.inp, a)
-        if self.collective == "gather":
-            return c.Igather(self.inp, a if c.Get_rank() == 0 else None, root=0)
-        if self.collective == "scatter":
-            return c.Iscatter(self.inp if c.Get_rank() == 0 else None, a, root=0)
-        if self.collective == "send_recv":
-            raise ValueError("send_recv runs one message at a time (no --inflight)")
-        return c.Iallreduce(MPI.IN_PLACE, a, op=MPI.SUM)
-
     def run(self, arrays, inflight):
-        MPI = self.MPI
         if inflight == 1:
             for a in arrays:
-                if self.collective == "reduce_scatter":
-                    self.comm.Reduce_scatter_block(self.inp, a, op=MPI.SUM)
-                elif self.collective == "all_gather":
-                    self.comm.Allgather(self.inp, a)
-                elif self.collective == "all_to_all":
-                    self.comm.Alltoall(self.inp, a)
-                elif self.collective == "gather":
-                    self.comm.Gather(self.inp, a if self.comm.Get_rank() == 0 else None, root=0)
-                elif self.collective == "scatter":
-                    self.comm.Scatter(self.inp if self.comm.Get_rank() == 0 else None, a, root=0)
-                elif self.collective == "send_recv":
-                    me = self.comm.Get_rank()
-                    if me == 0:
-                        self.comm.Send(a, dest=1)
-                        self.comm.Recv(a, source=1)
-                    elif me == 1:
-                        self.comm.Recv(a, source=0)
-                        self.comm.Send(a, dest=0)
-                elif self.collective == "broadcast":
-                    self.comm.Bcast(a, root=0)
-                elif self.collective == "reduce":
-                    root = self.comm.Get_rank() == 0
-                    self.comm.Reduce(self.MPI.IN_PLACE if root else a, a if root else None, op=self.MPI.SUM, root=0)
-                else:
-                    self.comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
+                self.op(a)
             return
+        if self.start is None:
+            raise ValueError(f"{self.collective} runs one message at a time (no --inflight)")
         for i in range(0, len(arrays), inflight):
-            MPI.Request.Waitall([self._start(a) for a in arrays[i:i + inflight]])
+            self.MPI.Request.Waitall([self.start(a) for a in arrays[i:i + inflight]])
 
 
 # ---------------------------------------------------------------- measurements
@@ -567,8 +414,7 @@ def cpu_load(ranks, cpu, wall, away, ops) -> dict:
 
 def run_allreduce(ranks: Ranks, cfg: dict) -> int:
     collective = cfg.get("collective", "all_reduce")
-    from fairring_py.options import resolve
-
+    coll = collectives.BY_NAME[collective]
     plain_wire = resolve().wire_dtype  # FAIRRING_WIRE_DTYPE of the plain group
     backends = [TorchBackend("fairring", ranks.fairring, collective, exact=plain_wire == "none"),
                 TorchBackend(ranks.baseline_name, ranks.baseline, collective)]
@@ -614,14 +460,9 @@ def run_allreduce(ranks: Ranks, cfg: dict) -> int:
             inflight=cfg["inflight"],
             collective=collective,
             dtype="float32",
-            op="SUM" if collective in ("all_reduce", "reduce_scatter", "reduce") else None,
-            api={"reduce_scatter": REDUCE_SCATTER.__name__, "all_gather": ALL_GATHER.__name__}.get(collective, collective),
-            size_means={"reduce_scatter": "bytes of each rank's full input (it gets size / P)",
-                        "all_to_all": "bytes of each rank's input (and output), a block of size / P per rank",
-                        "gather": "bytes of the root's whole list (each rank sends size / P)",
-                        "scatter": "bytes of the root's whole list (each rank gets size / P)",
-                        "all_gather": "bytes of each rank's full output (it sends size / P)"}.get(
-                collective, "bytes of each rank's tensor"),
+            op=coll.op,
+            api=coll.api,
+            size_means=coll.size_means,
             fairring_env={k: v for k, v in os.environ.items() if k.startswith("FAIRRING_")
                           and k != "FAIRRING_NODE_ID"},
             timing="per sample: barrier, reps groups back to back, max over ranks of the per-rank time / reps",
