@@ -167,8 +167,10 @@ bool take_landed(SliceSchedule& p, Slice& s, const TimePoint* until) {
 const CollectiveDef& all_to_all_def() {
   static const ScriptedCollective def(
       Collective::kAllToAll,
-      [](const OpKey& k) { return (k.layout != 0 ? "up to " : "") + elements_of(k) + " per block"; }, Cut::kBlockwise,
-      Shape::blocks_both(),
+      [](const OpKey& k) {
+        return (k.layout != 0 ? "up to " : "") + elements_of(k) + " per block" + unequal_blocks(k);
+      },
+      Cut::kBlockwise, Shape::blocks_both(),
       Script{{{"acquire", step_acquire}, {"publish-blocks", publish_blocks}, {"exchange-blocks", exchange_blocks}},
              {{"local-blocks", local_blocks},
               {"take-landed", take_landed},

@@ -17,10 +17,9 @@ Collective collective_named(const std::string& name);
 // Every kind of the list, in its order.
 const std::vector<Collective>& all_collectives();
 
-// The definitions, one per collective: all_reduce_def() in all_reduce.cpp
-// (barrier_def() there too: an all-reduce of one byte), all_to_all_sizes_def()
-// in all_gather.cpp (the sizes before an unequal all-to-all), the others
-// in the file of their name.
+// The definitions, one per collective, each in the file of its name or,
+// for a kind that runs another's scripts under its own name, in that one's
+// (barrier_def() in all_reduce.cpp; all_to_all_sizes_def() in all_gather.cpp).
 #define FAIRRING_COLLECTIVE_DEF(kind, number, name) const CollectiveDef& name##_def();
 FAIRRING_COLLECTIVES(FAIRRING_COLLECTIVE_DEF)
 #undef FAIRRING_COLLECTIVE_DEF

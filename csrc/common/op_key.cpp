@@ -56,12 +56,14 @@ std::string elements_of(const OpKey& k) {
 
 std::string with_op(const OpKey& k) { return std::string(" with ") + redop_name(static_cast<RedOp>(k.op)); }
 
-std::string per_rank(const OpKey& k) {
-  if (k.layout == 0) return " per rank";
+std::string unequal_blocks(const OpKey& k) {
+  if (k.layout == 0) return "";
   char hex[16];
   std::snprintf(hex, sizeof(hex), "%08x", k.layout);
-  return std::string(" per rank at most (blocks of unequal sizes, layout ") + hex + ")";
+  return std::string(" (blocks of unequal sizes, layout ") + hex + ")";
 }
+
+std::string per_rank(const OpKey& k) { return k.layout == 0 ? " per rank" : " per rank at most" + unequal_blocks(k); }
 
 std::string describe_args(const OpKey& k) {
   const int i = k.collective;

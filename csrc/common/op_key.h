@@ -90,8 +90,10 @@ std::string describe_args(const OpKey& k);
 // float32" and " with SUM".
 std::string elements_of(const OpKey& k);
 std::string with_op(const OpKey& k);
-// " per rank", or for unequal blocks " per rank at most (blocks of unequal
-// sizes, layout 1f2e3d4c)".
+// "", or for unequal blocks " (blocks of unequal sizes, layout 1f2e3d4c)":
+// ranks whose sizes differ see two layouts in the mismatch message.
+std::string unequal_blocks(const OpKey& k);
+// " per rank", or for unequal blocks " per rank at most" and the layout.
 std::string per_rank(const OpKey& k);
 
 // Throws the error users see when ranks issued different collectives: rank
