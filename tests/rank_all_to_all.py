@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import io
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -260,7 +262,8 @@ def uneven(rank, world, big):
 
 def uneven_all_gather(rank, world):
     """all_gather into a list of one tensor per rank of that rank's input size
-    (gloo refuses it): pairwise, every dtype, one-element and empty inputs."""
+    (gloo refuses it): native, through the hierarchy (one op: every rank knows
+    every size from its outputs), every dtype, one-element and empty inputs."""
     failures = Failures()
     first = _last_seq()
     for dtype in [torch.float32, torch.int64, torch.bfloat16, torch.bool, torch.complex64]:
@@ -272,9 +275,37 @@ def uneven_all_gather(rank, world):
             for j in range(world):
                 _check(failures, f"{refs.dtype_name(dtype)} x{scale} from {j}", outs[j], ins[j])
     kinds = set(_native_kinds(first))
-    if kinds != {"all_gather (pairwise)"}:
+    if kinds != {"all_gatherv"}:
         failures.add(f"uneven all_gather recorded as {sorted(kinds)}")
     return {"failures": list(failures)}
+
+
+def mismatched_uneven_all_gather(rank, world):
+    """Rank 1 passes one element more than rank 0's list expects from it
+    (its own list agrees with it): every rank's all_gather fails with a
+    mismatch within the group's timeout, and nothing is written into rank 0's
+    block for rank 1 beyond its size.  Then a rank whose input is not the
+    size of its own block of the list gets a ValueError naming both sizes,
+    before anything is issued."""
+    sizes = [j + 2 for j in range(world)]
+    mine = sizes[rank] + (1 if rank == 1 else 0)
+    expected = list(sizes)
+    if rank != 0:
+        expected[1] += 1
+    outs = [torch.full((n,), -1.0) for n in expected]
+    t0 = time.monotonic()
+    err = None
+    try:
+        dist.all_gather(outs, torch.full((mine,), float(rank)))
+    except Exception as e:  # noqa: BLE001
+        err = f"{type(e).__name__}: {e}"
+    elapsed = time.monotonic() - t0
+    local = None
+    try:
+        dist.all_gather([torch.empty(n) for n in sizes], torch.empty(sizes[rank] + 1))
+    except Exception as e:  # noqa: BLE001
+        local = f"{type(e).__name__}: {e}"
+    return {"error": err, "elapsed": elapsed, "local": local}
 
 
 def mismatched_splits(rank, world):

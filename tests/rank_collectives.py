@@ -640,8 +640,8 @@ def sec_inflight(rank, world, cfg):
 
 def sec_native(rank, world, cfg):
     """Each call's records in dump_recent: equal-size forms must be Fairring's own
-    ("reduce_scatter" / "all_gather"), the uneven all_gather list pairwise, the
-    uneven reduce_scatter list too (padded).  Every
+    ("reduce_scatter" / "all_gather"), the uneven lists too (all_gather's as
+    blocks of unequal sizes, reduce_scatter's padded).  Every
     finding of the native forms goes to native_only (they are delegated until
     issue 9's C++ lands); a wrong kind for the uneven ones is a failure."""
     ck = Checker()
@@ -697,8 +697,8 @@ def sec_native(rank, world, cfg):
         ("all_gather_into_tensor in place", lambda: _in_place_ag(rank, world), True, NATIVE_AG),
         ("reduce_scatter_tensor in place", lambda: _in_place_rs(rank, world), True, NATIVE_RS),
         ("allgather_coalesced", lambda: _all_gather_coalesced(world), True, NATIVE_AG),
-        # Uneven list forms: all_gather pairwise, reduce_scatter padded.
-        ("all_gather list, uneven sizes", lambda: _uneven_ag(rank, world), True, "all_gather (pairwise)"),
+        # Uneven list forms: all_gather of unequal blocks, reduce_scatter padded.
+        ("all_gather list, uneven sizes", lambda: _uneven_ag(rank, world), True, "all_gatherv"),
         ("reduce_scatter list, uneven sizes", lambda: _uneven_rs(rank, world, ck), True, NATIVE_RS),
         ("reduce_scatter list, uneven strided", lambda: _uneven_rs(rank, world, ck, strided=True), True,
          NATIVE_RS),
@@ -740,8 +740,7 @@ def _all_gather_coalesced(world):
 
 
 def _uneven_ag(rank, world):
-    # Rank r contributes r + 1 elements (gloo refuses this form; Fairring runs
-    # it pairwise).
+    # Rank r contributes r + 1 elements (gloo refuses this form).
     outs = [torch.empty(r + 1) for r in range(world)]
     dist.all_gather(outs, torch.full((rank + 1,), float(rank)))
     for r, o in enumerate(outs):

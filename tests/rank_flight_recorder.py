@@ -22,7 +22,7 @@ def records(rank, world_size):
     part = torch.empty(2, dtype=torch.float64)
     dist.reduce_scatter_tensor(part, torch.ones(2 * world_size, dtype=torch.float64))
     dist.broadcast(t, 0)
-    # Blocks of unequal sizes: a pairwise exchange outside the pipeline.
+    # Blocks of unequal sizes: one op, recorded with the one input it was passed.
     dist.all_gather([torch.empty(k + 1) for k in range(world_size)], torch.ones(rank + 1))
     if rank == 0:
         dist.send(t, 1)

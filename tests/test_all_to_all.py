@@ -48,11 +48,26 @@ def test_unequal_splits_are_right(name):
         assert not r.value["failures"], f"{name} rank {r.rank}: " + "\n".join(r.value["failures"][:20])
 
 
-@pytest.mark.parametrize("ids", [["a", "a", "a"], ["a", "a", "b", "b"]], ids=["1x3", "2x2"])
-def test_uneven_all_gather_is_pairwise_and_right(ids):
+@pytest.mark.parametrize("ids", [["a", "a", "a"], ["a", "a", "b", "b"], ["a", "a", "b"], ["a", "b", "c"]],
+                         ids=["1x3", "2x2", "uneven-2+1", "3x1"])
+def test_uneven_all_gather_is_native_and_right(ids):
     res = launch.run_ranks(rank_all_to_all.uneven_all_gather, ids, timeout_s=120)
     for r in res:
         assert not r.value["failures"], f"rank {r.rank}: " + "\n".join(r.value["failures"])
+
+
+@pytest.mark.parametrize("ids", [["a", "a"], ["a", "b"], ["a", "a", "b", "b"]], ids=["1x2", "2x1", "2x2"])
+def test_uneven_all_gather_lists_that_disagree_fail_on_every_rank(ids):
+    """Rank 1's block is one element longer than rank 0's list says: a
+    mismatch on every rank (the sizes' hash is in the op's key), never a
+    block cut short or written past; a rank's input unlike its own block is
+    a ValueError before anything is issued."""
+    res = launch.run_ranks(rank_all_to_all.mismatched_uneven_all_gather, ids, timeout_s=90, pg_timeout_s=30)
+    for r in res:
+        v = r.value
+        assert v["error"] and "all_gatherv mismatch" in v["error"], f"rank {r.rank}: {v}"
+        assert v["elapsed"] < 15, f"rank {r.rank}: failed only after {v['elapsed']:.1f} s: {v['error']}"
+        assert v["local"] and v["local"].startswith("ValueError") and "input has" in v["local"], f"rank {r.rank}: {v}"
 
 
 @pytest.mark.parametrize("ids", [["a", "a"], ["a", "b"], ["a", "a", "b"]], ids=["1x2", "2x1", "uneven-2+1"])

@@ -16,6 +16,11 @@
 // Which path a rank takes depends only on what every rank passes alike
 // (splits or none, a list), never on the sizes' values: a rank whose
 // splits happen to be equal takes this path too, as its peers do.
+//
+// The all-gather of blocks of unequal sizes (Collective::kAllGatherV) is
+// step 2 alone: every rank knows every size from its own outputs, and
+// ranks whose lists differ meet a mismatch (the sizes' hash is in the
+// op's key, OpKey::layout).
 #include <ATen/MemoryOverlap.h>
 
 #include <algorithm>
@@ -118,7 +123,6 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::all_to_all_uneven(const std::vec
   }
   const int64_t reals = first.is_complex() ? 2 : 1;
   std::vector<int64_t> counts(static_cast<size_t>(world) * world);  // [sender * W + receiver], real elements
-  int64_t largest = 0;
   for (int s = 0; s < world; ++s) {
     for (int d = 0; d < world; ++d) {
       const int64_t sent = a[s * row + d];
@@ -127,22 +131,32 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::all_to_all_uneven(const std::vec
                         ", but rank ", d, " expects ", expected, " from rank ", s,
                         " (every rank's splits were compared; nothing was sent)");
       counts[s * world + d] = sent * reals;
-      largest = std::max(largest, sent * reals);
     }
   }
+  return submit_unequal_blocks(Collective::kAllToAll, inputs, outputs, std::move(counts), type);
+}
 
+c10::intrusive_ptr<c10d::Work> FairringBackend::submit_unequal_blocks(Collective collective,
+                                                                      const std::vector<at::Tensor>& inputs,
+                                                                      const std::vector<at::Tensor>& outputs,
+                                                                      std::vector<int64_t> counts, c10d::OpType type) {
+  const char* kind = collective_name(collective);
   // 2. The blocks, read and written where the caller has them when it can.
+  const int world = getSize();
+  const int me = getRank();
+  const at::Tensor& first = inputs[0];
+  const int64_t largest = *std::max_element(counts.begin(), counts.end());
   std::vector<int64_t> send_reals(world), recv_reals(world);
   for (int r = 0; r < world; ++r) {
     send_reals[r] = counts[me * world + r];
     recv_reals[r] = counts[r * world + me];
   }
-  auto op = new_op(Collective::kAllToAll, first);
+  auto op = new_op(collective, first);
   op->op = RedOp::kSum;  // compared between ranks, not applied
   op->dtype = first.is_complex() ? c10::toRealValueType(first.scalar_type()) : first.scalar_type();
   op->numel = largest;
-  op->block_counts = counts;
   op->layout = block_layout(counts.data(), static_cast<int>(counts.size()));
+  op->block_counts = std::move(counts);
   const bool list = inputs.size() > 1;
   if (list && std::all_of(inputs.begin(), inputs.end(), plain_tensor)) {
     op->buffer = first;  // (its device and dtype)
@@ -174,6 +188,30 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::all_to_all_uneven(const std::vec
   for (const at::Tensor& t : inputs) op->footprint.read(t);
   for (const at::Tensor& t : outputs) op->footprint.write(t);
   return submit(std::move(op), type, outputs);
+}
+
+c10::intrusive_ptr<c10d::Work> FairringBackend::all_gather_uneven(const std::vector<at::Tensor>& outputs,
+                                                                  const at::Tensor& input) {
+  const int world = getSize();
+  const int me = getRank();
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const at::Tensor& t = outputs[i];
+    TORCH_CHECK_TYPE(t.scalar_type() == input.scalar_type(),
+                     "fairring: all_gather needs outputs of the input's dtype (", dtype_name(input.scalar_type()),
+                     "), but output ", i, " is ", dtype_name(t.scalar_type()));
+    TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "fairring: all_gather into a tensor whose ",
+                "elements share memory (sizes ", t.sizes(), ", strides ", t.strides(), "): clone() it first");
+  }
+  TORCH_CHECK_VALUE(outputs[me].numel() == input.numel(), "fairring: all_gather: this rank's input has ", input.numel(),
+                    " element(s), but its block of the output list (tensor ", me, ") has ", outputs[me].numel());
+  // Rank s sends its block, the size of output s, to every rank.
+  const int64_t reals = input.is_complex() ? 2 : 1;
+  std::vector<int64_t> counts(static_cast<size_t>(world) * world);
+  for (int s = 0; s < world; ++s) {
+    for (int d = 0; d < world; ++d) counts[s * world + d] = outputs[s].numel() * reals;
+  }
+  return submit_unequal_blocks(Collective::kAllGatherV, std::vector<at::Tensor>(world, input), outputs,
+                               std::move(counts), c10d::OpType::ALLGATHER);
 }
 
 }  // namespace fairring

@@ -407,8 +407,14 @@ std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind,
   auto fr = fr_;
   FlightRecord::Id fr_id;
   if (FlightRecord::on()) {
-    fr_id = fr->issued(getGroupUid(), getGroupDesc(), kind, "", /*p2p=*/false,
-                       op.input_blocks.empty() ? std::vector<at::Tensor>{op.buffer} : op.input_blocks,
+    // Its input blocks, or its buffer; one tensor sent to every rank (an
+    // all-gather of unequal blocks) is the one input the caller passed.
+    std::vector<at::Tensor> reads = op.input_blocks.empty() ? std::vector<at::Tensor>{op.buffer} : op.input_blocks;
+    const auto same_as_first = [&](const at::Tensor& t) {
+      return t.data_ptr() == reads[0].data_ptr() && t.numel() == reads[0].numel();
+    };
+    if (std::all_of(reads.begin(), reads.end(), same_as_first)) reads.resize(1);
+    fr_id = fr->issued(getGroupUid(), getGroupDesc(), kind, "", /*p2p=*/false, reads,
                        !op.output_blocks.empty() ? op.output_blocks
                                                  : std::vector<at::Tensor>{op.output.defined() ? op.output : op.buffer},
                        config_.timeout);

@@ -263,6 +263,15 @@ class FairringBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> all_to_all_uneven(const std::vector<at::Tensor>& inputs,
                                                    const std::vector<at::Tensor>& outputs,
                                                    const std::function<Sizes()>& sizes_of, c10d::OpType type);
+  // Its second step: the blocks, once every size is known (`counts`: the
+  // real elements rank s sends rank d at [s * W + d], the same on every
+  // rank), as `collective` (kAllToAll, or kAllGatherV for all_gather_uneven).
+  c10::intrusive_ptr<c10d::Work> submit_unequal_blocks(Collective collective, const std::vector<at::Tensor>& inputs,
+                                                       const std::vector<at::Tensor>& outputs,
+                                                       std::vector<int64_t> counts, c10d::OpType type);
+  // The list form of all_gather with blocks of unequal sizes: every size
+  // is in `outputs` (submit_unequal_blocks).
+  c10::intrusive_ptr<c10d::Work> all_gather_uneven(const std::vector<at::Tensor>& outputs, const at::Tensor& input);
   // The list form of reduce_scatter with blocks of unequal sizes (CPU).
   c10::intrusive_ptr<c10d::Work> reduce_scatter_uneven(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
                                                        const c10d::ReduceOp& op);

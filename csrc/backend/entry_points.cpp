@@ -95,17 +95,15 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::reduce(std::vector<at::Tensor>& 
 c10::intrusive_ptr<c10d::Work> FairringBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::AllgatherOptions& opts) {
-  // Native when every output has the input's size (blockwise); a CPU list
-  // of one tensor per rank of other sizes (each rank's input size)
-  // pairwise; other forms go to gloo.
+  // Native when every output has the input's size (blockwise), and for a
+  // list of one tensor per rank of other sizes (each rank's input size):
+  // an all-to-all of unequal blocks in which every rank sends its block to
+  // every rank, through the hierarchy like any other.  Other forms go to gloo.
   const bool native = outputs.size() == 1 && inputs.size() == 1 && native_tensors(both(inputs, outputs[0]));
   const bool even = native && std::all_of(outputs[0].begin(), outputs[0].end(),
                                           [&](const at::Tensor& t) { return t.numel() == inputs[0].numel(); });
   if (even) return submit_blockwise(Collective::kAllGather, inputs, outputs[0], nullptr, c10d::OpType::ALLGATHER);
-  if (native && inputs[0].is_cpu() && static_cast<int>(outputs[0].size()) == getSize()) {
-    return exchange_blocks(std::vector<at::Tensor>(getSize(), inputs[0]), outputs[0], outputs[0],
-                           c10d::OpType::ALLGATHER, "all_gather (pairwise)");
-  }
+  if (native && static_cast<int>(outputs[0].size()) == getSize()) return all_gather_uneven(outputs[0], inputs[0]);
   return run_delegated("allgather", touched(outputs, inputs),
                        [&](c10d::Backend& gloo) { return gloo.allgather(outputs, inputs, opts); });
 }

@@ -162,6 +162,20 @@ bool take_landed(SliceSchedule& p, Slice& s, const TimePoint* until) {
   return true;
 }
 
+const Script& node_script() {
+  static const Script script{
+      {{"acquire", step_acquire}, {"publish-blocks", publish_blocks}, {"exchange-blocks", exchange_blocks}},
+      {{"local-blocks", local_blocks},
+       {"take-landed", take_landed},
+       {"await-own", step_await_rails},
+       {"release", step_release}}};
+  return script;
+}
+const Script& alone_script() {
+  static const Script script{{{"exchange-blocks", exchange_blocks}}, {{"await-own", step_await_rails}}};
+  return script;
+}
+
 }  // namespace
 
 const CollectiveDef& all_to_all_def() {
@@ -170,13 +184,19 @@ const CollectiveDef& all_to_all_def() {
       [](const OpKey& k) {
         return (k.layout != 0 ? "up to " : "") + elements_of(k) + " per block" + unequal_blocks(k);
       },
-      Cut::kBlockwise, Shape::blocks_both(),
-      Script{{{"acquire", step_acquire}, {"publish-blocks", publish_blocks}, {"exchange-blocks", exchange_blocks}},
-             {{"local-blocks", local_blocks},
-              {"take-landed", take_landed},
-              {"await-own", step_await_rails},
-              {"release", step_release}}},
-      Script{{{"exchange-blocks", exchange_blocks}}, {{"await-own", step_await_rails}}});
+      Cut::kBlockwise, Shape::blocks_both(), node_script(), alone_script());
+  return def;
+}
+
+// The all-gather of blocks of unequal sizes (an all_gather list whose
+// tensors differ in size): every rank sends its one block to every rank,
+// an all-to-all of unequal blocks (PipelineOp::block_counts) under its own
+// kind, so that a mismatch names what the caller issued.
+const CollectiveDef& all_gatherv_def() {
+  static const ScriptedCollective def(
+      Collective::kAllGatherV,
+      [](const OpKey& k) { return "up to " + elements_of(k) + " per rank" + unequal_blocks(k); }, Cut::kBlockwise,
+      Shape::blocks_out(), node_script(), alone_script());
   return def;
 }
 

@@ -22,18 +22,21 @@ namespace fairring {
 // kReduceScatter and kAllGather move one block of `numel` elements per rank
 // (plan.h: "blockwise"); kReduce is an all-reduce whose result only the
 // root keeps; kAllToAllSizes shares the block sizes of an all-to-all of
-// unequal blocks before it (an all-gather under its own kind).
-#define FAIRRING_COLLECTIVES(X)       \
-  X(AllReduce, 1, all_reduce)         \
-  X(Barrier, 2, barrier)              \
-  X(Broadcast, 3, broadcast)          \
-  X(ReduceScatter, 4, reduce_scatter) \
-  X(AllGather, 5, all_gather)         \
-  X(Reduce, 6, reduce)                \
-  X(AllToAll, 7, all_to_all)          \
-  X(Gather, 8, gather)                \
-  X(Scatter, 9, scatter)              \
-  X(AllToAllSizes, 10, all_to_all_sizes)
+// unequal blocks before it (an all-gather under its own kind);
+// kAllGatherV is the all-gather of blocks of unequal sizes (the
+// all-to-all's scripts, every rank's block to every rank).
+#define FAIRRING_COLLECTIVES(X)          \
+  X(AllReduce, 1, all_reduce)            \
+  X(Barrier, 2, barrier)                 \
+  X(Broadcast, 3, broadcast)             \
+  X(ReduceScatter, 4, reduce_scatter)    \
+  X(AllGather, 5, all_gather)            \
+  X(Reduce, 6, reduce)                   \
+  X(AllToAll, 7, all_to_all)             \
+  X(Gather, 8, gather)                   \
+  X(Scatter, 9, scatter)                 \
+  X(AllToAllSizes, 10, all_to_all_sizes) \
+  X(AllGatherV, 11, all_gatherv)
 
 enum class Collective : int32_t {
 #define FAIRRING_COLLECTIVE_KIND(kind, number, name) k##kind = number,
