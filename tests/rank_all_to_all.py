@@ -286,6 +286,7 @@ def mismatched_uneven_all_gather(rank, world):
     mismatch within the group's timeout, and nothing is written into rank 0's
     block for rank 1 beyond its size.  Then a rank whose input is not the
     size of its own block of the list gets a ValueError naming both sizes,
+    and outputs of another dtype than the input an error naming both dtypes,
     before anything is issued."""
     sizes = [j + 2 for j in range(world)]
     mine = sizes[rank] + (1 if rank == 1 else 0)
@@ -305,7 +306,12 @@ def mismatched_uneven_all_gather(rank, world):
         dist.all_gather([torch.empty(n) for n in sizes], torch.empty(sizes[rank] + 1))
     except Exception as e:  # noqa: BLE001
         local = f"{type(e).__name__}: {e}"
-    return {"error": err, "elapsed": elapsed, "local": local}
+    wrong_dtype = None
+    try:
+        dist.all_gather([torch.empty(n, dtype=torch.float64) for n in sizes], torch.empty(sizes[rank]))
+    except Exception as e:  # noqa: BLE001
+        wrong_dtype = f"{type(e).__name__}: {e}"
+    return {"error": err, "elapsed": elapsed, "local": local, "wrong_dtype": wrong_dtype}
 
 
 def mismatched_splits(rank, world):

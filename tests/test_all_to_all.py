@@ -68,6 +68,8 @@ def test_uneven_all_gather_lists_that_disagree_fail_on_every_rank(ids):
         assert v["error"] and "all_gatherv mismatch" in v["error"], f"rank {r.rank}: {v}"
         assert v["elapsed"] < 15, f"rank {r.rank}: failed only after {v['elapsed']:.1f} s: {v['error']}"
         assert v["local"] and v["local"].startswith("ValueError") and "input has" in v["local"], f"rank {r.rank}: {v}"
+        assert v["wrong_dtype"] and "float64" in v["wrong_dtype"] and "float32" in v["wrong_dtype"], \
+            f"rank {r.rank}: {v}"
 
 
 @pytest.mark.parametrize("ids", [["a", "a"], ["a", "b"], ["a", "a", "b"]], ids=["1x2", "2x1", "uneven-2+1"])

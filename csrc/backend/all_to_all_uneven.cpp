@@ -30,6 +30,7 @@
 #include "backend/backend.h"
 #include "backend/reduce_input.h"
 #include "backend/stand_in.h"
+#include "backend/tensor_args.h"
 #include "collectives/collectives.h"
 #include "common/dtype_name.h"
 #include "common/gil.h"
@@ -194,14 +195,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::all_gather_uneven(const std::vec
                                                                   const at::Tensor& input) {
   const int world = getSize();
   const int me = getRank();
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    const at::Tensor& t = outputs[i];
-    TORCH_CHECK_TYPE(t.scalar_type() == input.scalar_type(),
-                     "fairring: all_gather needs outputs of the input's dtype (", dtype_name(input.scalar_type()),
-                     "), but output ", i, " is ", dtype_name(t.scalar_type()));
-    TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "fairring: all_gather into a tensor whose ",
-                "elements share memory (sizes ", t.sizes(), ", strides ", t.strides(), "): clone() it first");
-  }
+  check_outputs(outputs, input.scalar_type(), "all_gather");
   TORCH_CHECK_VALUE(outputs[me].numel() == input.numel(), "fairring: all_gather: this rank's input has ", input.numel(),
                     " element(s), but its block of the output list (tensor ", me, ") has ", outputs[me].numel());
   // Rank s sends its block, the size of output s, to every rank.

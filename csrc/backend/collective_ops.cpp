@@ -171,16 +171,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
   const bool rank_blocks = reduce_op && !padded && static_cast<int>(inputs.size()) == world && world > 1;
   ReduceInput in = reduce_op ? prepare_reduce_input(inputs, redop, kind, /*copy=*/scale != nullptr, rank_blocks)
                              : prepare_input(inputs, kind);
-  int64_t out_reals = 0;
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    const at::Tensor& t = outputs[i];
-    TORCH_CHECK(t.scalar_type() == dtype, "fairring: ", kind, " needs outputs of the input's dtype (",
-                dtype_name(dtype), "), but output ", i, " is ", dtype_name(t.scalar_type()));
-    TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "fairring: ", kind,
-                " into a tensor whose elements share memory (sizes ", t.sizes(), ", strides ", t.strides(),
-                "): clone() it first");
-    out_reals += reals_of(t);
-  }
+  const int64_t out_reals = check_outputs(outputs, dtype, kind);
   // One block per rank on the shape's per-rank side, one on the other; a
   // padded list's output is this rank's block without its padding.
   const int64_t reals = in.buffer.is_complex() ? 2 : 1;

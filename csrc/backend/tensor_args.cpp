@@ -1,5 +1,6 @@
 #include "backend/tensor_args.h"
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
@@ -66,6 +67,20 @@ void check_splits(const std::vector<int64_t>& splits, const at::Tensor& t, int w
   }
   TORCH_CHECK(sum == t.size(0), "fairring: all_to_all_single's ", which, " splits add up to ", sum, " rows, but the ",
               which, " has ", t.size(0));
+}
+
+int64_t check_outputs(const std::vector<at::Tensor>& outputs, c10::ScalarType dtype, const char* kind) {
+  int64_t reals = 0;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const at::Tensor& t = outputs[i];
+    TORCH_CHECK(t.scalar_type() == dtype, "fairring: ", kind, " needs outputs of the input's dtype (",
+                dtype_name(dtype), "), but output ", i, " is ", dtype_name(t.scalar_type()));
+    TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "fairring: ", kind,
+                " into a tensor whose elements share memory (sizes ", t.sizes(), ", strides ", t.strides(),
+                "): clone() it first");
+    reals += t.numel() * (t.is_complex() ? 2 : 1);
+  }
+  return reals;
 }
 
 std::vector<at::Tensor> both(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {

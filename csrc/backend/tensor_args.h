@@ -25,6 +25,11 @@ std::function<void(at::Tensor&)> premul_factor(const c10d::ReduceOp& op, c10::Sc
 // exactly: gloo reads past a tensor they do not fit.  Throws what is wrong.
 void check_splits(const std::vector<int64_t>& splits, const at::Tensor& t, int world, const char* which);
 
+// Outputs a collective writes: each of the input's dtype, none whose
+// elements share memory.  Returns their real elements (a complex one
+// counts twice); throws what is wrong, naming the output.
+int64_t check_outputs(const std::vector<at::Tensor>& outputs, c10::ScalarType dtype, const char* kind);
+
 // The tensors of both lists, in order.
 std::vector<at::Tensor> both(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b);
 
