@@ -38,25 +38,6 @@
 
 namespace fairring {
 
-namespace {
-// `t` (contiguous) as a flat tensor of real elements, a view.
-at::Tensor flat_reals(const at::Tensor& t) {
-  at::Tensor f = t.reshape({-1});
-  return f.is_complex() ? at::view_as_real(f).reshape({-1}) : f;
-}
-
-// Views of `flat`, one per count, in order.
-std::vector<at::Tensor> cut(const at::Tensor& flat, const std::vector<int64_t>& counts) {
-  std::vector<at::Tensor> out;
-  int64_t at = 0;
-  for (int64_t n : counts) {
-    out.push_back(flat.narrow(0, at, n));
-    at += n;
-  }
-  return out;
-}
-}  // namespace
-
 c10::intrusive_ptr<c10d::Work> FairringBackend::all_to_all_uneven(const std::vector<at::Tensor>& inputs,
                                                                   const std::vector<at::Tensor>& outputs,
                                                                   const std::function<Sizes()>& sizes_of,
@@ -166,7 +147,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_unequal_blocks(Collective
     ReduceInput in = prepare_input(inputs, kind);
     op->buffer = in.buffer;
     op->stage = in.fill;
-    op->input_blocks = cut(flat_reals(in.buffer), send_reals);
+    op->input_blocks = cut_blocks(flat_reals(in.buffer), send_reals.data(), world);
   }
   bool aliased = false;  // an output shares memory with an input
   for (const at::Tensor& o : outputs) {
@@ -177,14 +158,14 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_unequal_blocks(Collective
     if (list) {
       for (const at::Tensor& t : outputs) op->output_blocks.push_back(flat_reals(t));
     } else {
-      op->output_blocks = cut(flat_reals(outputs[0]), recv_reals);
+      op->output_blocks = cut_blocks(flat_reals(outputs[0]), recv_reals.data(), world);
     }
   } else {
     int64_t total = 0;
     for (const at::Tensor& t : outputs) total += t.numel();
     op->output = stand_in(total, first.options());
     op->users = outputs;
-    op->output_blocks = cut(flat_reals(op->output), recv_reals);
+    op->output_blocks = cut_blocks(flat_reals(op->output), recv_reals.data(), world);
   }
   for (const at::Tensor& t : inputs) op->footprint.read(t);
   for (const at::Tensor& t : outputs) op->footprint.write(t);

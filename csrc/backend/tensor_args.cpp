@@ -2,6 +2,7 @@
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/view_as_real.h>
 #include <c10/util/Exception.h>
 
 #include "common/dtype_name.h"
@@ -81,6 +82,21 @@ int64_t check_outputs(const std::vector<at::Tensor>& outputs, c10::ScalarType dt
     reals += t.numel() * (t.is_complex() ? 2 : 1);
   }
   return reals;
+}
+
+at::Tensor flat_reals(const at::Tensor& t) {
+  at::Tensor f = t.reshape({-1});
+  return f.is_complex() ? at::view_as_real(f).reshape({-1}) : f;
+}
+
+std::vector<at::Tensor> cut_blocks(const at::Tensor& flat, const int64_t* counts, int n) {
+  std::vector<at::Tensor> out;
+  int64_t at = 0;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(flat.narrow(0, at, counts[i]));
+    at += counts[i];
+  }
+  return out;
 }
 
 std::vector<at::Tensor> both(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {

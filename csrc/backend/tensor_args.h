@@ -30,6 +30,13 @@ void check_splits(const std::vector<int64_t>& splits, const at::Tensor& t, int w
 // counts twice); throws what is wrong, naming the output.
 int64_t check_outputs(const std::vector<at::Tensor>& outputs, c10::ScalarType dtype, const char* kind);
 
+// `t` (contiguous) as a flat tensor of real elements, a view.
+at::Tensor flat_reals(const at::Tensor& t);
+
+// Views of `flat`, one per count (elements), in order: the blocks of a
+// flattened list of unequal blocks.
+std::vector<at::Tensor> cut_blocks(const at::Tensor& flat, const int64_t* counts, int n);
+
 // The tensors of both lists, in order.
 std::vector<at::Tensor> both(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b);
 
