@@ -641,7 +641,7 @@ def sec_inflight(rank, world, cfg):
 def sec_native(rank, world, cfg):
     """Each call's records in dump_recent: equal-size forms must be Fairring's own
     ("reduce_scatter" / "all_gather"), the uneven lists too (all_gather's as
-    blocks of unequal sizes, reduce_scatter's padded).  Every
+    blocks of unequal sizes, reduce_scatter's unpadded).  Every
     finding of the native forms goes to native_only (they are delegated until
     issue 9's C++ lands); a wrong kind for the uneven ones is a failure."""
     ck = Checker()
@@ -697,7 +697,7 @@ def sec_native(rank, world, cfg):
         ("all_gather_into_tensor in place", lambda: _in_place_ag(rank, world), True, NATIVE_AG),
         ("reduce_scatter_tensor in place", lambda: _in_place_rs(rank, world), True, NATIVE_RS),
         ("allgather_coalesced", lambda: _all_gather_coalesced(world), True, NATIVE_AG),
-        # Uneven list forms: all_gather of unequal blocks, reduce_scatter padded.
+        # Uneven list forms: all_gather of unequal blocks, reduce_scatter's unpadded.
         ("all_gather list, uneven sizes", lambda: _uneven_ag(rank, world), True, "all_gatherv"),
         ("reduce_scatter list, uneven sizes", lambda: _uneven_rs(rank, world, ck), True, NATIVE_RS),
         ("reduce_scatter list, uneven strided", lambda: _uneven_rs(rank, world, ck, strided=True), True,
@@ -758,6 +758,13 @@ def _uneven_rs(rank, world, ck, strided=False):
     want = torch.full((rank + 1,), float(world * (world + 1) // 2))
     if not torch.equal(out, want):
         raise AssertionError(f"uneven reduce_scatter: got {out.tolist()}, want {want.tolist()}")
+    # Each block as long as it is: the op reads the list's bytes, not W
+    # blocks of the largest (padding).
+    import fairring_py
+    last = fairring_py.dump_recent(file=io.StringIO())[-1]
+    if last["bytes"] != 4 * world * (world + 1) // 2:
+        raise AssertionError(f"uneven reduce_scatter of {world * (world + 1) // 2} float32 moved {last['bytes']} "
+                             f"bytes (padded to the largest block?)")
 
 
 # --------------------------------------------------------------------------

@@ -236,17 +236,13 @@ class FairringBackend : public c10d::Backend {
   // its shape (collective_def.h: reduce-scatter, all-gather, all-to-all):
   // `inputs` flattened are read, `outputs` flattened receive the result;
   // `reduce_op`: the reduction (null: none, the blocks only move).
-  // `padded`: the blocks of `inputs` hold `padded->block` elements each (a
-  // list of unequal blocks, each followed by zeros), and `outputs` receive
-  // the first elements of this rank's block.
-  struct Padded {
-    int64_t block = 0;    // elements of a padded block (the largest block)
-    uint32_t layout = 0;  // OpKey::layout of the unpadded sizes
-  };
+  // `unequal`: the sizes of the blocks, one per rank, when they differ
+  // (elements of the caller's dtype; every rank passes the same); `outputs`
+  // then hold this rank's block.
   c10::intrusive_ptr<c10d::Work> submit_blockwise(Collective collective, const std::vector<at::Tensor>& inputs,
                                                   const std::vector<at::Tensor>& outputs,
                                                   const c10d::ReduceOp* reduce_op, c10d::OpType type,
-                                                  const Padded* padded = nullptr);
+                                                  const std::vector<int64_t>* unequal = nullptr);
   // Sparse all-reduce (sparse_all_reduce.cpp): native for one CPU COO tensor
   // with SUM (not bool); the rest goes to gloo.
   static bool sparse_native(const std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
@@ -272,7 +268,8 @@ class FairringBackend : public c10d::Backend {
   // The list form of all_gather with blocks of unequal sizes: every size
   // is in `outputs` (submit_unequal_blocks).
   c10::intrusive_ptr<c10d::Work> all_gather_uneven(const std::vector<at::Tensor>& outputs, const at::Tensor& input);
-  // The list form of reduce_scatter with blocks of unequal sizes (CPU).
+  // The list form of reduce_scatter with blocks of unequal sizes (CPU):
+  // submit_blockwise with the sizes.
   c10::intrusive_ptr<c10d::Work> reduce_scatter_uneven(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
                                                        const c10d::ReduceOp& op);
   // Gather or scatter of CPU tensors (blockwise): `one` is this rank's

@@ -156,7 +156,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
                                                                  const std::vector<at::Tensor>& inputs,
                                                                  const std::vector<at::Tensor>& outputs,
                                                                  const c10d::ReduceOp* reduce_op, c10d::OpType type,
-                                                                 const Padded* padded) {
+                                                                 const std::vector<int64_t>* unequal) {
   const Shape shape = collective_def(collective).shape();
   const char* kind = collective_name(collective);
   const int world = getSize();
@@ -168,16 +168,28 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
   auto scale = reduce_op ? premul_factor(*reduce_op, dtype, kind) : nullptr;
   // A reduction's list of one tensor per rank is read where it is: the
   // same schedule as one tensor of the blocks, no copy first.
-  const bool rank_blocks = reduce_op && !padded && static_cast<int>(inputs.size()) == world && world > 1;
+  const bool rank_blocks = reduce_op && static_cast<int>(inputs.size()) == world && world > 1;
   ReduceInput in = reduce_op ? prepare_reduce_input(inputs, redop, kind, /*copy=*/scale != nullptr, rank_blocks)
                              : prepare_input(inputs, kind);
   const int64_t out_reals = check_outputs(outputs, dtype, kind);
-  // One block per rank on the shape's per-rank side, one on the other; a
-  // padded list's output is this rank's block without its padding.
   const int64_t reals = in.buffer.is_complex() ? 2 : 1;
-  const int64_t block = padded ? padded->block * reals : shape.input_per_rank ? in.numel / world : in.numel;
-  const bool fits = in.numel == block * (shape.input_per_rank ? world : 1) &&
-                    (padded || out_reals == block * (shape.output_per_rank ? world : 1));
+  // Blocks of unequal sizes, each rank's the same: every rank sends block d
+  // to rank d, so row s of the counts (PipelineOp::block_counts) is the sizes.
+  std::vector<int64_t> counts;
+  if (unequal) {
+    for (int s = 0; s < world; ++s) {
+      for (int64_t n : *unequal) counts.push_back(n * reals);
+    }
+    // A flattened copy of the list, cut back into its blocks.
+    if (in.blocks.empty()) in.blocks = cut_blocks(flat_reals(in.buffer), counts.data() + int64_t{me} * world, world);
+  }
+  // One block per rank on the shape's per-rank side, one on the other
+  // (unequal: up to the largest; the caller checked the sizes).
+  const int64_t block = unequal                ? *std::max_element(counts.begin(), counts.end())
+                        : shape.input_per_rank ? in.numel / world
+                                               : in.numel;
+  const bool fits = unequal || (in.numel == block * (shape.input_per_rank ? world : 1) &&
+                                out_reals == block * (shape.output_per_rank ? world : 1));
   const auto blocks = [&](bool per_rank) { return per_rank ? std::to_string(world) : std::string("one"); };
   TORCH_CHECK(fits, "fairring: ", kind, " on ", world, " ranks needs ", blocks(shape.input_per_rank),
               " block(s) in the input and ", blocks(shape.output_per_rank),
@@ -189,7 +201,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
   op->dtype = in.dtype;
   op->op = redop;
   op->numel = block;
-  op->layout = padded ? padded->layout : 0;
+  if (unequal) op->layout = block_layout(unequal->data(), world);
+  op->block_counts = std::move(counts);
   op->stage = stage_of(in, std::move(scale));
   op->input_blocks = in.blocks;
   for (const at::Tensor& t : inputs) op->footprint.read(t);
@@ -222,42 +235,31 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
     const bool in_place = r == me && outputs[r].data_ptr() == op->buffer.data_ptr();
     if (outputs[r].is_alias_of(op->buffer) && !in_place) blocks_apart = false;
   }
-  if (!padded && plain && (!out_aliases_input || own_block)) {
+  if (plain && (!out_aliases_input || own_block)) {
     op->output = out;
-  } else if (!padded && blocks_apart) {
+  } else if (!unequal && blocks_apart) {
     op->output_blocks = outputs;
   } else {
-    // A padded block's first elements are the caller's (copy_to_users).
-    op->output = stand_in((padded ? block : out_reals) / reals, out.options());
+    op->output = stand_in(out_reals / reals, out.options());
     op->users = outputs;
   }
   return submit(std::move(op), type, outputs);
 }
 
-// Each block padded with zeros to the largest, the padded blocks reduced
-// and scattered as equal ones, the first elements of ours copied out.  The
-// padding costs (largest - own) elements of copy per block and the same
-// extra traffic; the layout in the op's key makes ranks that cut their
-// lists differently fail with a mismatch (same total, other cuts included).
+// The blocks, each of its own size, read where the caller has them (or
+// from one flattened copy), reduced and scattered through the hierarchy as
+// blocks of up to the largest (collectives/reduce_scatter.cpp): nothing is
+// padded.  The sizes' hash in the op's key makes ranks that cut their lists
+// differently fail with a mismatch (same total, other cuts included).
 c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter_uneven(const at::Tensor& output,
                                                                       const std::vector<at::Tensor>& inputs,
                                                                       const c10d::ReduceOp& op) {
   std::vector<int64_t> sizes;
   for (const at::Tensor& t : inputs) sizes.push_back(t.numel());
-  const int64_t block = *std::max_element(sizes.begin(), sizes.end());
   TORCH_CHECK_VALUE(output.numel() == sizes[getRank()], "fairring: reduce_scatter: this rank's output has ",
                     output.numel(), " element(s), but its block of the input list (tensor ", getRank(), ") has ",
                     sizes[getRank()]);
-  // The caller's blocks, each followed by its zeros: flattened in order by
-  // the op's stage, when the issue order lets it read them.
-  std::vector<at::Tensor> padded_inputs;
-  for (const at::Tensor& t : inputs) {
-    padded_inputs.push_back(t);
-    if (t.numel() < block) padded_inputs.push_back(at::zeros({block - t.numel()}, t.options()));
-  }
-  const Padded padded{block, block_layout(sizes.data(), static_cast<int>(sizes.size()))};
-  return submit_blockwise(Collective::kReduceScatter, padded_inputs, {output}, &op, c10d::OpType::REDUCE_SCATTER,
-                          &padded);
+  return submit_blockwise(Collective::kReduceScatter, inputs, {output}, &op, c10d::OpType::REDUCE_SCATTER, &sizes);
 }
 
 c10::intrusive_ptr<c10d::Work> FairringBackend::submit_rooted(Collective collective, int root, const at::Tensor& one,

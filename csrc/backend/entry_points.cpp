@@ -179,7 +179,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter(std::vector<at::T
                                                                std::vector<std::vector<at::Tensor>>& inputs,
                                                                const c10d::ReduceScatterOptions& opts) {
   // inputs[0][r] is reduced into rank r's output: one reduce-scatter of the
-  // inputs flattened; blocks of unequal sizes padded (CPU).  Other lists
+  // inputs flattened; blocks of unequal sizes each as long as it is (CPU).  Other lists
   // (several outputs, device tensors of unequal sizes) go to gloo.
   const bool native = outputs.size() == 1 && inputs.size() == 1 && native_tensors(both(inputs[0], outputs)) &&
                       static_cast<int>(inputs[0].size()) == getSize();

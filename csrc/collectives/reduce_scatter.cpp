@@ -16,6 +16,11 @@
 // A passive rank (uneven nodes) only stages its pieces and takes its own.
 // On a node of one rank: exchange-blocks | await-own, straight between the
 // tensors and the rails (on equal nodes).
+//
+// Blocks of unequal sizes (a reduce_scatter list of them) are cut as blocks
+// of the largest, each piece only as long as its block (piece_count): a
+// short block's later pieces are empty, and are neither staged, reduced nor
+// sent, so one large block costs what it moves, not W times it.
 #include "collectives/collectives.h"
 #include "pipeline/slice_schedule.h"
 
@@ -31,6 +36,29 @@ using TimePoint = SliceSchedule::TimePoint;
 // read from the tensor), and each rank takes its piece from there.
 bool result_staged(const SliceSchedule& p) { return p.multi_node() && p.k() > p.topo().rails; }
 
+// The elements of the slice's piece of block (node j, local x): the same
+// from every rank (each rank's list has the same sizes).
+int64_t count_of(const SliceSchedule& p, const Slice& s, int j, int x) {
+  return p.piece_count(s, p.topo().rank, p.rank_of(j, x));
+}
+
+// Shard j of our chunk (the pieces of node j's ranks on our rail, a slice
+// apart) up to the end of its last piece that holds data; a shorter piece
+// before it leaves a gap that travels but is never read.  Every node
+// computes the same length for every shard, so the rails agree on it.
+Range shard_of(const SliceSchedule& p, const Slice& s, int j) {
+  Range r = s.plan.shards[p.me()][j];
+  int64_t end = 0;
+  int64_t at = 0;
+  p.for_rail(p.me(), j, [&](int x) {
+    const int64_t c = count_of(p, s, j, x);
+    if (c > 0) end = at + c;
+    at += s.plan.slice.count;
+  });
+  r.count = end;
+  return r;
+}
+
 bool stage_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   // The peers' chunks only: ours is reduced straight from the tensor.
   const int slot = p.slot(s);
@@ -38,9 +66,9 @@ bool stage_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   char* in = p.mover().input_area(slot, p.me());
   for (int j = 0; j < p.topo().num_nodes; ++j) {
     for (int x = 0; x < p.node_size(j); ++x) {
-      if (p.carrier(x) == p.me()) continue;  // (never for a passive rank)
-      p.mover().copy(slot, in + p.staged_at(s, j, x) * esize, p.input_block(s, j, x), s.plan.slice.count * esize,
-                     false);
+      const int64_t count = count_of(p, s, j, x);
+      if (p.carrier(x) == p.me() || count == 0) continue;  // (never ours for a passive rank)
+      p.mover().copy(slot, in + p.staged_at(s, j, x) * esize, p.input_block(s, j, x), count * esize, false);
     }
   }
   p.input_published(s);
@@ -64,13 +92,15 @@ bool reduce_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
   const bool one_node = !p.multi_node();
   for (int j = 0; j < p.topo().num_nodes; ++j) {
     p.for_rail(p.me(), j, [&](int x) {
+      const int64_t count = count_of(p, s, j, x);
+      if (count == 0) return;
       const int64_t at = p.staged_at(s, j, x) * esize;
       const void* inputs[kMaxLocalRanks];
       for (int y = 0; y < p.k(); ++y) {
         inputs[y] = y == p.me() ? p.input_block(s, j, x) : p.mover().input_area(slot, y) + at;
       }
       char* out = one_node ? p.own_piece(op.output, s) : p.mover().output_area(slot, p.me()) + at;
-      p.mover().reduce(slot, op.dtype, op.op, out, inputs, p.k(), s.plan.slice.count, one_node ? p.divisor(s) : 0);
+      p.mover().reduce(slot, op.dtype, op.op, out, inputs, p.k(), count, one_node ? p.divisor(s) : 0);
     });
   }
   return true;
@@ -87,7 +117,8 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
     if (p.k() == 1) {
       char* to = p.own_piece(op.output, s);
       const char* from = p.input_block(s, p.topo().node, 0);
-      if (to != from) p.mover().copy(slot, to, from, s.plan.slice.count * esize, false);
+      const int64_t count = count_of(p, s, p.topo().node, 0);
+      if (to != from && count > 0) p.mover().copy(slot, to, from, count * esize, false);
     }
     p.publish_chunk(s.seq);
     return true;
@@ -95,9 +126,9 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   RailTask t = p.rail_task(s);
   t.pattern = RailPattern::kReduce;
   t.back_to = kBackToNone;  // each sum stays with its server, in its result
-  t.shards = s.plan.shards[p.me()];
   t.divisor = p.divisor(s);
   for (int j = 0; j < p.topo().num_nodes; ++j) {
+    t.shards.push_back(s.op->block_counts.empty() ? s.plan.shards[p.me()][j] : shard_of(p, s, j));
     t.pieces.push_back(p.staged(s) ? p.mover().output_area(slot, p.me()) + p.staged_at(s, j, p.me()) * esize
                                    : p.input_block(s, j, 0));  // only read
   }
@@ -112,9 +143,11 @@ bool take_piece(SliceSchedule& p, Slice& s, const TimePoint* until) {
   if (!p.carrier_done(s, until)) return false;
   const int slot = p.slot(s);
   const int64_t esize = p.esize(s);
+  const int64_t count = count_of(p, s, p.topo().node, p.me());
+  if (count == 0) return true;
   p.mover().copy(slot, p.own_piece(s.op->output, s),
                  p.mover().input_area(slot, p.carrier(p.me())) + p.staged_at(s, p.topo().node, p.me()) * esize,
-                 s.plan.slice.count * esize, false);
+                 count * esize, false);
   return true;
 }
 

@@ -67,7 +67,7 @@ struct OpKey {
   int32_t dtype = 0;  // c10::ScalarType
   int32_t op = 0;     // RedOp
   int32_t root = 0;   // a broadcast's or reduce's root rank; 0 otherwise
-  // A blockwise list of blocks of unequal sizes, padded to the largest: a
+  // A blockwise collective of blocks of unequal sizes (up to `numel`): a
   // hash of every block's size (block_layout), so that ranks that cut their
   // lists differently get a mismatch, not misaligned sums; 0 otherwise.
   uint32_t layout = 0;
