@@ -9,6 +9,10 @@ fresh TCP port, runs ``fn(rank, world_size, *args)`` and returns one
 pytest never hangs); every rank's stdout/stderr is captured to a file and
 returned, so failures show what each rank printed.
 
+``on(name, fn, ...)`` runs ``fn`` on the cluster ``name`` of topologies.py
+once per test session (``once(key, run)`` for runs of other shapes): every
+test asking for it gets the same results, or the same RunFailed.
+
 Ranks that report but do not exit within ``exit_grace_s`` are killed and
 flagged ``hung_at_exit``; on the hard deadline every rank first gets SIGUSR1
 (faulthandler dumps its Python stacks into its captured output), then SIGKILL.
@@ -36,6 +40,7 @@ from typing import Any, Callable, Optional, Sequence
 import multiprocessing as mp
 
 import rank_entry
+import topologies
 from fairring_py import _ranks
 from rank_entry import enter_netns  # noqa: F401  (part of this module's API)
 
@@ -369,6 +374,26 @@ def run_once(cache: dict, key, run: Callable):
     if kind == "failed":
         raise val
     return val
+
+
+_session_runs: dict = {}
+
+
+def once(key, run: Callable):
+    """run() once per key for the whole test session (run_once on one cache
+    shared by every test file: a key names its caller's run, e.g. a tuple
+    starting with the file's name)."""
+    return run_once(_session_runs, key, run)
+
+
+def on(name: str, fn: Callable, *, args: tuple = (), env: Optional[dict] = None, **kw) -> list:
+    """run_ranks(fn) on the registry's topology `name` (tests/topologies.py:
+    its node ids, its environment and `env` on top), once per session for
+    the same fn, topology and arguments; every later call gets the same
+    results, or the same RunFailed raised again."""
+    t = topologies.get(name)
+    key = ("on", fn.__module__, fn.__qualname__, name, repr(args), repr(env), repr(sorted(kw.items())))
+    return once(key, lambda: run_ranks(fn, list(t.ids), args=args, env={**t.env, **(env or {})}, **kw))
 
 
 def values(results: Sequence[RankResult]) -> list:

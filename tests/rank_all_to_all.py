@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import refs
-from rank_checks import Failures
+from rank_all_reduce import Failures
 
 
 def _bits(t):

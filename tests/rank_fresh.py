@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import refs
-from rank_checks import Failures
+from rank_all_reduce import Failures
 
 # Elements per rank: an output of several MiB, so that its 2 MiB-aligned
 # interior is advised; odd, so that nothing lines up by accident.

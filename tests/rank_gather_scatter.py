@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import refs
 from rank_all_to_all import _bits, _check, _last_seq, _native_kinds
-from rank_checks import Failures
+from rank_all_reduce import Failures
 
 
 def _gather_case(rank, world, seed, dtype, n, root, failures, make=None):

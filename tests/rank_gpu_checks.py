@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 import refs
 from refs import compare, digest, make_input, op_of, reference
-from rank_checks import Failures, _MLP
+from rank_all_reduce import Failures, _MLP
 
 
 def _device(rank):
@@ -737,11 +737,11 @@ def sec_memory_budget(rank, world, cfg):
 
 
 def sec_issue_order(rank, world, cfg):
-    """The CPU suite's issue-order patterns (tests/rank_order.py) on CUDA tensors:
+    """The CPU suite's issue-order patterns (tests/rank_op_order.py) on CUDA tensors:
     async ops on views of one storage give what running them one by one gives."""
-    import rank_order
+    import rank_op_order
 
-    res = rank_order.session(rank, world, {"sizes": cfg.get("order_sizes", [1, 16385, 262144, 1 << 20]),
+    res = rank_op_order.session(rank, world, {"sizes": cfg.get("order_sizes", [1, 16385, 262144, 1 << 20]),
                                            "repeats": 2, "free_sizes": [100000], "device": "cuda"})
     return {"failures": res["failures"] + res["free_waits"]}
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import launch
 import refs
 from rank_all_to_all import _check
-from rank_checks import Failures
+from rank_all_reduce import Failures
 
 
 def payload(seed, src, dst, index, numel, dtype):

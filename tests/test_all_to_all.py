@@ -14,14 +14,13 @@ import pytest
 
 import launch
 import rank_all_to_all
-from topologies import TOPOLOGIES
+from topologies import SWEEP, env, node_ids, params
 
 
-@pytest.mark.parametrize("name", list(TOPOLOGIES))
+@pytest.mark.parametrize("name", SWEEP)
 def test_all_to_all_moves_every_block_to_its_rank(name):
-    ids, env = TOPOLOGIES[name]
     cfg = {"sizes": [1, 3, 13, 1031], "big": 100_003 if "slice4K" in name else 300_007}
-    res = launch.run_ranks(rank_all_to_all.sec_all_to_all, ids, args=(cfg,), env=env, timeout_s=240,
+    res = launch.run_ranks(rank_all_to_all.sec_all_to_all, node_ids(name), args=(cfg,), env=env(name), timeout_s=240,
                            pg_timeout_s=60)
     for r in res:
         assert not r.value["failures"], f"{name} rank {r.rank}:\n" + "\n".join(r.value["failures"][:20])
@@ -32,31 +31,29 @@ def test_all_to_all_where_landings_outnumber_the_ranks():
     receiving four pieces from the other nodes through the rail's landing
     room, eight in all for seven ranks: the slice is cut for eight pieces
     (plan.h, blockwise_slice_pieces).  4 KiB slices: many in flight."""
-    env = {"FAIRRING_SLICE_SIZE": "4K", "FAIRRING_PARALLELISM": "2", "FAIRRING_TOTAL_MEMORY": "1M"}
-    res = launch.run_ranks(rank_all_to_all.sec_all_to_all, ["a", "b", "a", "b", "a", "b", "c"],
-                           args=({"sizes": [1, 13, 1031], "big": 20_011},), env=env, timeout_s=240, pg_timeout_s=60)
+    res = launch.run_ranks(rank_all_to_all.sec_all_to_all, node_ids("uneven-3+3+1-slice4K"),
+                           args=({"sizes": [1, 13, 1031], "big": 20_011},), env=env("uneven-3+3+1-slice4K"),
+                           timeout_s=240, pg_timeout_s=60)
     for r in res:
         assert not r.value["failures"], f"rank {r.rank}:\n" + "\n".join(r.value["failures"][:20])
 
 
-@pytest.mark.parametrize("name", list(TOPOLOGIES))
+@pytest.mark.parametrize("name", SWEEP)
 def test_unequal_splits_are_right(name):
-    ids, env = TOPOLOGIES[name]
-    res = launch.run_ranks(rank_all_to_all.uneven, ids, args=(20_011 if "slice4K" in name else 100_003,), env=env,
-                           timeout_s=240, pg_timeout_s=60)
+    res = launch.run_ranks(rank_all_to_all.uneven, node_ids(name), args=(20_011 if "slice4K" in name else 100_003,),
+                           env=env(name), timeout_s=240, pg_timeout_s=60)
     for r in res:
         assert not r.value["failures"], f"{name} rank {r.rank}: " + "\n".join(r.value["failures"][:20])
 
 
-@pytest.mark.parametrize("ids", [["a", "a", "a"], ["a", "a", "b", "b"], ["a", "a", "b"], ["a", "b", "c"]],
-                         ids=["1x3", "2x2", "uneven-2+1", "3x1"])
+@pytest.mark.parametrize("ids", params("1x3", "2x2", "uneven-2+1", "3x1"))
 def test_uneven_all_gather_is_native_and_right(ids):
     res = launch.run_ranks(rank_all_to_all.uneven_all_gather, ids, timeout_s=120)
     for r in res:
         assert not r.value["failures"], f"rank {r.rank}: " + "\n".join(r.value["failures"])
 
 
-@pytest.mark.parametrize("ids", [["a", "a"], ["a", "b"], ["a", "a", "b", "b"]], ids=["1x2", "2x1", "2x2"])
+@pytest.mark.parametrize("ids", params("1x2", "2x1", "2x2"))
 def test_uneven_all_gather_lists_that_disagree_fail_on_every_rank(ids):
     """Rank 1's block is one element longer than rank 0's list says: a
     mismatch on every rank (the sizes' hash is in the op's key), never a
@@ -72,7 +69,7 @@ def test_uneven_all_gather_lists_that_disagree_fail_on_every_rank(ids):
             f"rank {r.rank}: {v}"
 
 
-@pytest.mark.parametrize("ids", [["a", "a"], ["a", "b"], ["a", "a", "b"]], ids=["1x2", "2x1", "uneven-2+1"])
+@pytest.mark.parametrize("ids", params("1x2", "2x1", "uneven-2+1"))
 def test_mismatched_unequal_splits_fail_on_every_rank(ids):
     res = launch.run_ranks(rank_all_to_all.mismatched_splits, ids, timeout_s=90, pg_timeout_s=30)
     for r in res:
@@ -83,7 +80,7 @@ def test_mismatched_unequal_splits_fail_on_every_rank(ids):
     assert all(r.value["after"] == [len(ids)] * 3 for r in res), [r.value for r in res]
 
 
-@pytest.mark.parametrize("ids", [["a", "a"], ["a", "a", "b", "b"]], ids=["1x2", "2x2"])
+@pytest.mark.parametrize("ids", params("1x2", "2x2"))
 def test_bad_arguments_on_one_rank_fail_every_rank_at_once(ids):
     # A group timeout far past the test's: an error only after it would fail the test.
     res = launch.run_ranks(rank_all_to_all.bad_arguments_on_one_rank, ids, timeout_s=60, pg_timeout_s=300)
@@ -98,7 +95,7 @@ def test_bad_arguments_on_one_rank_fail_every_rank_at_once(ids):
         assert r.value["after"] == [len(ids)] * 3, r.value
 
 
-@pytest.mark.parametrize("ids", [["a", "a"], ["a", "b", "b"]], ids=["1x2", "uneven-1+2"])
+@pytest.mark.parametrize("ids", params("1x2", "uneven-1+2"))
 def test_splits_on_some_ranks_only_fail_on_every_rank(ids):
     res = launch.run_ranks(rank_all_to_all.splits_on_some_ranks, ids, timeout_s=90, pg_timeout_s=20)
     for r in res:
@@ -108,8 +105,7 @@ def test_splits_on_some_ranks_only_fail_on_every_rank(ids):
 
 
 @pytest.mark.parametrize("which", ["size", "all_reduce"])
-@pytest.mark.parametrize("ids", [["a", "a"], ["a", "b"], ["a", "a", "b", "b"], ["a", "a", "b"]],
-                         ids=["1x2", "2x1", "2x2", "uneven-2+1"])
+@pytest.mark.parametrize("ids", params("1x2", "2x1", "2x2", "uneven-2+1"))
 def test_mismatched_all_to_alls_fail_on_every_rank(which, ids):
     res = launch.run_ranks(rank_all_to_all.mismatch, ids, args=(which,), timeout_s=90, pg_timeout_s=20)
     for r in res:
@@ -120,13 +116,13 @@ def test_mismatched_all_to_alls_fail_on_every_rank(which, ids):
 
 
 def test_profiler_shows_both_steps_of_an_all_to_all_with_splits():
-    res = launch.run_ranks(rank_all_to_all.profiler_events, ["a", "a"], timeout_s=60)
+    res = launch.run_ranks(rank_all_to_all.profiler_events, node_ids("1x2"), timeout_s=60)
     for r in res:
         assert r.value == [], f"rank {r.rank}: {r.value}"
 
 
 def test_sizes_that_are_not_equal_blocks_are_a_clear_error():
-    res = launch.run_ranks(rank_all_to_all.bad_sizes, ["a", "a"], timeout_s=60)
+    res = launch.run_ranks(rank_all_to_all.bad_sizes, node_ids("1x2"), timeout_s=60)
     for r in res:
         uneven, unequal, bad_sum, negative = r.value["errors"]
         # gloo would read past the tensor here: Fairring checks before it delegates.

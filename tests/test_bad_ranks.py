@@ -10,6 +10,7 @@ import pytest
 import launch
 import rank_bad_ranks
 import thread_groups
+from topologies import params
 
 
 def _check(results, world, who):
@@ -31,7 +32,7 @@ def _check(results, world, who):
             assert f"(0 to {world - 1})" in msg or "which is this rank" in msg, f"{where}: {msg}"
 
 
-@pytest.mark.parametrize("ids", [["a", "a", "b"], ["a", "b"]], ids=["uneven-2+1", "2x1"])
+@pytest.mark.parametrize("ids", params("uneven-2+1", "2x1"))
 def test_bad_ranks_on_processes(ids):
     res = launch.run_ranks(rank_bad_ranks.walk, ids, timeout_s=120, pg_timeout_s=30)
     for r in res:

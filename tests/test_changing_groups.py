@@ -13,14 +13,15 @@ import pytest
 import launch
 import rank_changing_groups as rcg
 import thread_groups
+from topologies import node_ids, params
 
 LEAVE_CASES = {
     # (node ids, the rank that leaves): a node leader, a rail server, neither
-    "1x3-last": (["a", "a", "a"], 2),
-    "1x3-leader": (["a", "a", "a"], 0),
-    "2x2-leader": (["a", "a", "b", "b"], 2),
-    "2x2-non-leader": (["a", "a", "b", "b"], 1),
-    "3x1": (["a", "b", "c"], 1),
+    "1x3-last": (node_ids("1x3"), 2),
+    "1x3-leader": (node_ids("1x3"), 0),
+    "2x2-leader": (node_ids("2x2"), 2),
+    "2x2-non-leader": (node_ids("2x2"), 1),
+    "3x1": (node_ids("3x1"), 1),
 }
 
 
@@ -51,7 +52,7 @@ def test_a_rank_that_leaves_is_named_at_once(case):
 
 
 def test_set_timeout_governs_later_ops_and_get_error_says_timeout():
-    res = launch.run_ranks(rcg.set_timeout_governs_later_ops, ["a", "a", "b"], timeout_s=120, pg_timeout_s=60,
+    res = launch.run_ranks(rcg.set_timeout_governs_later_ops, node_ids("uneven-2+1"), timeout_s=120, pg_timeout_s=60,
                            check=False)
     for r in res:
         v = r.value
@@ -69,11 +70,11 @@ def test_set_timeout_governs_later_ops_and_get_error_says_timeout():
 
 
 SHRINK_CASES = {
-    "2x2-kill-leader": (["a", "a", "b", "b"], 2, "kill", 0),
-    "2x2-kill-non-leader": (["a", "a", "b", "b"], 3, "kill", 0),
-    "1x3-leave": (["a", "a", "a"], 1, "leave", 0),
-    "3x1-kill-abort": (["a", "b", "c"], 1, "kill", 1),
-    "uneven-2+1-leave": (["a", "a", "b"], 2, "leave", 1),
+    "2x2-kill-leader": (node_ids("2x2"), 2, "kill", 0),
+    "2x2-kill-non-leader": (node_ids("2x2"), 3, "kill", 0),
+    "1x3-leave": (node_ids("1x3"), 1, "leave", 0),
+    "3x1-kill-abort": (node_ids("3x1"), 1, "kill", 1),
+    "uneven-2+1-leave": (node_ids("uneven-2+1"), 2, "leave", 1),
 }
 
 
@@ -107,7 +108,7 @@ def test_survivors_shrink_and_go_on(case):
 
 
 def test_shrink_bad_calls_are_clear_errors():
-    res = launch.run_ranks(rcg.shrink_bad_calls, ["a", "a", "b"], timeout_s=60)
+    res = launch.run_ranks(rcg.shrink_bad_calls, node_ids("uneven-2+1"), timeout_s=60)
     for r in res:
         v = r.value
         assert v["all"] and "ValueError" in v["all"] and "every rank" in v["all"], v
@@ -117,7 +118,7 @@ def test_shrink_bad_calls_are_clear_errors():
         assert not v["still"], v["still"]
 
 
-@pytest.mark.parametrize("ids", [["a", "a", "b", "b"], ["a", "a", "a"]], ids=["2x2", "1x3"])
+@pytest.mark.parametrize("ids", params("2x2", "1x3"))
 def test_split_gives_each_part_its_own_group(ids):
     res = launch.run_ranks(rcg.split, ids, timeout_s=90)
     for r in res:
@@ -155,7 +156,7 @@ def test_shrink_keeps_reduction_servers():
     port = launch.free_port()
     servers = Servers(port, 3)
     with servers:
-        res = launch.run_ranks(rcg.shrink_keeps_options, ["a", "b", "c", "d"], args=(3,), store_port=port,
+        res = launch.run_ranks(rcg.shrink_keeps_options, node_ids("4x1"), args=(3,), store_port=port,
                                timeout_s=150, pg_timeout_s=30, check=False,
                                env={"FAIRRING_REDUCTION_SERVERS": "3"})
         servers.wait_exit(20)
@@ -173,7 +174,7 @@ def test_shrink_keeps_compressed_rails():
     """3 nodes of 1 with bf16 rails; rank 2 is SIGKILLed; the 2 left shrink,
     and their group's rails still carry bf16: 1 + 2^-10 (below bf16's
     resolution) comes back rounded, the same on both ranks."""
-    res = launch.run_ranks(rcg.shrink_keeps_options, ["a", "b", "c"], args=(2,), timeout_s=150, pg_timeout_s=30,
+    res = launch.run_ranks(rcg.shrink_keeps_options, node_ids("3x1"), args=(2,), timeout_s=150, pg_timeout_s=30,
                            check=False, env={"FAIRRING_WIRE_DTYPE": "bf16"})
     for r in res:
         if r.rank == 2:

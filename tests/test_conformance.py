@@ -8,8 +8,9 @@ import pytest
 
 import launch
 import rank_conformance
+from topologies import node_ids
 
-TOPOLOGIES = {"1x2": ["a", "a"], "2x2": ["a", "a", "b", "b"]}
+TOPOLOGIES = ["1x2", "2x2"]
 
 
 def _run(fn, nodes, args=(), env=None, timeout_s=120):
@@ -20,26 +21,26 @@ def _run(fn, nodes, args=(), env=None, timeout_s=120):
 
 @pytest.mark.parametrize("topo", TOPOLOGIES)
 def test_debug_detail_mode(topo):
-    _run(rank_conformance.detail_mode, TOPOLOGIES[topo], env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    _run(rank_conformance.detail_mode, node_ids(topo), env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
 
 
 @pytest.mark.parametrize("topo", TOPOLOGIES)
 def test_sequence_numbers(topo):
-    _run(rank_conformance.sequence_numbers, TOPOLOGIES[topo])
+    _run(rank_conformance.sequence_numbers, node_ids(topo))
 
 
 @pytest.mark.parametrize("topo", [*TOPOLOGIES, "3x1"])
 def test_sparse_allreduce(topo):
-    _run(rank_conformance.sparse_allreduce, {**TOPOLOGIES, "3x1": ["a", "b", "c"]}[topo])
+    _run(rank_conformance.sparse_allreduce, node_ids(topo))
 
 
 def test_monitored_barrier_delegated():
-    _run(rank_conformance.monitored_barrier, TOPOLOGIES["2x2"])
+    _run(rank_conformance.monitored_barrier, node_ids("2x2"))
 
 
 @pytest.mark.parametrize("topo", TOPOLOGIES)
 def test_several_tensors_per_call(topo):
-    _run(rank_conformance.several_tensors, TOPOLOGIES[topo])
+    _run(rank_conformance.several_tensors, node_ids(topo))
 
 
 def _batched_powersgd_broken():
@@ -63,28 +64,28 @@ def test_powersgd_hook_completes(topo, batched):
     if batched and _batched_powersgd_broken():
         pytest.skip("this torch's batched_powerSGD_hook rejects its own state on every backend")
     # A deadlock shows as the harness deadline, with every rank's stacks.
-    _run(rank_conformance.powersgd, TOPOLOGIES[topo], args=(batched,), timeout_s=90)
+    _run(rank_conformance.powersgd, node_ids(topo), args=(batched,), timeout_s=90)
 
 
 @pytest.mark.parametrize("topo", TOPOLOGIES)
 def test_callback_waits_on_other_futures(topo):
-    _run(rank_conformance.callback_waits_on_other_future, TOPOLOGIES[topo], timeout_s=60)
+    _run(rank_conformance.callback_waits_on_other_future, node_ids(topo), timeout_s=60)
 
 
 @pytest.mark.parametrize("topo", TOPOLOGIES)
 def test_profiler_shows_fairring_ops(topo):
-    _run(rank_conformance.profiler_events, TOPOLOGIES[topo])
+    _run(rank_conformance.profiler_events, node_ids(topo))
 
 
 def test_dump_recent():
-    _run(rank_conformance.recent_ops, TOPOLOGIES["2x2"])
+    _run(rank_conformance.recent_ops, node_ids("2x2"))
 
 
 @pytest.mark.parametrize("level", ["", "2", "3"])
 def test_debug_log_levels(level):
     """FAIRRING_DEBUG=2 logs each rank's options, topology and rail; 3 adds
     every collective; unset, group creation and ops log nothing."""
-    res = launch.run_ranks(rank_conformance.a_few_ops, TOPOLOGIES["2x2"], env={"FAIRRING_DEBUG": level or None},
+    res = launch.run_ranks(rank_conformance.a_few_ops, node_ids("2x2"), env={"FAIRRING_DEBUG": level or None},
                            timeout_s=60)
     for r in res:
         out = r.output

@@ -11,6 +11,7 @@ import pytest
 
 import launch
 import rank_errors
+from topologies import env, node_ids, params
 
 MARGIN_S = 5.0  # slack over the process-group timeout for detection + teardown
 
@@ -19,7 +20,7 @@ def _fmt(results):
     return "\n".join(f"rank {r.rank}: {r.value!r:.3000}" for r in results)
 
 
-@pytest.mark.parametrize("nodes", [["a", "a", "b", "b"], ["a", "a"]], ids=["2x2", "1x2"])
+@pytest.mark.parametrize("nodes", params("2x2", "1x2"))
 def test_mismatch_raises_everywhere(nodes):
     timeout_s = 10
     res = launch.run_ranks(rank_errors.mismatch, nodes, args=(timeout_s,), timeout_s=4 * (timeout_s + 10) + 60)
@@ -88,8 +89,8 @@ def _check_culprit_named(res, culprit, timeout_s, how, timed_out=False, error_ty
     return problems
 
 
-STALL_CASES = [(["a", "a", "b", "b"], 3, "stall"), (["a", "a", "b", "b"], 0, "stall"), (["a", "a"], 1, "stall"),
-               (["a", "b"], 1, "stall")]
+STALL_CASES = [(node_ids("2x2"), 3, "stall"), (node_ids("2x2"), 0, "stall"), (node_ids("1x2"), 1, "stall"),
+               (node_ids("2x1"), 1, "stall")]
 
 
 # 2x1-rank1: no node-mate can name the stalled rank; its rail peer does, though
@@ -108,7 +109,7 @@ def test_stalled_rank_named_within_timeout(nodes, culprit, how):
     assert not problems, "\n".join(problems) + "\n" + _fmt(res)
 
 
-@pytest.mark.parametrize("nodes,culprit", [(["a", "a", "b", "b"], 1), (["a", "a"], 0)], ids=["2x2-rank1", "1x2-rank0"])
+@pytest.mark.parametrize("nodes,culprit", [(node_ids("2x2"), 1), (node_ids("1x2"), 0)], ids=["2x2-rank1", "1x2-rank0"])
 def test_destroyed_group_named_as_departure(nodes, culprit):
     """A rank that destroys its group while the others go on has left it: the
     others fail at once (not after the timeout) with the conventional network
@@ -128,13 +129,13 @@ def test_destroyed_group_named_as_departure(nodes, culprit):
     assert not problems, "\n".join(problems) + "\n" + _fmt(res)
 
 
-DEAD_CASES = [(["a", "a", "b", "b"], 1, "die"), (["a", "b"], 1, "die"), (["a", "a"], 0, "die"),
-              (["a", "a", "b", "b"], 2, "die-mid-op"), (["a", "a", "b", "b"], 3, "die-mid-op"),
-              (["a", "a"], 1, "die-mid-op"), (["a", "a", "b", "b"], 2, "die-mid-reduce_scatter"),
-              (["a", "a", "b", "b"], 1, "die-mid-all_gather"), (["a", "a", "b", "b"], 0, "die-mid-broadcast"),
-              (["a", "a", "a"], 1, "die-mid-all_gather"), (["a", "a", "b", "b"], 3, "die-at-barrier"),
-              (["a", "a", "b", "b"], 3, "die-mid-all_to_all"), (["a", "a", "a"], 2, "die-mid-all_to_all"),
-              (["a", "a", "b", "b"], 1, "die-mid-all_to_all-splits")]
+DEAD_CASES = [(node_ids("2x2"), 1, "die"), (node_ids("2x1"), 1, "die"), (node_ids("1x2"), 0, "die"),
+              (node_ids("2x2"), 2, "die-mid-op"), (node_ids("2x2"), 3, "die-mid-op"),
+              (node_ids("1x2"), 1, "die-mid-op"), (node_ids("2x2"), 2, "die-mid-reduce_scatter"),
+              (node_ids("2x2"), 1, "die-mid-all_gather"), (node_ids("2x2"), 0, "die-mid-broadcast"),
+              (node_ids("1x3"), 1, "die-mid-all_gather"), (node_ids("2x2"), 3, "die-at-barrier"),
+              (node_ids("2x2"), 3, "die-mid-all_to_all"), (node_ids("1x3"), 2, "die-mid-all_to_all"),
+              (node_ids("2x2"), 1, "die-mid-all_to_all-splits")]
 
 
 @pytest.mark.parametrize("nodes,culprit,how", DEAD_CASES,
@@ -151,7 +152,7 @@ def test_dead_rank_named_within_timeout(nodes, culprit, how):
 def test_dead_rank_named_on_deferred_mover(culprit, how):
     """The same on the device-like mover (CUDA's ordering on CPU): its rail
     fence (the CUDA staged rail's feeder) must not hold the survivors."""
-    _dead_rank_named(["a", "a", "b", "b"], culprit, how, env={"FAIRRING_TEST_DEFERRED_MOVER": "1"})
+    _dead_rank_named(node_ids("2x2-deferred"), culprit, how, env=env("2x2-deferred"))
 
 
 def _dead_rank_named(nodes, culprit, how, env=None):
@@ -179,7 +180,7 @@ def _dead_rank_named(nodes, culprit, how, env=None):
     assert not problems, "\n".join(problems) + "\n" + launch.describe_all(res)
 
 
-@pytest.mark.parametrize("nodes,culprit", [(["a", "a"], 1), (["a", "a", "b", "b"], 3)], ids=["1x2", "2x2"])
+@pytest.mark.parametrize("nodes,culprit", [(node_ids("1x2"), 1), (node_ids("2x2"), 3)], ids=["1x2", "2x2"])
 def test_abort_and_shutdown_with_ops_in_flight(nodes, culprit):
     """abort() (torch's _abort_process_group) fails every pending op at once,
     wakes the waits, and later ops fail; shutdown() (destroy_process_group)
@@ -220,7 +221,7 @@ def test_abort_and_shutdown_with_ops_in_flight(nodes, culprit):
     assert not problems, "\n".join(problems) + "\n" + _fmt(res)
 
 
-@pytest.mark.parametrize("nodes", [["a", "a"], ["a", "a", "b", "b"]], ids=["1x2", "2x2"])
+@pytest.mark.parametrize("nodes", params("1x2", "2x2"))
 def test_ctrl_c_in_a_blocked_all_reduce(nodes):
     """SIGINT on a rank blocked in all_reduce (its peer never arrives) raises
     KeyboardInterrupt within a second, not at the group's timeout (20 s), and
@@ -243,7 +244,7 @@ def test_ctrl_c_in_a_blocked_all_reduce(nodes):
 
 def test_option_validation():
     with tempfile.TemporaryDirectory(prefix="fairring-test-store-") as d:
-        res = launch.run_ranks(rank_errors.validation, ["a", "b"], backend=None, args=(d,), timeout_s=180)
+        res = launch.run_ranks(rank_errors.validation, node_ids("2x1"), backend=None, args=(d,), timeout_s=180)
     problems = []
     for r in res:
         v = r.value
@@ -298,7 +299,7 @@ def _init_fails_everywhere(nodes, bad, var, value, bad_type=None, others_type="D
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("nodes,bad", [(["a", "a"], 1), (["a", "a", "b", "b"], 0), (["a", "b"], 1)],
+@pytest.mark.parametrize("nodes,bad", [(node_ids("1x2"), 1), (node_ids("2x2"), 0), (node_ids("2x1"), 1)],
                          ids=["1x2-rank1", "2x2-rank0", "2x1-rank1"])
 def test_init_failure_reaches_every_rank(nodes, bad):
     """One rank's FAIRRING_TOTAL_MEMORY is too small: every rank fails group
@@ -314,7 +315,7 @@ def test_failure_at_each_construction_step_unwinds(step):
     the cause, every process exits cleanly (no crash, no hang in what the
     steps before built), and nothing is left in /dev/shm."""
     before = launch.list_shm()
-    _init_fails_everywhere(["a", "a", "b", "b"], 1, "FAIRRING_TEST_FAIL_AT", step)
+    _init_fails_everywhere(node_ids("2x2"), 1, "FAIRRING_TEST_FAIL_AT", step)
     # Other tests of the suite create segments meanwhile: only one that stays counts.
     left = launch.shm_left_behind(launch.list_shm() - before)
     assert not left, f"segments left after a failure at step {step!r}: {sorted(left)}"
@@ -327,7 +328,7 @@ def test_init_failure_of_the_store_host_reaches_the_others(value):
     (rank 0 waits for it to read it first), not 'Connection reset by peer'."""
     timeout_s = 30
     with tempfile.TemporaryDirectory(prefix="fairring-test-init-") as d:
-        res = launch.run_ranks(rank_errors.init_failure_store_host_exits, ["a", "a"], backend=None,
+        res = launch.run_ranks(rank_errors.init_failure_store_host_exits, node_ids("1x2"), backend=None,
                                args=(launch.free_port(), d, timeout_s),
                                rank_env=[{"FAIRRING_TOTAL_MEMORY": value}, {}], timeout_s=120, check=False)
         with open(os.path.join(d, "rank0.json")) as f:
@@ -347,7 +348,8 @@ def test_late_but_live_peer_is_waited_for():
     """A peer that comes 0.92 x timeout late (4.6 s of 5 s) is not a failure
     (it used to be named as stalled at 0.9 x timeout, on one rank only)."""
     timeout_s, late_s = 5, 4.6
-    res = launch.run_ranks(rank_errors.late_peer, ["a", "a"], args=(1, late_s), pg_timeout_s=timeout_s, timeout_s=90)
+    res = launch.run_ranks(rank_errors.late_peer, node_ids("1x2"), args=(1, late_s), pg_timeout_s=timeout_s,
+                           timeout_s=90)
     problems = []
     for r in res:
         v = r.value
@@ -364,7 +366,7 @@ def test_rank_stopped_mid_stream_is_named(culprit):
     2x2: its node-mate blocks behind it and goes silent on its rail, yet every
     survivor names the stopped rank, within 1.5 x the timeout."""
     timeout_s = 6
-    res = launch.run_ranks(rank_errors.stop_mid_stream, ["a", "a", "b", "b"], args=(culprit, timeout_s),
+    res = launch.run_ranks(rank_errors.stop_mid_stream, node_ids("2x2"), args=(culprit, timeout_s),
                            pg_timeout_s=timeout_s, timeout_s=120)
     problems = _check_culprit_named(res, culprit, timeout_s * 1.5 - MARGIN_S, "stopped")
     assert not problems, "\n".join(problems) + "\n" + _fmt(res)
@@ -385,7 +387,7 @@ def test_failed_op_memory_is_not_touched_after_its_error(delay_s, held):
     dropped (unmapped), the write crashed the rank with SIGSEGV: what
     test_netfaults.py::test_peer_stops_reading saw once, at exit."""
     timeout_s = 2
-    res = launch.run_ranks(rank_errors.memory_after_failure, ["a", "b"], args=(0, delay_s, held),
+    res = launch.run_ranks(rank_errors.memory_after_failure, node_ids("2x1"), args=(0, delay_s, held),
                            rank_env=[{"FAIRRING_TEST_RAIL_REDUCE_DELAY_MS": int(delay_s * 1000)}, {}],
                            pg_timeout_s=timeout_s, timeout_s=90, check=False)
     problems = [f"rank {r.rank} did not finish cleanly:\n{r.describe()}" for r in res
@@ -414,7 +416,7 @@ def test_failed_op_memory_is_not_touched_after_its_error(delay_s, held):
     assert not problems, "\n".join(problems) + "\n" + _fmt(res)
 
 
-@pytest.mark.parametrize("nodes", [["a", "a"], ["a", "a", "b", "b"]], ids=["1x2", "2x2"])
+@pytest.mark.parametrize("nodes", params("1x2", "2x2"))
 def test_fork_after_init(nodes):
     res = launch.run_ranks(rank_errors.fork_after_init, nodes, timeout_s=120)
     problems = []
@@ -435,7 +437,7 @@ def test_fork_after_init(nodes):
 def test_hostile_connections_on_rail_port():
     """Rogue connections are rejected without disturbing the job, and logged
     once (the rest at debug level), not once each."""
-    res = launch.run_ranks(rank_errors.hostile_peers, ["a", "b"], args=(500,), timeout_s=120)
+    res = launch.run_ranks(rank_errors.hostile_peers, node_ids("2x1"), args=(500,), timeout_s=120)
     problems = [f"rank {r.rank}: wrong all_reduce result with rogue connections" for r in res if not r.value["right"]]
     for r in res:
         lines = [ln for ln in r.output.splitlines() if "rejected a connection" in ln]
@@ -451,7 +453,7 @@ def test_flood_of_500_connections_at_once():
     and with FAIRRING_DEBUG=1 each rejection is logged once, at a bounded
     rate, the rest counted in summary lines."""
     flood, hold_s = 500, 7
-    res = launch.run_ranks(rank_errors.hostile_flood, ["a", "b"], args=(flood, hold_s), timeout_s=120,
+    res = launch.run_ranks(rank_errors.hostile_flood, node_ids("2x1"), args=(flood, hold_s), timeout_s=120,
                            rank_env=[{}, {"FAIRRING_DEBUG": "1"}])
     v0, v1 = res[0].value, res[1].value
     problems = [f"rank {r.rank}: wrong all_reduce result under the flood" for r in res if not r.value["right"]]
@@ -494,7 +496,7 @@ def test_stale_segment_of_a_crashed_creator_is_swept():
     with open(os.path.join("/dev/shm", young), "wb") as f:
         f.write(b"\0" * 4096)
     try:
-        launch.run_ranks(rank_errors.late_peer, ["a", "a"], args=(1, 0.0), timeout_s=60)
+        launch.run_ranks(rank_errors.late_peer, node_ids("1x2"), args=(1, 0.0), timeout_s=60)
         assert not os.path.exists(path), "the stale segment of a dead creator was not removed"
         # A young one may belong to a group being created in another pid namespace.
         assert os.path.exists(os.path.join("/dev/shm", young)), "a segment younger than a minute was removed"
@@ -505,7 +507,7 @@ def test_stale_segment_of_a_crashed_creator_is_swept():
 
 
 def test_bad_tensors_give_right_results_or_clear_errors():
-    res = launch.run_ranks(rank_errors.bad_tensors, ["a", "a", "b", "b"], timeout_s=120)
+    res = launch.run_ranks(rank_errors.bad_tensors, node_ids("2x2"), timeout_s=120)
     problems = []
     for r in res:
         v = r.value
@@ -526,7 +528,7 @@ def test_bad_tensors_give_right_results_or_clear_errors():
 
 def test_whole_job_killed_leaves_no_segment():
     with tempfile.TemporaryDirectory(prefix="fairring-test-sync-") as d:
-        launch.run_ranks(rank_errors.all_killed, ["a", "a", "b", "b"], args=(d,), timeout_s=60, check=False)
+        launch.run_ranks(rank_errors.all_killed, node_ids("2x2"), args=(d,), timeout_s=60, check=False)
         import os
 
         names = set()
@@ -548,7 +550,7 @@ def test_job_killed_while_a_rank_is_late_leaves_no_segment():
     before = launch.list_shm()
     with tempfile.TemporaryDirectory(prefix="fairring-test-sync-") as d:
         env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(launch.free_port())}
-        res = launch.run_ranks(rank_errors.killed_during_init, ["a", "a"], args=(d, 2.5), backend=None, env=env,
+        res = launch.run_ranks(rank_errors.killed_during_init, node_ids("1x2"), args=(d, 2.5), backend=None, env=env,
                                rank_env=[{}, {"FAIRRING_TEST_ARENA_DELAY_MS": 4000}], timeout_s=60, check=False)
         assert all(r.exitcode == -9 for r in res), launch.describe_all(res)
         with open(os.path.join(d, "shm")) as f:
@@ -558,7 +560,7 @@ def test_job_killed_while_a_rank_is_late_leaves_no_segment():
     assert not after, f"segments left in /dev/shm by a job killed during group creation: {sorted(after)}"
 
 
-@pytest.mark.parametrize("nodes,bad", [(["a", "a"], 1), (["a", "a", "b", "b"], 2)], ids=["1x2", "2x2"])
+@pytest.mark.parametrize("nodes,bad", [(node_ids("1x2"), 1), (node_ids("2x2"), 2)], ids=["1x2", "2x2"])
 def test_bad_option_on_one_rank_fails_every_rank(nodes, bad):
     """A value only one rank's environment has wrong: that rank raises
     ValueError naming it, the others fail at once with the same cause
@@ -570,7 +572,7 @@ def test_bad_option_on_one_rank_fails_every_rank(nodes, bad):
                     reason="reads /proc/self/map_files (root)")
 def test_shared_memory_is_private_to_the_user():
     """Segments are created 0600, so another user cannot map the node's data."""
-    res = launch.run_ranks(rank_errors.shm_modes, ["a", "a"], timeout_s=90)
+    res = launch.run_ranks(rank_errors.shm_modes, node_ids("1x2"), timeout_s=90)
     for r in res:
         v = r.value
         assert v["ok"] and v["maps"], f"rank {r.rank}: {v}"
@@ -578,7 +580,7 @@ def test_shared_memory_is_private_to_the_user():
             assert mode == 0o600 and uid == v["uid"], f"rank {r.rank}: {name} has mode {oct(mode)}, owner {uid}"
 
 
-@pytest.mark.parametrize("nodes", [["a", "a"], ["a", "b"]], ids=["1x2", "2x1"])
+@pytest.mark.parametrize("nodes", params("1x2", "2x1"))
 def test_errors_name_the_op_by_its_number_in_the_group(nodes):
     res = launch.run_ranks(rank_errors.numbers_agree, nodes, args=(10,), timeout_s=90)
     for r in res:

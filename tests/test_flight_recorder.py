@@ -17,12 +17,13 @@ import pytest
 import launch
 import rank_flight_recorder as rfr
 from fairring_py import fr_trace
+from topologies import node_ids
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_every_op_is_recorded_in_torchs_flight_recorder():
-    res = launch.run_ranks(rfr.records, ["a", "a", "a"], timeout_s=120, pg_timeout_s=60)
+    res = launch.run_ranks(rfr.records, node_ids("1x3"), timeout_s=120, pg_timeout_s=60)
     for r in res:
         v = r.value
         assert v["recorder"] == {"on": True, "problem": ""}, v["recorder"]
@@ -63,10 +64,10 @@ DESYNCS = {
     # A skipped collective is a type mismatch; which side the analyzer calls
     # the culprit then depends on the dump it reads first, so only the op's
     # two types are checked.
-    "1x3-size": (["a", "a", "a"], "size", 1,
+    "1x3-size": (node_ids("1x3"), "size", 1,
                  ["Culprit rank 1", "Expected input sizes: '[[10]]' does not match found input sizes: '[[7]]'"]),
-    "2x2-dtype": (["a", "a", "b", "b"], "dtype", 2, ["Culprit rank 2", "COLLECTIVE_DTYPE_MISMATCH", "Double"]),
-    "2x2-skip": (["a", "a", "b", "b"], "skip", 3, ["COLLECTIVE_TYPE_MISMATCH", "'broadcast'", "'all_reduce'"]),
+    "2x2-dtype": (node_ids("2x2"), "dtype", 2, ["Culprit rank 2", "COLLECTIVE_DTYPE_MISMATCH", "Double"]),
+    "2x2-skip": (node_ids("2x2"), "skip", 3, ["COLLECTIVE_TYPE_MISMATCH", "'broadcast'", "'all_reduce'"]),
 }
 
 
@@ -121,7 +122,7 @@ def test_recorder_turned_off_says_so():
     assert got == {"on": False, "problem": "torch's flight recorder is off (TORCH_FR_BUFFER_SIZE=0)"}, got
 
 
-@pytest.mark.parametrize("nodes,culprit", [(["a", "a", "a"], 2), (["a", "a", "b", "b"], 1)], ids=["1x3", "2x2"])
+@pytest.mark.parametrize("nodes,culprit", [(node_ids("1x3"), 2), (node_ids("2x2"), 1)], ids=["1x3", "2x2"])
 def test_a_stalled_rank_dumps_too(nodes, culprit, tmp_path):
     """The ranks that time out waiting for a stalled one dump, and ask every
     rank to: the stalled rank's dump is in the folder too, with its two
@@ -152,6 +153,6 @@ def test_without_the_listeners_a_stalled_rank_does_not_dump(tmp_path):
     os.makedirs(folder)
     env = {"TORCH_FR_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": os.path.join(folder, "rank_"),
            "FAIRRING_STATUS": "off"}
-    res = launch.run_ranks(rfr.stalled, ["a", "a", "a"], args=(2, folder, 12.0), timeout_s=120, pg_timeout_s=5,
+    res = launch.run_ranks(rfr.stalled, node_ids("1x3"), args=(2, folder, 12.0), timeout_s=120, pg_timeout_s=5,
                            env=env)
     assert [r.value["dumped"] for r in res] == [True, True, False], [r.value for r in res]

@@ -10,6 +10,7 @@ import torch
 import launch
 import rank_fresh
 from fairring_py import _C
+from topologies import params
 
 HUGE = 2 << 20
 madvise_mode = pytest.mark.skipif(_C._thp_mode() != "madvise",
@@ -41,7 +42,7 @@ def test_small_ranges_are_not_advised():
 
 
 @pytest.mark.parametrize("advice", ["advise", "off"])
-@pytest.mark.parametrize("nodes", [["a", "a"], ["a", "a", "b", "b"]], ids=["1x2", "2x2"])
+@pytest.mark.parametrize("nodes", params("1x2", "2x2"))
 def test_every_collective_into_fresh_reused_unaligned_and_huge_page_memory(nodes, advice):
     res = launch.run_ranks(rank_fresh.fresh_outputs, nodes, args=(11,), env={"FAIRRING_HUGE_PAGES": advice},
                            timeout_s=240, pg_timeout_s=60)

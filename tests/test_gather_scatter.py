@@ -10,21 +10,20 @@ import pytest
 
 import launch
 import rank_gather_scatter
-from topologies import TOPOLOGIES
+from topologies import SWEEP, env, node_ids, params
 
 
-@pytest.mark.parametrize("name", list(TOPOLOGIES))
+@pytest.mark.parametrize("name", SWEEP)
 def test_gather_and_scatter_match_the_reference(name):
-    ids, env = TOPOLOGIES[name]
     cfg = {"sizes": [1, 3, 13, 1031], "big": 100_003 if "slice4K" in name else 300_007}
-    res = launch.run_ranks(rank_gather_scatter.sec_gather_scatter, ids, args=(cfg,), env=env, timeout_s=240,
-                           pg_timeout_s=60)
+    res = launch.run_ranks(rank_gather_scatter.sec_gather_scatter, node_ids(name), args=(cfg,),
+                           env=env(name), timeout_s=240, pg_timeout_s=60)
     for r in res:
         assert not r.value["failures"], f"{name} rank {r.rank}:\n" + "\n".join(r.value["failures"][:20])
 
 
 def test_bad_arguments_are_a_clear_error():
-    res = launch.run_ranks(rank_gather_scatter.bad_args, ["a", "a"], timeout_s=60)
+    res = launch.run_ranks(rank_gather_scatter.bad_args, node_ids("1x2"), timeout_s=60)
     for r in res:
         errs = r.value["errors"]
         assert "not a rank of this group" in errs.get("root", ""), errs
@@ -35,8 +34,7 @@ def test_bad_arguments_are_a_clear_error():
 
 
 @pytest.mark.parametrize("which", ["root", "kind"])
-@pytest.mark.parametrize("ids", [["a", "a"], ["a", "b"], ["a", "a", "b", "b"], ["a", "a", "b"]],
-                         ids=["1x2", "2x1", "2x2", "uneven-2+1"])
+@pytest.mark.parametrize("ids", params("1x2", "2x1", "2x2", "uneven-2+1"))
 def test_mismatched_gathers_fail_on_every_rank(which, ids):
     res = launch.run_ranks(rank_gather_scatter.mismatch, ids, args=(which,), timeout_s=90, pg_timeout_s=20)
     for r in res:

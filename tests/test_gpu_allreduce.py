@@ -10,6 +10,7 @@ import torch
 import launch
 import rank_gpu_checks
 from gpu_support import requires_gpu
+from topologies import node_ids
 
 SIZES = [1, 13, 1031, 4099, 65537, 262147]
 
@@ -18,36 +19,33 @@ SIZES = [1, 13, 1031, 4099, 65537, 262147]
 # (no IPC).
 SMOKE = {"sizes": [1, 4099], "large_size": (4 << 20) + 3,
          "large_cases": [(torch.float32, "SUM"), (torch.bfloat16, "AVG"), (torch.int32, "MAX")]}
-TOPOLOGIES = {
-    "smoke-1x1": (["a"], {}, ["correctness"], SMOKE),
-    "smoke-1x2": (["a", "a"], {}, ["correctness"], SMOKE),
-    "smoke-2x1": (["a", "b"], {}, ["correctness"], SMOKE),
-    "1x1": (["a"], {}, ["correctness", "streams", "collectives", "exchanges"], {"sizes": SIZES}),
-    "1x2": (["a", "a"], {}, ["correctness", "streams", "errors", "ddp", "collectives", "exchanges", "p2p", "issue_order"],
+# session name: (topology in tests/topologies.py, more environment, sections, cfg)
+SESSIONS = {
+    "smoke-1x1": ("1x1", {}, ["correctness"], SMOKE),
+    "smoke-1x2": ("1x2", {}, ["correctness"], SMOKE),
+    "smoke-2x1": ("2x1", {}, ["correctness"], SMOKE),
+    "1x1": ("1x1", {}, ["correctness", "streams", "collectives", "exchanges"], {"sizes": SIZES}),
+    "1x2": ("1x2", {}, ["correctness", "streams", "errors", "ddp", "collectives", "exchanges", "p2p", "issue_order"],
             {"sizes": SIZES}),
-    "2x1": (["a", "b"], {}, ["correctness", "streams", "collectives", "exchanges", "p2p", "issue_order"], {"sizes": SIZES}),
-    "2x2": (["a", "a", "b", "b"], {},
-            ["correctness", "streams", "errors", "ddp", "collectives", "exchanges", "p2p", "issue_order"],
+    "2x1": ("2x1", {}, ["correctness", "streams", "collectives", "exchanges", "p2p", "issue_order"], {"sizes": SIZES}),
+    "2x2": ("2x2", {}, ["correctness", "streams", "errors", "ddp", "collectives", "exchanges", "p2p", "issue_order"],
             {"sizes": SIZES}),
     # NCCL between nodes: every rank on its own GPU (skipped with fewer GPUs).
-    "2x1-nccl": (["a", "b"], {"FAIRRING_GPU_TRANSPORT": "nccl"}, ["correctness", "streams", "collectives", "exchanges"],
+    "2x1-nccl": ("2x1", {"FAIRRING_GPU_TRANSPORT": "nccl"}, ["correctness", "streams", "collectives", "exchanges"],
                  {"sizes": SIZES}),
-    "2x2-slice4K": (["a", "a", "b", "b"],
-                    {"FAIRRING_SLICE_SIZE": "4K", "FAIRRING_PARALLELISM": "2", "FAIRRING_TOTAL_MEMORY": "1M"},
-                    ["correctness", "streams", "collectives", "exchanges"],
+    "2x2-slice4K": ("2x2-slice4K", {}, ["correctness", "streams", "collectives", "exchanges"],
                     {"sizes": [1, 1031, 65537, 262147], "exchange_sizes": [1, 1031, 4099]}),
 }
 
 # Checks aimed at what a desk review found (issue 10), on their own sessions.
 BIG = [(4 << 20) // 4 + 7, (8 << 20) // 4 - 5]  # 4 and 8 MB float32, odd
 REVIEW_SECTIONS = ["poll_then_launch", "slow_producer", "group_cycles"]
-TOPOLOGIES.update({
+SESSIONS.update({
     # 256 KiB slices: many slices, each of several chunks and shards.
-    "2x2-slice256K": (["a", "a", "b", "b"], {"FAIRRING_SLICE_SIZE": "256K"}, ["big_slices"] + REVIEW_SECTIONS,
-                      {"sizes": BIG}),
-    "1x2-slice256K": (["a", "a"], {"FAIRRING_SLICE_SIZE": "256K"}, ["big_slices"] + REVIEW_SECTIONS, {"sizes": BIG}),
+    "2x2-slice256K": ("2x2", {"FAIRRING_SLICE_SIZE": "256K"}, ["big_slices"] + REVIEW_SECTIONS, {"sizes": BIG}),
+    "1x2-slice256K": ("1x2", {"FAIRRING_SLICE_SIZE": "256K"}, ["big_slices"] + REVIEW_SECTIONS, {"sizes": BIG}),
     # Three nodes: small chunks have fewer shards than nodes.
-    "3x1": (["a", "b", "c"], {}, ["correctness", "exchanges"], {"sizes": [1, 13, 1031, 8193, 65537]}),
+    "3x1": ("3x1", {}, ["correctness", "exchanges"], {"sizes": [1, 13, 1031, 8193, 65537]}),
 })
 
 # Compressed rails (FAIRRING_WIRE_DTYPE) with both transports; small slices
@@ -55,37 +53,32 @@ TOPOLOGIES.update({
 WIRE_SIZES = [1, 13, 1031, 65537, 300_007]
 SMALL_SLICES = {"FAIRRING_SLICE_SIZE": "64K", "FAIRRING_PARALLELISM": "2", "FAIRRING_TOTAL_MEMORY": "4M"}
 WIRE = {
-    "2x2-bf16": (["a", "a", "b", "b"], {"FAIRRING_WIRE_DTYPE": "bf16"}),
-    "2x1-fp16": (["a", "b"], {"FAIRRING_WIRE_DTYPE": "fp16"}),
-    "3x1-bf16-slice64K": (["a", "b", "c"], {"FAIRRING_WIRE_DTYPE": "bf16", **SMALL_SLICES}),
-    "2x1-bf16-nccl": (["a", "b"], {"FAIRRING_WIRE_DTYPE": "bf16", "FAIRRING_GPU_TRANSPORT": "nccl"}),
-    "2x1-fp16-nccl": (["a", "b"], {"FAIRRING_WIRE_DTYPE": "fp16", "FAIRRING_GPU_TRANSPORT": "nccl"}),
-    "3x1-fp16-slice64K-nccl": (["a", "b", "c"],
+    "2x2-bf16": ("2x2", {"FAIRRING_WIRE_DTYPE": "bf16"}),
+    "2x1-fp16": ("2x1", {"FAIRRING_WIRE_DTYPE": "fp16"}),
+    "3x1-bf16-slice64K": ("3x1", {"FAIRRING_WIRE_DTYPE": "bf16", **SMALL_SLICES}),
+    "2x1-bf16-nccl": ("2x1", {"FAIRRING_WIRE_DTYPE": "bf16", "FAIRRING_GPU_TRANSPORT": "nccl"}),
+    "2x1-fp16-nccl": ("2x1", {"FAIRRING_WIRE_DTYPE": "fp16", "FAIRRING_GPU_TRANSPORT": "nccl"}),
+    "3x1-fp16-slice64K-nccl": ("3x1",
                                {"FAIRRING_WIRE_DTYPE": "fp16", "FAIRRING_GPU_TRANSPORT": "nccl", **SMALL_SLICES}),
 }
-TOPOLOGIES.update({name: (ids, env, ["wire"], {"sizes": WIRE_SIZES, "nodes": len(set(ids))})
-                   for name, (ids, env) in WIRE.items()})
+SESSIONS.update({name: (topo, env, ["wire"], {"sizes": WIRE_SIZES, "nodes": len(set(node_ids(topo)))})
+                 for name, (topo, env) in WIRE.items()})
 
 # 2x1, 1 MiB slices, 4 slots: the CPU engine needs about 2 MiB (6 with bf16
 # rails), the CUDA engine about 6 MiB (10 with bf16 rails: the staged rail's
 # wire buffers), so an 8 MiB budget fits all but the last.
-TOPOLOGIES.update({
-    f"2x1-{fmt}-budget8M": (["a", "b"], {"FAIRRING_WIRE_DTYPE": fmt, "FAIRRING_TOTAL_MEMORY": "8M"},
+SESSIONS.update({
+    f"2x1-{fmt}-budget8M": ("2x1", {"FAIRRING_WIRE_DTYPE": fmt, "FAIRRING_TOTAL_MEMORY": "8M"},
                             ["memory_budget"], {"fits": fmt == "none"})
     for fmt in ("none", "bf16")})
 
-_cache: dict = {}
-
 
 def session(name):
-    if name not in _cache:
-        ids, env, sections, cfg = TOPOLOGIES[name]
-        # Below gpu_check.sh's step caps (40-70 s): a hang fails the test,
-        # with every rank's stacks, before the script gives up on the step.
-        res = launch.run_ranks(rank_gpu_checks.session, ids, args=(sections, cfg), env=env, timeout_s=40,
-                               pg_timeout_s=20, check=False)
-        _cache[name] = res
-    return _cache[name]
+    topo, extra_env, sections, cfg = SESSIONS[name]
+    # Below gpu_check.sh's step caps (40-70 s): a hang fails the test,
+    # with every rank's stacks, before the script gives up on the step.
+    return launch.on(topo, rank_gpu_checks.session, args=(sections, cfg), env=extra_env, timeout_s=40,
+                     pg_timeout_s=20, check=False)
 
 
 def _section(name, section):
@@ -99,8 +92,9 @@ def _section(name, section):
 
 
 def _skip_unless_gpus_for(name):
-    nccl = TOPOLOGIES[name][1].get("FAIRRING_GPU_TRANSPORT") == "nccl"
-    if nccl and torch.cuda.device_count() < len(TOPOLOGIES[name][0]):
+    topo, extra_env = SESSIONS[name][:2]
+    nccl = extra_env.get("FAIRRING_GPU_TRANSPORT") == "nccl"
+    if nccl and torch.cuda.device_count() < len(node_ids(topo)):
         pytest.skip(f"{name} needs one GPU per rank ({torch.cuda.device_count()} visible)")
 
 
@@ -128,7 +122,7 @@ def test_compressed_rails_within_bound_and_identical(name):
 def _with(section):
     """The sessions that run `section` (asking the others for it would fail
     with a KeyError, not a finding)."""
-    return [n for n, t in TOPOLOGIES.items() if section in t[2]]
+    return [n for n, t in SESSIONS.items() if section in t[2]]
 
 
 @requires_gpu
@@ -166,7 +160,7 @@ def test_send_recv_of_cuda_tensors(name):
 @requires_gpu
 @pytest.mark.parametrize("name", _with("issue_order"))
 def test_overlapping_ops_take_effect_in_issue_order(name):
-    """tests/test_issue_order.py's patterns on CUDA tensors (the order rule on the
+    """tests/test_op_order.py's patterns on CUDA tensors (the order rule on the
     CUDA engine: an op that must follow another starts after its done event)."""
     _skip_unless_gpus_for(name)
     _section(name, "issue_order")
@@ -194,7 +188,7 @@ def test_ddp_matches_gloo(name):
 
 @requires_gpu
 def test_nccl_with_a_shared_gpu_is_a_clear_error():
-    res = launch.run_ranks(rank_gpu_checks.session, ["a", "b"], args=(["nccl_shared_gpu"], {}),
+    res = launch.run_ranks(rank_gpu_checks.session, node_ids("2x1"), args=(["nccl_shared_gpu"], {}),
                            env={"FAIRRING_GPU_TRANSPORT": "nccl", "CUDA_VISIBLE_DEVICES": "0"},
                            timeout_s=40, pg_timeout_s=20, check=False)
     bad = [r for r in res if not (r.ok and r.exitcode == 0)]
@@ -235,7 +229,7 @@ def test_groups_created_and_destroyed_three_times_exit_cleanly(name):
 @requires_gpu
 def test_watchdog_fails_stalled_device_work_naming_the_op():
     timeout_s = 3
-    res = launch.run_ranks(rank_gpu_checks.device_stall, ["a", "a"], args=(timeout_s,), timeout_s=30,
+    res = launch.run_ranks(rank_gpu_checks.device_stall, node_ids("1x2"), args=(timeout_s,), timeout_s=30,
                            pg_timeout_s=timeout_s, check=False)
     bad = [r for r in res if not (r.ok and r.exitcode == 0)]
     assert not bad, launch.describe_all(res)
@@ -246,7 +240,7 @@ def test_watchdog_fails_stalled_device_work_naming_the_op():
 @requires_gpu
 def test_local_peer_killed_with_device_work_queued():
     timeout_s = 3
-    res = launch.run_ranks(rank_gpu_checks.peer_killed_with_work_queued, ["a", "a"], args=(timeout_s,),
+    res = launch.run_ranks(rank_gpu_checks.peer_killed_with_work_queued, node_ids("1x2"), args=(timeout_s,),
                            timeout_s=30, pg_timeout_s=timeout_s, check=False)
     victim, survivor = res[1], res[0]
     assert victim.exitcode == -9, launch.describe_all(res)

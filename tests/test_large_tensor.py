@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 import launch
+from topologies import params
 
 NUMEL = 2**31 + 4099
 PERIOD = 65521
@@ -83,7 +84,7 @@ def _mem_available():
     return 0
 
 
-@pytest.mark.parametrize("nodes", [["a", "a"], ["a", "b"]], ids=["1x2", "2x1"])
+@pytest.mark.parametrize("nodes", params("1x2", "2x1"))
 def test_all_reduce_of_more_than_2_31_elements(nodes):
     if os.environ.get("FAIRRING_TEST_SKIP_LARGE", "0") not in ("", "0"):
         pytest.skip("FAIRRING_TEST_SKIP_LARGE is set")

@@ -9,6 +9,7 @@ import pytest
 
 import launch
 import rank_lifecycle
+from topologies import node_ids, params
 
 # Headroom over the start: allocator pools and import caches settle within a
 # few MiB; a leak of a group's staging (MiBs per group) would show at once.
@@ -31,7 +32,7 @@ def _check_counts(res, label):
     return problems
 
 
-@pytest.mark.parametrize("nodes", [["a", "a"], ["a", "a", "b", "b"]], ids=["1x2", "2x2"])
+@pytest.mark.parametrize("nodes", params("1x2", "2x2"))
 def test_init_destroy_cycles_leak_nothing(nodes):
     cycles = 30
     with tempfile.TemporaryDirectory(prefix="fairring-test-store-") as d:
@@ -42,13 +43,13 @@ def test_init_destroy_cycles_leak_nothing(nodes):
 
 
 def test_subgroup_cycles_leak_nothing():
-    res = launch.run_ranks(rank_lifecycle.subgroup_cycles, ["a", "a", "b", "b"], args=(20,), timeout_s=240)
+    res = launch.run_ranks(rank_lifecycle.subgroup_cycles, node_ids("2x2"), args=(20,), timeout_s=240)
     problems = _check_counts(res, "20 subgroup cycles")
     assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("n", [4099, 3_000_017], ids=["small-inline", "large-sliced"])
-@pytest.mark.parametrize("nodes", [["a", "a"], ["a", "a", "b", "b"]], ids=["1x2", "2x2"])
+@pytest.mark.parametrize("nodes", params("1x2", "2x2"))
 def test_two_threads_on_one_group(nodes, n):
     res = launch.run_ranks(rank_lifecycle.two_threads, nodes, args=(20, n), timeout_s=180)
     problems = []

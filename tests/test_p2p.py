@@ -11,19 +11,14 @@ import pytest
 
 import launch
 import rank_p2p
+from topologies import node_ids, params
 
-TOPOLOGIES = {
-    "1x2": ["a", "a"],
-    "1x3": ["a", "a", "a"],
-    "2x1": ["a", "b"],
-    "2x2": ["a", "a", "b", "b"],
-    "uneven-2+1": ["a", "a", "b"],
-}
+TOPOLOGIES = ["1x2", "1x3", "2x1", "2x2", "uneven-2+1"]
 
 
-@pytest.mark.parametrize("name", list(TOPOLOGIES))
+@pytest.mark.parametrize("name", TOPOLOGIES)
 def test_every_pair_exchanges_every_dtype(name):
-    ids = TOPOLOGIES[name]
+    ids = node_ids(name)
     # 1 element, primes, one cell (128 KiB) and several (300_007 int64 = 2.3 MiB)
     cfg = {"sizes": [0, 1, 13, 1031, 32_749] + ([300_007] if len(ids) <= 3 else []), "strided": True}
     res = launch.run_ranks(rank_p2p.ring_exchange, ids, args=(cfg,), timeout_s=300, pg_timeout_s=60)
@@ -35,7 +30,7 @@ def test_every_pair_exchanges_every_dtype(name):
 
 @pytest.mark.parametrize("name", ["1x2", "1x3", "2x1", "2x2"])
 def test_tags_any_source_and_batches(name):
-    ids = TOPOLOGIES[name]
+    ids = node_ids(name)
     res = launch.run_ranks(rank_p2p.tags_and_any_source, ids, timeout_s=120)
     for r in res:
         assert not r.value["failures"], f"{name} rank {r.rank}:\n" + "\n".join(r.value["failures"])
@@ -44,12 +39,12 @@ def test_tags_any_source_and_batches(name):
 
 @pytest.mark.parametrize("name", ["1x2", "1x3", "2x1", "2x2"])
 def test_in_issue_order_with_collectives(name):
-    res = launch.run_ranks(rank_p2p.issue_order, TOPOLOGIES[name], timeout_s=120)
+    res = launch.run_ranks(rank_p2p.issue_order, node_ids(name), timeout_s=120)
     for r in res:
         assert not r.value["failures"], f"{name} rank {r.rank}:\n" + "\n".join(r.value["failures"])
 
 
-@pytest.mark.parametrize("ids", [["a", "a", "a"], ["a", "b", "c"]], ids=["1x3", "3x1"])
+@pytest.mark.parametrize("ids", params("1x3", "3x1"))
 def test_bad_peers_and_mismatched_messages_are_clear_errors(ids):
     res = launch.run_ranks(rank_p2p.bad_calls, ids, timeout_s=60)
     for r in res:
@@ -62,7 +57,7 @@ def test_bad_peers_and_mismatched_messages_are_clear_errors(ids):
     assert e["after"] is None, e["after"]
 
 
-@pytest.mark.parametrize("ids", [["a", "a", "a"], ["a", "b", "b"]], ids=["same-node", "other-node"])
+@pytest.mark.parametrize("ids", [node_ids("1x3"), node_ids("uneven-1+2")], ids=["same-node", "other-node"])
 @pytest.mark.parametrize("when", ["before-send", "mid-send"])
 def test_dead_peer_is_named(when, ids):
     rank_env = [{}, {"FAIRRING_TEST_P2P_EXIT_AFTER": str(1 << 20)}, {}]
@@ -77,7 +72,7 @@ def test_dead_peer_is_named(when, ids):
     assert v["later"] and "rank 1" in v["later"], v["later"]
 
 
-@pytest.mark.parametrize("ids", [["a", "a", "a"], ["a", "b", "a"]], ids=["same-node", "other-node"])
+@pytest.mark.parametrize("ids", [node_ids("1x3"), node_ids("uneven-2+1-aba")], ids=["same-node", "other-node"])
 def test_any_source_after_a_sender_died_mid_message(ids):
     rank_env = [{}, {"FAIRRING_TEST_P2P_EXIT_AFTER": str(1 << 20)}, {}]
     res = launch.run_ranks(rank_p2p.any_source_after_death, ids, timeout_s=120, pg_timeout_s=60, check=False,
@@ -86,7 +81,7 @@ def test_any_source_after_a_sender_died_mid_message(ids):
     assert res[0].value == {"src": 2, "data": [2.0, 2.0, 2.0], "error": None}, launch.describe_all(res)
 
 
-@pytest.mark.parametrize("ids", [["a", "a"], ["a", "b"]], ids=["1x2", "2x1"])
+@pytest.mark.parametrize("ids", params("1x2", "2x1"))
 def test_receive_nothing_reaches_times_out(ids):
     timeout_s = 3
     res = launch.run_ranks(rank_p2p.recv_times_out, ids, args=(timeout_s,), timeout_s=60,
@@ -102,7 +97,7 @@ def test_waiting_callers_polling_threads_and_unwaited_receives():
     two threads doing so at once, and receives nobody waits on, all arrive.
     The node thread looks within the 0.5 ms a receive promises, or at its
     next ring: a lost wake-up would show as its 100 ms check period."""
-    res = launch.run_ranks(rank_p2p.waiting_modes, ["a", "a"], timeout_s=120, pg_timeout_s=60)
+    res = launch.run_ranks(rank_p2p.waiting_modes, node_ids("1x2"), timeout_s=120, pg_timeout_s=60)
     for r in res:
         assert not r.value["failures"], f"rank {r.rank}:\n" + "\n".join(r.value["failures"][:20])
     for numel, delays in res[1].value["delays"].items():
@@ -112,7 +107,7 @@ def test_waiting_callers_polling_threads_and_unwaited_receives():
 
 
 def test_a_message_before_its_receive_waits_in_a_warm_cached_block():
-    res = launch.run_ranks(rank_p2p.early_message_block, ["a", "a"], timeout_s=90)
+    res = launch.run_ranks(rank_p2p.early_message_block, node_ids("1x2"), timeout_s=90)
     v = {int(k): x for k, x in res[1].value.items()}
     block = 4 << 20
     assert v[0]["right"] and v[1]["right"], v

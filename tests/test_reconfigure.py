@@ -18,6 +18,7 @@ import pytest
 import torch.distributed as dist
 
 import fairring_py
+from topologies import node_ids
 
 pytestmark = pytest.mark.skipif(
     not (hasattr(dist.distributed_c10d, "_reconfigure") and fairring_py._C.HAS_RECONFIGURE),
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-NODES = ["a", "a", "b", "b"]
+NODES = node_ids("2x2")
 
 
 def _start(role, rank, port):
@@ -87,7 +88,7 @@ def test_abort_hooks_run_once_before_the_group_aborts():
     import launch
     import rank_changing_groups as rcg
 
-    res = launch.run_ranks(rcg.abort_hooks, ["a", "a", "b"], timeout_s=90)
+    res = launch.run_ranks(rcg.abort_hooks, node_ids("uneven-2+1"), timeout_s=90)
     for r in res:
         assert r.value["ran"] == ["kept"], f"rank {r.rank}: {r.value}"
         if r.rank:
@@ -98,7 +99,7 @@ def test_ephemeral_timeout_lasts_until_the_first_op_after_it_ends():
     import launch
     import rank_changing_groups as rcg
 
-    res = launch.run_ranks(rcg.ephemeral_timeout, ["a", "a"], timeout_s=90)
+    res = launch.run_ranks(rcg.ephemeral_timeout, node_ids("1x2"), timeout_s=90)
     v = res[0].value
     assert v["a"]["error"] is None and v["a"]["seconds"] > 2.5, v  # waited past the 2 s timeout
     assert v["b"]["error"] and "Timed out after 2" in v["b"]["error"] and v["b"]["seconds"] < 4.5, v

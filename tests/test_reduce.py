@@ -10,30 +10,29 @@ import pytest
 
 import launch
 import rank_reduce
-from topologies import TOPOLOGIES as _ALL
+from topologies import SWEEP, env, node_ids, params
 
 SIZES = [1, 3, 13, 1031, 4099]
-TOPOLOGIES = {k: v for k, v in _ALL.items() if k != "1x1"}
 
 
-@pytest.mark.parametrize("name", list(TOPOLOGIES))
+@pytest.mark.parametrize("name", [n for n in SWEEP if n != "1x1"])
 def test_reduce_matches_the_reference_and_leaves_non_roots_unchanged(name):
-    ids, env = TOPOLOGIES[name]
     cfg = {"sizes": SIZES, "big": 300_000 if "slice4K" in name else 1 << 20}
-    res = launch.run_ranks(rank_reduce.sec_reduce, ids, args=(cfg,), env=env, timeout_s=240, pg_timeout_s=60)
+    res = launch.run_ranks(rank_reduce.sec_reduce, node_ids(name), args=(cfg,), env=env(name),
+                           timeout_s=240, pg_timeout_s=60)
     for r in res:
         assert not r.value["failures"], f"{name} rank {r.rank}:\n" + "\n".join(r.value["failures"][:20])
 
 
 def test_reduce_to_a_root_outside_the_group_is_a_clear_error():
-    res = launch.run_ranks(rank_reduce.bad_root, ["a", "a"], timeout_s=60)
+    res = launch.run_ranks(rank_reduce.bad_root, node_ids("1x2"), timeout_s=60)
     for r in res:
         assert r.value["error"] and "not a rank of this group" in r.value["error"], r.value
         assert r.value["group_still_works"], r.value
 
 
 @pytest.mark.parametrize("which", ["root", "all_reduce"])
-@pytest.mark.parametrize("ids", [["a", "a"], ["a", "b"]], ids=["1x2", "2x1"])
+@pytest.mark.parametrize("ids", params("1x2", "2x1"))
 def test_mismatched_reduces_fail_on_every_rank(which, ids):
     res = launch.run_ranks(rank_reduce.mismatch, ids, args=(which,), timeout_s=90, pg_timeout_s=20)
     for r in res:
@@ -45,7 +44,7 @@ def test_mismatched_reduces_fail_on_every_rank(which, ids):
             assert needle in err, f"rank {r.rank}: the error lacks {needle!r}: {err[:400]}"
 
 
-@pytest.mark.parametrize("ids", [["a", "b"], ["a", "a", "b", "b"], ["a", "b", "c"]], ids=["2x1", "2x2", "3x1"])
+@pytest.mark.parametrize("ids", params("2x1", "2x2", "3x1"))
 def test_reduce_on_compressed_rails_rounds_within_the_wire_bound(ids):
     res = launch.run_ranks(rank_reduce.wire_case, ids, env={"FAIRRING_WIRE_DTYPE": "bf16"}, timeout_s=120)
     for r in res:

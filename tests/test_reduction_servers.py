@@ -2,7 +2,7 @@
 between nodes reduced by `python -m fairring_py.server` processes.
 
 Each run starts the servers next to a run_ranks job on a known store port
-and checks the results against the independent references of rank_checks
+and checks the results against the independent references of rank_all_reduce
 and test_wire_dtype, that the servers really reduced (their exit report),
 and that they leave when the job does."""
 from __future__ import annotations
@@ -12,27 +12,28 @@ import re
 import pytest
 
 import launch
-import rank_checks
+import rank_all_reduce
 import rank_servers
 from gpu_support import requires_gpu
 from servers import Servers
 import test_wire_dtype
+from topologies import node_ids
 
 FEW_SIZES = [1, 13, 1031, 4099, 65537, 262147]
 
-# name: (node ids, servers, sections)
+# name: (topology in tests/topologies.py, servers, sections)
 TOPOLOGIES = {
     # One node: no rails, so the servers get nothing (and nothing waits on them).
-    "1x2+2": (["a", "a"], 2, ["correctness"]),
+    "1x2+2": ("1x2", 2, ["correctness"]),
     # Two nodes: the servers would save no link bytes, so they are not used.
-    "2x2+1": (["a", "a", "b", "b"], 1, ["correctness"]),
+    "2x2+1": ("2x2", 1, ["correctness"]),
     # (all-gather and reduce-scatter, which do not use the servers, are left to their own tests)
     # (non-contiguous tensors become contiguous before the pipeline: their own test covers them)
-    "3x2+2": (["a", "a", "b", "b", "c", "c"], 2, ["correctness", "async", "subgroups"]),
-    "3x1+3": (["a", "b", "c"], 3, ["correctness", "async"]),
+    "3x2+2": ("3x2", 2, ["correctness", "async", "subgroups"]),
+    "3x1+3": ("3x1", 3, ["correctness", "async"]),
     # Unequal nodes (2+1+1): one rail, through the servers; the second rank of
     # node a carries no rail and reads its node's memory.
-    "uneven+2": (["a", "a", "b", "c"], 2, ["correctness"]),
+    "uneven+2": ("uneven-2+1+1", 2, ["correctness"]),
 }
 # Groups of fewer nodes do not use servers (csrc/rails/server_link.h).
 MIN_NODES = 3
@@ -55,11 +56,12 @@ def _run(ids, count, fn, args=(), env=None, **kw):
 
 @pytest.mark.parametrize("topo", list(TOPOLOGIES))
 def test_allreduce_through_servers(topo):
-    ids, count, sections = TOPOLOGIES[topo]
+    layout, count, sections = TOPOLOGIES[topo]
+    ids = node_ids(layout)
     nodes = len(set(ids))  # uneven nodes too (the all-reduce keeps them)
     # Where no server is used, a few sizes show it.
     cfg = {"sizes": FEW_SIZES if nodes >= MIN_NODES else [1, 13, 4099], "local_ranks": min(ids.count(n) for n in ids)}
-    res, servers, codes = _run(ids, count, rank_checks.session, args=(sections, cfg))
+    res, servers, codes = _run(ids, count, rank_all_reduce.session, args=(sections, cfg))
     with servers:
         problems = [f"rank {r.rank} {sec}: {f}" for r in res for sec, v in r.value.items() for f in v["failures"]]
         first = res[0].value["correctness"]["digests"]
@@ -87,7 +89,7 @@ def test_allreduce_through_servers(topo):
 def test_compressed_rails_through_servers(topo, fmt):
     """Compression and servers together: contributions rounded once, the
     server's sum rounded once, every rank the same bits."""
-    ids = test_wire_dtype.TOPOS[topo]
+    ids = node_ids(topo)
     count = 2
     res, servers, codes = _run(ids, count, test_wire_dtype.wire_session, args=(fmt, len(set(ids))),
                                env={"FAIRRING_WIRE_DTYPE": fmt})
@@ -105,7 +107,7 @@ def test_cuda_allreduce_through_servers(fmt):
     the same bits (benchmarks/gpu_check.sh runs it on a lent GPU)."""
     import rank_gpu_checks
 
-    ids = ["a", "b", "c"]
+    ids = node_ids("3x1")
     section = "correctness" if fmt == "none" else "wire"
     cfg = {"sizes": [1, 13, 1031, 65537, 300_007], "nodes": 3}
     res, servers, codes = _run(ids, 2, rank_gpu_checks.session, args=([section], cfg), timeout_s=60,
@@ -120,7 +122,7 @@ def test_cuda_allreduce_through_servers(fmt):
 
 
 def test_rogue_client_is_refused():
-    res, servers, codes = _run(["a", "b", "c"], 1, rank_servers.rogue_then_allreduce)
+    res, servers, codes = _run(node_ids("3x1"), 1, rank_servers.rogue_then_allreduce)
     with servers:
         assert res[0].value["refused"] is True
         assert all(r.value["ok"] for r in res)
@@ -140,7 +142,8 @@ def test_server_lost_mid_op(how):
         # second process, whichever index it got; its name is in its log.
         victim = servers.procs[1].pid
         # Stopped: the ops' timeout is 3 s, set once the servers have joined.
-        res = launch.run_ranks(rank_servers.killed_mid_op, ["a", "b", "c"], args=(victim, stopped, 3 if stopped else None),
+        res = launch.run_ranks(rank_servers.killed_mid_op, node_ids("3x1"),
+                               args=(victim, stopped, 3 if stopped else None),
                                store_port=port, env={"FAIRRING_REDUCTION_SERVERS": "2"}, pg_timeout_s=60,
                                timeout_s=120)
         if stopped:
@@ -161,7 +164,7 @@ def test_stalled_rank_behind_a_server_is_named():
     """A rank stopped while its rail's all-reduces go through a server: the
     server (alive) waits for it, and the others' timeout names the rank whose
     heartbeats stopped, not only the server."""
-    res, servers, codes = _run(["a", "b", "c"], 1, rank_servers.stalled_rank, pg_timeout_s=3, timeout_s=90)
+    res, servers, codes = _run(node_ids("3x1"), 1, rank_servers.stalled_rank, pg_timeout_s=3, timeout_s=90)
     with servers:
         for r in res[:2]:
             err = r.value["error"] or ""
@@ -172,7 +175,7 @@ def test_stalled_rank_behind_a_server_is_named():
 def test_mismatch_reported_by_the_server():
     """Ranks of three nodes all-reduce different sizes: the server sees it and
     every rank gets an error naming both ranks' ops, at once."""
-    res, servers, codes = _run(["a", "b", "c"], 1, rank_servers.mismatched_sizes)
+    res, servers, codes = _run(node_ids("3x1"), 1, rank_servers.mismatched_sizes)
     with servers:
         for r in res:
             err = r.value["error"]
@@ -186,7 +189,7 @@ def test_missing_server_fails_group_creation():
     within the group's timeout, saying how many joined and how to start them."""
     port = launch.free_port()
     with Servers(port, 1) as servers:
-        res = launch.run_ranks(rank_servers.nothing, ["a", "b", "c"], store_port=port, pg_timeout_s=3, check=False,
+        res = launch.run_ranks(rank_servers.nothing, node_ids("3x1"), store_port=port, pg_timeout_s=3, check=False,
                                env={"FAIRRING_REDUCTION_SERVERS": "2"}, timeout_s=90)
         for r in res:
             assert not r.ok, f"rank {r.rank} created the group"

@@ -8,10 +8,10 @@ import pytest
 import launch
 import rank_status
 from launch import free_port
+from topologies import node_ids
 
 
-@pytest.mark.parametrize("nodes,stalled", [(["a", "a", "a"], 2), (["a", "a", "b", "b"], 2),
-                                           (["a", "a", "b", "b"], 0)],
+@pytest.mark.parametrize("nodes,stalled", [(node_ids("1x3"), 2), (node_ids("2x2"), 2), (node_ids("2x2"), 0)],
                          ids=["1x3-rank2", "2x2-rank2", "2x2-rank0"])
 def test_status_names_the_stalled_rank(nodes, stalled, tmp_path):
     port = free_port()
@@ -44,7 +44,7 @@ def test_status_names_the_stalled_rank(nodes, stalled, tmp_path):
 
 def test_status_of_a_job_in_step(tmp_path):
     port = free_port()
-    res = launch.run_ranks(rank_status.in_step, ["a", "b"], args=(f"tcp://127.0.0.1:{port}", str(tmp_path)),
+    res = launch.run_ranks(rank_status.in_step, node_ids("2x1"), args=(f"tcp://127.0.0.1:{port}", str(tmp_path)),
                            store_port=port)
     view = res[0].value
     assert "2 of 2 rank(s) answered" in view and "in step: every rank has issued the same collectives" in view, view
@@ -70,7 +70,7 @@ def test_status_without_a_job_says_why():
 
 
 def test_status_names_a_rank_that_does_not_answer(tmp_path):
-    res = launch.run_ranks(rank_status.killed_rank, ["a", "a", "a"], args=(str(tmp_path),), check=False,
+    res = launch.run_ranks(rank_status.killed_rank, node_ids("1x3"), args=(str(tmp_path),), check=False,
                            timeout_s=120)
     assert res[0].ok, launch.describe_all(res)
     view = res[0].value
@@ -81,6 +81,6 @@ def test_status_names_a_rank_that_does_not_answer(tmp_path):
 
 def test_status_off_writes_nothing(tmp_path):
     port = free_port()
-    res = launch.run_ranks(rank_status.registered_keys, ["a", "b"], args=(f"tcp://127.0.0.1:{port}",),
+    res = launch.run_ranks(rank_status.registered_keys, node_ids("2x1"), args=(f"tcp://127.0.0.1:{port}",),
                            store_port=port, env={"FAIRRING_STATUS": "off"})
     assert res[0].value == [False, False], res[0].value

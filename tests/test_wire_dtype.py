@@ -14,6 +14,7 @@ import torch.distributed as dist
 import launch
 import refs
 import test_errors
+from topologies import node_ids
 
 from fairring_py import _C
 
@@ -271,10 +272,10 @@ def wire_session(rank, world, fmt, nodes):
     return {"failures": failures, "digests": digests}
 
 
-TOPOS = {"1x2": ["a", "a"], "2x1": ["a", "b"], "2x2": ["a", "a", "b", "b"], "3x1": ["a", "b", "c"]}
 # Small slices and two slots: many slices per op, so every per-slot wire
 # buffer is reused while others are in flight.
 SMALL = {"FAIRRING_SLICE_SIZE": "64K", "FAIRRING_PARALLELISM": "2", "FAIRRING_TOTAL_MEMORY": "4M"}
+# (topology in tests/topologies.py, wire dtype, more environment)
 CASES = [("1x2", "bf16", {}), ("2x1", "bf16", {}), ("2x2", "bf16", {}), ("3x1", "bf16", {}), ("2x2", "fp16", {}),
          ("3x1", "fp16", {}), ("2x2", "bf16", SMALL)]
 
@@ -293,7 +294,7 @@ def assert_session_ok(res):
 
 @pytest.mark.parametrize("topo,fmt,env", CASES, ids=[f"{t}-{f}" + ("-small-slices" if e else "") for t, f, e in CASES])
 def test_compressed_collectives(topo, fmt, env):
-    ids = TOPOS[topo]
+    ids = node_ids(topo)
     res = launch.run_ranks(wire_session, ids, args=(fmt, len(set(ids))), env={"FAIRRING_WIRE_DTYPE": fmt, **env},
                            timeout_s=150)
     assert_session_ok(res)
@@ -304,7 +305,7 @@ def test_mismatched_wire_dtype_fails_group_creation():
     every rank fails group creation, naming the variable and the other rank."""
     # Each rank finds the settings differ (a ValueError on every rank, as for
     # any setting of its own).
-    test_errors._init_fails_everywhere(["a", "b"], 1, "FAIRRING_WIRE_DTYPE", "bf16", others_type="ValueError")
+    test_errors._init_fails_everywhere(node_ids("2x1"), 1, "FAIRRING_WIRE_DTYPE", "bf16", others_type="ValueError")
 
 
 def test_option_parsing():

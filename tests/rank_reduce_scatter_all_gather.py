@@ -1,8 +1,8 @@
 """Reduce-scatter and all-gather checks that run inside the ranks (issue 9).
 
-Spawned by tests/test_collectives.py through launch.run_ranks, in the style of
-rank_checks.py: `session(rank, world, sections, cfg)` runs named sections in one
-process group and returns {section: {"failures": [...], "native_only": [...], ...}}.
+Spawned by tests/test_reduce_scatter_all_gather.py through launch.run_ranks, in
+the style of rank_all_reduce.py: `session(rank, world, sections, cfg)` runs
+named sections in one process group and returns {section: {"failures": [...], "native_only": [...], ...}}.
 
 Every result is compared with a reference computed locally on each rank from
 every rank's seeded input (refs.make_input / refs.reference / refs.compare, the
@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 import refs
-from rank_checks import Failures, _case_name, _run_case, run_sections
+from rank_all_reduce import Failures, _case_name, _run_case, run_sections
 from refs import compare, digest, make_input, op_of, reference
 
 # dtypes gloo's reduce_scatter / allgather do not take (RuntimeError "Invalid scalar

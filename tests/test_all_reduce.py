@@ -9,90 +9,66 @@ per-section results.
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 import torch
 
 import launch
-import rank_checks
+import rank_all_reduce
+import topologies
 
 BASE = ["correctness", "noncontig", "shm", "listen"]
 FEATURES = ["async", "ddp", "subgroups", "collectives", "unsupported", "intruder", "empty", "late_peer",
             "broadcast"]
 FEW_SIZES = [1, 13, 1031, 4099, 65537]
 
+# name in tests/topologies.py -> (sections, cfg)
 TOPOLOGIES = {
-    # name: (node ids, extra env, sections, cfg, use Options for config)
-    "1x2": (["a", "a"], {}, BASE + ["unsupported", "empty", "late_peer", "broadcast"], {}, False),
-    "2x1": (["a", "b"], {}, BASE + ["broadcast"], {}, False),
-    "3x1-options": ([None, None, None], {}, BASE, {"sizes": FEW_SIZES}, True),
-    "2x2": (["a", "a", "b", "b"], {}, BASE + FEATURES,
-            {"big": [(torch.float32, "SUM"), (torch.bfloat16, "AVG"), (torch.int32, "MAX")]}, False),
-    "uneven-2+1": (["a", "a", "b"], {}, BASE + ["broadcast"], {"sizes": FEW_SIZES}, False),
-    # Interleaved nodes of 3 and 2: two rails, rank 4 passive (and a root).
-    "uneven-3+2": (["a", "b", "a", "b", "a"], {}, BASE + ["broadcast"], {"sizes": FEW_SIZES}, False),
-    "noncontig-map-abab": (["a", "b", "a", "b"], {}, BASE, {"sizes": FEW_SIZES}, False),
-    "2x2-slice4K": (["a", "a", "b", "b"],
-                    {"FAIRRING_SLICE_SIZE": "4K", "FAIRRING_PARALLELISM": "2", "FAIRRING_TOTAL_MEMORY": "1M"},
-                    BASE, {"sizes": FEW_SIZES + [262147]}, False),
-    # The device-like host mover (csrc/devices/deferred_mover.h): every step runs
-    # later on a per-slot stream, ordered across ranks only by the events the schedule
-    # asks for, as on the CUDA path.  A missing wait shows up as wrong numbers here.
-    "1x3-deferred": (["a", "a", "a"],
-                     {"FAIRRING_TEST_DEFERRED_MOVER": "1", "FAIRRING_SLICE_SIZE": "4K", "FAIRRING_PARALLELISM": "2",
-                      "FAIRRING_TOTAL_MEMORY": "1M"},
-                     BASE, {"sizes": FEW_SIZES}, False),  # 65537 elements: 64 slices of 4 KiB
+    "1x2": (BASE + ["unsupported", "empty", "late_peer", "broadcast"], {}),
+    "2x1": (BASE + ["broadcast"], {}),
+    "3x1-options": (BASE, {"sizes": FEW_SIZES}),
+    "2x2": (BASE + FEATURES, {"big": [(torch.float32, "SUM"), (torch.bfloat16, "AVG"), (torch.int32, "MAX")]}),
+    "uneven-2+1": (BASE + ["broadcast"], {"sizes": FEW_SIZES}),
+    # Rank 4 is passive (and a root).
+    "uneven-3+2": (BASE + ["broadcast"], {"sizes": FEW_SIZES}),
+    "noncontig-map-abab": (BASE, {"sizes": FEW_SIZES}),
+    "2x2-slice4K": (BASE, {"sizes": FEW_SIZES + [262147]}),
+    # The device-like host mover: a missing wait shows up as wrong numbers here.
+    "1x3-deferred": (BASE, {"sizes": FEW_SIZES}),  # 65537 elements: 64 slices of 4 KiB
     # Several slices in flight: 262147 elements (2 slices) for every dtype and op,
     # and the "big" case (3 M float32 elements, 12 slices).
-    "2x2-deferred": (["a", "a", "b", "b"], {"FAIRRING_TEST_DEFERRED_MOVER": "1"},
-                     BASE, {"sizes": FEW_SIZES + [262147]}, False),
+    "2x2-deferred": (BASE, {"sizes": FEW_SIZES + [262147]}),
     # Uneven nodes under the device-like mover: a carrier's wait for its passive
-    # ranks' pieces, and their reads of its chunk (test_collectives.py).
-    "uneven-2+1-deferred": (["a", "a", "b"],
-                            {"FAIRRING_TEST_DEFERRED_MOVER": "1", "FAIRRING_SLICE_SIZE": "4K",
-                             "FAIRRING_PARALLELISM": "2", "FAIRRING_TOTAL_MEMORY": "1M"},
-                            BASE, {"sizes": FEW_SIZES}, False),
+    # ranks' pieces, and their reads of its chunk (test_reduce_scatter_all_gather.py).
+    "uneven-2+1-deferred": (BASE, {"sizes": FEW_SIZES}),
     # One rank per node: no node peers, so no peer events (the CUDA mover has none).
-    "2x1-deferred": (["a", "b"], {"FAIRRING_TEST_DEFERRED_MOVER": "1"}, BASE + ["broadcast"],
-                     {"sizes": FEW_SIZES + [262147]}, False),
+    "2x1-deferred": (BASE + ["broadcast"], {"sizes": FEW_SIZES + [262147]}),
 }
 
-_cache: dict = {}
 
-
-def _nodes_of(name):
-    ids, _, _, _, use_opts = TOPOLOGIES[name]
-    if use_opts:
-        return [f"opt-node-{r}" for r in range(len(ids))]
-    return ids
+def launch_on(name, fn, sections, cfg):
+    """fn(rank, world, sections, cfg) on topology `name`, with the Options
+    of rank_all_reduce.options_by_rank where the topology takes its node ids
+    from them; cfg gets the smallest node's rank count."""
+    t = topologies.get(name)
+    nodes = t.layout
+    return launch.run_ranks(fn, list(t.ids), args=(sections, dict(cfg, local_ranks=min(nodes.count(n) for n in nodes))),
+                            env=dict(t.env), timeout_s=240, pg_timeout_s=60,
+                            pg_options_fn=rank_all_reduce.options_by_rank if t.options else None, check=False)
 
 
 def session(name):
-    if name not in _cache:
-        ids, env, sections, cfg, use_opts = TOPOLOGIES[name]
-        nodes = _nodes_of(name)
-        cfg = dict(cfg)
-        cfg["local_ranks"] = min(nodes.count(n) for n in nodes)
-        shm_before = launch.list_shm()
-        t0 = time.monotonic()
-        try:
-            res = launch.run_ranks(
-                rank_checks.session, ids, args=(sections, cfg), env=env, timeout_s=240,
-                pg_timeout_s=60, pg_options_fn=rank_checks.options_by_rank if use_opts else None,
-                check=False,
-            )
-            _cache[name] = ("ok", res, shm_before, launch.list_shm(), time.monotonic() - t0)
-        except launch.RunFailed as e:
-            _cache[name] = ("failed", e)
-    entry = _cache[name]
-    if entry[0] == "failed":
-        raise entry[1]
-    return entry[1:]
+    """The results of topology `name`'s one launch, and /dev/shm's fairring
+    files before and after it."""
+    def run():
+        before = launch.list_shm()
+        res = launch_on(name, rank_all_reduce.session, *TOPOLOGIES[name])
+        return res, before, launch.list_shm()
+    return launch.once(("test_all_reduce", name), run)
 
 
 def section(name, sec):
-    res, _, _, _ = session(name)
+    res, _, _ = session(name)
     bad = [r for r in res if not r.ok]
     if bad:
         raise AssertionError(f"topology {name}: ranks {[r.rank for r in bad]} did not return:\n"
@@ -138,7 +114,7 @@ def test_noncontiguous(topo):
 @pytest.mark.parametrize("topo", list(TOPOLOGIES))
 def test_shared_memory_hygiene(topo):
     per_rank = assert_no_failures(topo, "shm")
-    res, before, after, _ = session(topo)
+    res, before, after = session(topo)
     names = {n for v in per_rank for n in v["names"]}
     leftover = [n for n in names if n in after]
     assert not leftover, f"{topo}: segments mapped by the job still in /dev/shm after it ended: {leftover}"
@@ -149,7 +125,7 @@ def test_shared_memory_hygiene(topo):
 @pytest.mark.parametrize("topo", list(TOPOLOGIES))
 def test_listen_address(topo):
     per_rank = assert_no_failures(topo, "listen")
-    nodes = _nodes_of(topo)
+    nodes = topologies.get(topo).layout
     addrs = [v["addr"] for v in per_rank]
     if len(set(nodes)) == 1:
         assert addrs == [""] * len(nodes), f"{topo}: single-node job must have listen_address() == '': {addrs}"
@@ -172,7 +148,7 @@ def test_listen_address(topo):
 def test_clean_exit(topo):
     """Every rank exits with code 0 soon after its work (destroy_process_group
     and interpreter shutdown must not hang)."""
-    res, _, _, _ = session(topo)
+    res, _, _ = session(topo)
     bad = [r for r in res if r.exitcode != 0 or r.hung_at_exit]
     assert not bad, f"{topo}: ranks did not exit cleanly:\n" + launch.describe_all(bad)
 
@@ -182,7 +158,7 @@ def test_node_layout_detected(topo):
     """FAIRRING_NODE_ID / Options.node_id decide the layout (checked through the
     backend's topology() introspection when it has one)."""
     per_rank = assert_no_failures(topo, "listen")
-    nodes = _nodes_of(topo)
+    nodes = topologies.get(topo).layout
     distinct = list(dict.fromkeys(nodes))
     counts = [nodes.count(n) for n in distinct]
     topos = [v["topology"] for v in per_rank]
@@ -216,15 +192,15 @@ def _layout_warnings(output):
 @pytest.mark.parametrize("topo", list(TOPOLOGIES))
 def test_topology_warning(topo):
     """Uneven nodes log one warning (at most one per process); even layouts none."""
-    res, _, _, _ = session(topo)
+    res, _, _ = session(topo)
     warns = [_layout_warnings(r.output) for r in res]
-    nodes = _nodes_of(topo)
+    nodes = topologies.get(topo).layout
     counts = {n: nodes.count(n) for n in nodes}
     assert all(len(w) <= 1 for w in warns), f"{topo}: layout warning repeated within a process: {warns}"
     if len(set(counts.values())) > 1:
         assert sum(len(w) for w in warns) >= 1, (
             f"{topo}: uneven node sizes {counts} but no warning about it in any rank's output")
-    elif "subgroups" in TOPOLOGIES[topo][2]:
+    elif "subgroups" in TOPOLOGIES[topo][0]:
         # the subgroup [1, 2, 3] is uneven and may warn; rank 0 is not in it
         assert not warns[0], f"{topo}: unexpected layout warning on rank 0 of an even topology: {warns[0]}"
     else:

@@ -1,4 +1,4 @@
-"""Issue order on shared memory, checked inside the ranks (tests/test_issue_order.py).
+"""Issue order on shared memory, checked inside the ranks (tests/test_op_order.py).
 
 Each pattern is a short list of collectives on views of one storage per rank,
 issued with async_op=True back to back and waited on at the end.  The group

@@ -1,10 +1,11 @@
 """reduce_scatter and all_gather (issue 9) on the simulated topologies of
-test_allreduce.py: every dtype and op against the all-reduce's float64 / exact
+tests/topologies.py: every dtype and op against the all-reduce's float64 / exact
 reference, odd sizes, non-contiguous tensors, list and coalesced forms, many ops
 in flight mixed with all-reduces, mismatches between ranks, and which path ran.
 
-Each topology is launched once (rank_collectives.session runs every section in
-one process group); the tests assert on the cached per-section results.
+Each topology is launched once (rank_reduce_scatter_all_gather.session runs
+every section in one process group); the tests assert on the cached
+per-section results.
 
 Two groups of tests:
 - test_reduce_scatter / test_all_gather / test_many_in_flight_mixed /
@@ -19,21 +20,18 @@ Two groups of tests:
 """
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
 import launch
-import rank_checks
-import rank_collectives
-import test_allreduce as ar
+import rank_reduce_scatter_all_gather
+import test_all_reduce as ar
 
 ALL = ["reduce_scatter", "all_gather", "inflight", "native"]
 SMALL = ["reduce_scatter", "all_gather", "native"]
 FEW = {"rs_sizes": [1, 3, 13, 1031], "ag_sizes": [1, 13, 1031]}
 
-# name in test_allreduce.TOPOLOGIES (node layout, env, Options) -> (sections, cfg).
+# name in tests/topologies.py -> (sections, cfg).
 # The heavy cases (big tensors, the in-flight mix) run on 1x2 and 2x2 only.
 TOPOLOGIES = {
     "1x2": (ALL, {}),
@@ -45,7 +43,7 @@ TOPOLOGIES = {
     "uneven-2+1": (SMALL, FEW),
     "uneven-3+2": (SMALL, {"rs_sizes": [1, 13, 1031, 65537], "ag_sizes": [1, 13, 65537]}),
     "uneven-2+1-deferred": (SMALL, {"rs_sizes": [1, 13, 1031, 16411], "ag_sizes": [1, 13, 16411]}),
-    # The device-like host mover (CUDA's ordering, test_allreduce.py): a step
+    # The device-like host mover (CUDA's ordering, test_all_reduce.py): a step
     # that misses a wait on a peer's copy gives wrong numbers here.
     # (1x3: 4 KiB slices, so 16411 elements are 5+ slices per block, two in flight)
     "1x3-deferred": (SMALL, {"rs_sizes": [1, 13, 1031, 16411], "ag_sizes": [1, 13, 16411]}),
@@ -53,27 +51,10 @@ TOPOLOGIES = {
     "2x1-deferred": (SMALL, FEW),
 }
 
-_cache: dict = {}
-
 
 def session(name):
-    if name not in _cache:
-        ids, env, _, _, use_opts = ar.TOPOLOGIES[name]
-        sections, cfg = TOPOLOGIES[name]
-        nodes = ar._nodes_of(name)
-        cfg = dict(cfg, local_ranks=min(nodes.count(n) for n in nodes))
-        t0 = time.monotonic()
-        try:
-            res = launch.run_ranks(
-                rank_collectives.session, ids, args=(sections, cfg), env=env, timeout_s=240, pg_timeout_s=60,
-                pg_options_fn=rank_checks.options_by_rank if use_opts else None, check=False)
-            _cache[name] = ("ok", res, time.monotonic() - t0)
-        except launch.RunFailed as e:
-            _cache[name] = ("failed", e)
-    entry = _cache[name]
-    if entry[0] == "failed":
-        raise entry[1]
-    return entry[1]
+    return launch.once(("test_reduce_scatter_all_gather", name),
+                       lambda: ar.launch_on(name, rank_reduce_scatter_all_gather.session, *TOPOLOGIES[name]))
 
 
 def section(name, sec):
@@ -169,19 +150,17 @@ def test_native_reduce_scatter_bits_match_all_reduce(topo):
     assert not lines, "\n".join(lines)
 
 
-_mismatch_cache: dict = {}
-MISMATCH_TOPOLOGIES = {"1x2": ["a", "a"], "2x2": ["a", "a", "b", "b"]}
+MISMATCH_TOPOLOGIES = ["1x2", "2x2"]
 MISMATCH_TIMEOUT_S = 10
 
 
 def mismatch_results(topo):
-    return launch.run_once(_mismatch_cache, topo, lambda: launch.run_ranks(
-        rank_collectives.mismatch_session, MISMATCH_TOPOLOGIES[topo],
-        args=(rank_collectives.MISMATCHES, MISMATCH_TIMEOUT_S), timeout_s=180, check=False))
+    return launch.on(topo, rank_reduce_scatter_all_gather.mismatch_session,
+                     args=(rank_reduce_scatter_all_gather.MISMATCHES, MISMATCH_TIMEOUT_S), timeout_s=180, check=False)
 
 
-@pytest.mark.parametrize("topo", list(MISMATCH_TOPOLOGIES))
-@pytest.mark.parametrize("case", rank_collectives.MISMATCHES)
+@pytest.mark.parametrize("topo", MISMATCH_TOPOLOGIES)
+@pytest.mark.parametrize("case", rank_reduce_scatter_all_gather.MISMATCHES)
 def test_native_mismatch_is_an_error_everywhere(topo, case):
     """Size, dtype, op or kind differing between ranks: a DistBackendError saying
     "mismatch" on every rank, well within the group's timeout (on a group of its
