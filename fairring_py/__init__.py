@@ -10,6 +10,7 @@ When the package is installed, torch registers the backend by itself at
 """
 
 import atexit
+import os
 import warnings
 from collections import Counter
 
@@ -85,8 +86,8 @@ def _build(store, rank, size, timeout, resolved):
     """A Fairring backend with `resolved` options; the groups made from it
     (shrink, split) are built here too, with the same options."""
     _C._init_checkpoint(store, rank, size, timeout, "options")
-    # Collectives other than all-reduce go to gloo, on its own corner of the store.
-    fallback = dist.ProcessGroupGloo(dist.PrefixStore("fairring-gloo/", store), rank, size, timeout)
+    # What Fairring does not run itself goes to gloo, on its own corner of the store.
+    fallback = _gloo_fallback(dist.PrefixStore("fairring-gloo/", store), rank, size, timeout)
     config = _C.Config()
     config.slice_size = resolved.slice_size
     config.total_memory = resolved.total_memory
@@ -103,6 +104,27 @@ def _build(store, rank, size, timeout, resolved):
     if rank == 0 and backend.topology()["uneven"]:
         _warn_uneven(store, size)
     return backend
+
+
+def _gloo_fallback(store, rank, size, timeout):
+    """The gloo group a Fairring group delegates to, connecting lazily: each
+    pair of ranks connects the first time a delegated op uses it, so a group
+    that never delegates never builds gloo's full mesh (N(N-1)/2 connections
+    at creation, the larger part of creating a group of many ranks).  Devices
+    as torch makes them for gloo (GLOO_SOCKET_IFNAME, else the host's
+    address); a torch without lazy devices gets gloo's usual group."""
+    try:
+        ifnames = [i for i in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if i]
+        if ifnames:
+            devices = [dist.ProcessGroupGloo.create_device(interface=i, lazy_init=True) for i in ifnames]
+        else:
+            devices = [dist.ProcessGroupGloo.create_default_device(lazy_init=True)]
+    except (AttributeError, TypeError):
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    opts._devices = devices
+    return dist.ProcessGroupGloo(store, rank, size, opts)
 
 
 def _warn_uneven(store, size):
