@@ -49,6 +49,7 @@ TOPOLOGIES = {
     "1x3-deferred": (SMALL, {"rs_sizes": [1, 13, 1031, 16411], "ag_sizes": [1, 13, 16411]}),
     "2x2-deferred": (SMALL, {"rs_sizes": [1, 13, 1031, 65537], "ag_sizes": [1, 13, 65537]}),
     "2x1-deferred": (SMALL, FEW),
+    "4x1-paced": (SMALL, {"rs_sizes": [1, 13, 1031, 16411], "ag_sizes": [1, 13, 16411]}),
 }
 
 

@@ -72,12 +72,15 @@ TOPOLOGIES = {
     # A node of one beside a node of three: one rail carrying two passive ranks'
     # pieces, many slices in flight.
     "uneven-1+3-deferred": _t("abbb", {**DEFERRED, **SLICE4K}),
+    # Rail rounds paced one node ahead of their receives (RailStage::hold),
+    # with many slices in flight holding sends for the same peers.
+    "4x1-paced": _t("abcd", {**SLICE4K, "FAIRRING_RAIL_SEND_WINDOW": "1"}),
 }
 
 # The clusters every host collective (all-to-all, gather / scatter, reduce)
 # is checked on.
 SWEEP = ("1x1", "1x2", "1x3", "2x1", "2x2", "3x1", "uneven-2+1", "uneven-3+2", "2x2-slice4K", "2x2-deferred",
-         "uneven-1+3-deferred")
+         "uneven-1+3-deferred", "4x1-paced")
 
 
 def get(name: str) -> Topology:

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <stdexcept>
 
 #include "common/deadlines.h"
@@ -28,6 +29,14 @@ struct RailStage::SliceState {
   int contributions_missing = 0;  // as a server
   int results_missing = 0;        // as a client
   int sends_pending = 0;
+  // Paced sends (release_paced), per round (0: the walk's first round, 1:
+  // the sums): those not yet posted, in the order they go out; how many went
+  // out, how many of the round's receives are in, and how many sends may
+  // be out beyond those received.
+  std::deque<HeldSend> held[2];
+  int posted[2] = {0, 0};
+  int received[2] = {0, 0};
+  int allowance[2] = {0, 0};
   RailWalk walk;
   bool wire = false;                                  // compressed messages (codec_.applies)
   bool served = true;                                 // our shard reduced and sent (or nothing to serve)
@@ -130,6 +139,9 @@ RailStage::RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callb
   // thread slow, descheduled or stopped where it writes into an op's memory
   // while the op fails).
   reduce_delay_ = test_delay("FAIRRING_TEST_RAIL_REDUCE_DELAY_MS");
+  // FAIRRING_RAIL_SEND_WINDOW=<nodes> (0: no pacing): how far a round's
+  // sends run ahead of its receives (hold()).
+  if (const char* w = std::getenv("FAIRRING_RAIL_SEND_WINDOW")) send_window_ = std::atoi(w);
 }
 
 void RailStage::start() {
@@ -254,6 +266,7 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
   }
   s.walk = t.walk(topo_.node, topo_.num_nodes);
   const c10::ScalarType dtype = t.dtype();
+  std::vector<HeldSend> sends;
   for (const Transfer& x : s.walk.sends) {
     const char* data = t.shard_at(x.shard);
     if (s.wire && x.count > 0) {
@@ -264,8 +277,9 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
       codec_.encode(dtype, data, x.count, msg);
       data = msg;
     }
-    send(*clients_[x.node], s, WireKind::kContribution, x.count, data);
+    sends.push_back({clients_[x.node].get(), WireKind::kContribution, x.count, data});
   }
+  hold(s, 0, std::move(sends), s.walk.sends, s.walk.receives.size());
   for (const Transfer& x : s.walk.sum_receives) {
     char* where = t.shard_at(x.shard);
     const bool decode = s.wire && x.count > 0;
@@ -275,6 +289,7 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
         [this, &s, decode, into, where, x] {
           if (decode) codec_.decode(s.task.dtype(), into, x.count, where);
           --s.results_missing;
+          ++s.received[1];
         },
         now);
     ++s.results_missing;
@@ -283,7 +298,11 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
     for (const Transfer& x : s.walk.receives) {
       expect(
           *servers_[x.node], s, WireKind::kContribution, x.count, t.landing_at(x.shard),
-          [&s] { --s.contributions_missing; }, now);
+          [&s] {
+            --s.contributions_missing;
+            ++s.received[0];
+          },
+          now);
       ++s.contributions_missing;
     }
   } else if (s.walk.reduces) {
@@ -302,6 +321,7 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
           *servers_[x.node], s, WireKind::kContribution, x.count, into,
           [this, &s, decode, into, x] {
             if (decode) codec_.decode(s.task.dtype(), into, x.count, (*s.staging)[x.node].data());
+            ++s.received[0];
             if (--s.contributions_missing == 0) serve(s);
           },
           now);
@@ -309,6 +329,54 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
     }
   }
   active_.push_back(std::move(st));
+  release_paced();
+}
+
+// Sending every message of a round at once puts N - 1 flows on each link at
+// a time (and twice that with the sums): with many nodes they overflow the
+// queues on the way (a switch port, the sender's own qdisc), and the drops
+// and retransmission timeouts of the slowest flow hold up every slice.  So
+// a round's messages go out nearest node first (node + 1, node + 2, ...,
+// rotating, so that each node hears from node - 1 first), at most
+// send_window_ nodes' worth ahead of the round's receives: every node
+// receives from about as many nodes as it sends to, so the receives say how
+// far the exchange has come, and a link carries a few flows each way instead
+// of N - 1.  With N - 1 <= send_window_ everything goes at once, as before.
+void RailStage::hold(SliceState& s, int round, std::vector<HeldSend> sends, const std::vector<Transfer>& to,
+                     size_t receives) {
+  const int n = topo_.num_nodes;
+  std::vector<size_t> order(sends.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  const auto distance = [&](size_t i) { return (to[i].node - topo_.node + n) % n; };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return distance(a) < distance(b); });
+  for (size_t i : order) s.held[round].push_back(sends[i]);
+  const int total = static_cast<int>(sends.size());
+  // Messages per node (an exchange has several), and sends no receive
+  // stands for (a node that serves nothing only sends).
+  const int per_node = std::max(1, total / std::max(1, n - 1));
+  const int unmatched = std::max(0, total - static_cast<int>(receives));
+  s.allowance[round] = send_window_ > 0 && send_window_ < n - 1 ? send_window_ * per_node + unmatched : total;
+}
+
+// Posts the held sends their round's receives allow, slice by slice in
+// order: a channel's messages must leave in slice order (its peer matches
+// them so), so none passes a send an earlier slice still holds for it.
+void RailStage::release_paced() {
+  std::vector<const Channel*> blocked;
+  for (auto& st : active_) {
+    SliceState& s = *st;
+    for (int round = 0; round < 2; ++round) {
+      auto& q = s.held[round];
+      while (!q.empty() && s.posted[round] < s.allowance[round] + s.received[round] &&
+             std::find(blocked.begin(), blocked.end(), q.front().ch) == blocked.end()) {
+        const HeldSend h = q.front();
+        q.pop_front();
+        send(*h.ch, s, h.kind, h.count, h.data);
+        ++s.posted[round];
+      }
+      for (const auto& h : q) blocked.push_back(h.ch);
+    }
+  }
 }
 
 bool RailStage::via_servers(const RailTask& t) const {
@@ -388,7 +456,10 @@ void RailStage::serve(SliceState& s) {
     codec_.decode(t.dtype(), msg, count, out);
     result = msg;
   }
-  for (const Transfer& x : s.walk.sum_sends) send(*servers_[x.node], s, WireKind::kResult, x.count, result);
+  std::vector<HeldSend> sums;
+  for (const Transfer& x : s.walk.sum_sends)
+    sums.push_back({servers_[x.node].get(), WireKind::kResult, x.count, result});
+  hold(s, 1, std::move(sums), s.walk.sum_sends, s.walk.sum_receives.size());
   s.served = true;
 }
 
@@ -423,7 +494,8 @@ void RailStage::expect(Channel& ch, SliceState& s, WireKind kind, int64_t count,
 void RailStage::maybe_finish() {
   while (!active_.empty()) {
     SliceState& s = *active_.front();
-    if (!(s.served && s.contributions_missing == 0 && s.results_missing == 0 && s.sends_pending == 0)) {
+    if (!(s.served && s.contributions_missing == 0 && s.results_missing == 0 && s.sends_pending == 0 &&
+          s.held[0].empty() && s.held[1].empty())) {
       break;
     }
     const uint64_t seq = s.task.slice_seq;
@@ -478,6 +550,7 @@ void RailStage::loop() {
       for (Channel* ch : chans) {
         if (ch->parked() && ch->has_pending_recv()) ch->progress_recv();
       }
+      release_paced();
 
       if (Clock::now() >= next_heartbeat) {
         next_heartbeat = Clock::now() + heartbeat_every;
@@ -512,6 +585,7 @@ void RailStage::loop() {
         if ((re & (POLLIN | POLLERR | POLLHUP)) && chans[i]->wants_read()) chans[i]->progress_recv();
         if (re & (POLLOUT | POLLERR | POLLHUP)) chans[i]->progress_send();
       }
+      release_paced();  // what the receives just in allow
       maybe_finish();
 
       const auto now = Clock::now();

@@ -35,6 +35,10 @@ class Store;
 
 namespace fairring {
 
+// How many nodes' worth of a rail round's messages go out ahead of its
+// receives (RailStage::hold); FAIRRING_RAIL_SEND_WINDOW overrides it.
+constexpr int kRailSendWindow = 2;
+
 struct Config;
 
 // The element-wise reduction the server applies (the CPU kernel, or another
@@ -79,6 +83,12 @@ class RailStage : public RailExchange {
 
  private:
   struct SliceState;
+  struct HeldSend {  // a message a paced round has not posted yet
+    Channel* ch;
+    WireKind kind;
+    int64_t count;
+    const char* data;
+  };
   void loop();
   void start(std::unique_ptr<SliceState> state);
   void serve(SliceState& s);
@@ -94,6 +104,10 @@ class RailStage : public RailExchange {
   // (checked against what we expect) into `into`.
   void expect(Channel& ch, SliceState& s, WireKind kind, int64_t count, char* into, std::function<void()> on_done,
               Clock::time_point now);
+  // Pacing a round's sends (rail_stage.cpp): `sends` (to `to[i].node`)
+  // held in the order they go out, allowed ahead of the round's `receives`.
+  void hold(SliceState& s, int round, std::vector<HeldSend> sends, const std::vector<Transfer>& to, size_t receives);
+  void release_paced();
   void maybe_finish();
   void wake();
   void send_aborts(const Error& why);
@@ -108,6 +122,7 @@ class RailStage : public RailExchange {
   Callbacks callbacks_;
   std::atomic<std::chrono::milliseconds> timeout_;           // set_timeout may change it
   std::chrono::milliseconds reduce_delay_{0};                // tests only (rail_stage.cpp)
+  int send_window_ = kRailSendWindow;                        // nodes; 0: no pacing (hold())
   std::vector<std::unique_ptr<Channel>> clients_;            // by node; null for ours
   std::vector<std::unique_ptr<Channel>> servers_;            // by node; null for ours
   std::vector<std::unique_ptr<Channel>> reduction_servers_;  // by server index; empty: none

@@ -1,0 +1,105 @@
+"""Where the time of an all-reduce between many simulated nodes goes on the
+wire: qdisc drops (at the switch's ports and at each node's own link) and
+TCP retransmissions and timeouts in the nodes' namespaces, for Fairring and
+gloo run one after the other on the same cluster (root; the bench's
+network namespaces, bench/netns.py).
+
+    python3 benchmarks/rail_drops.py                            # 16 nodes, 100 Mbit/s, 4 MiB
+    N=16 RATE=1gbit SIZE=25M python3 benchmarks/rail_drops.py   # 16 nodes, 1 Gbit/s, 25 MiB
+    FAIRRING_RAIL_SEND_WINDOW=0 python3 benchmarks/rail_drops.py fairring   # the rails unpaced
+
+Arguments: the backends to run (default: fairring gloo).  Each runs ITERS
+(default 4) all-reduces after 2 warm-up ones, one rank per node; the time per
+op is rank 0's, between barriers.  Every rank's result is checked.
+"""
+import os
+import re
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def rank_main(backend: str, size: int, iters: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import fairring_py  # noqa: F401  registers "fairring"
+
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = torch.full((size // 4,), float(rank))
+    for _ in range(2):
+        dist.all_reduce(x)
+    x.fill_(float(rank))
+    dist.barrier()
+    t0 = time.perf_counter()
+    for i in range(iters):
+        dist.all_reduce(x)
+        if i == 0:
+            want = float(world * (world - 1) // 2)
+            assert torch.all(x == want), f"rank {rank}: wrong all-reduce result"
+            x.fill_(float(rank))
+    dist.barrier()
+    if rank == 0:
+        print(f"{backend}: {(time.perf_counter() - t0) / iters * 1e3:.1f} ms per all-reduce", flush=True)
+    dist.destroy_process_group()
+
+
+def counters(cluster) -> tuple:
+    """(qdisc drops at the switch's ports, at the nodes' links, TCP segments
+    retransmitted, retransmission timeouts), summed over the cluster."""
+    def run(cmd):
+        return subprocess.run(cmd, capture_output=True, text=True).stdout
+
+    def dropped(ns):
+        return sum(int(m) for m in re.findall(r"dropped (\d+)", run(["ip", "netns", "exec", ns, "tc", "-s", "qdisc"])))
+
+    at_switch = dropped(cluster.switch)
+    at_nodes = retrans = timeouts = 0
+    for ns in cluster.node_ns:
+        at_nodes += dropped(ns)
+        for line in run(["ip", "netns", "exec", ns, "nstat", "-az", "TcpRetransSegs", "TcpExtTCPTimeouts"]).splitlines():
+            name, *rest = line.split() or [""]
+            if name == "TcpRetransSegs":
+                retrans += int(rest[0])
+            elif name == "TcpExtTCPTimeouts":
+                timeouts += int(rest[0])
+    return at_switch, at_nodes, retrans, timeouts
+
+
+def main() -> None:
+    from fairring_py.bench.metrics import parse_rate, parse_size
+    from fairring_py.bench.netns import Cluster
+
+    n = int(os.environ.get("N", "16"))
+    rate = parse_rate(os.environ.get("RATE", "100mbit"))
+    size = parse_size(os.environ.get("SIZE", "4M"))
+    iters = int(os.environ.get("ITERS", "4"))
+    backends = sys.argv[1:] or ["fairring", "gloo"]
+    print(f"{n} nodes x 1 rank, links of {os.environ.get('RATE', '100mbit')}, all-reduce of {size} bytes, "
+          f"FAIRRING_RAIL_SEND_WINDOW={os.environ.get('FAIRRING_RAIL_SEND_WINDOW', 'default')}", flush=True)
+    with Cluster(n, rate) as c:
+        for port, backend in enumerate(backends):
+            before = counters(c)
+            procs = []
+            for r in range(n):
+                env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), MASTER_ADDR=c.address(0),
+                           MASTER_PORT=str(29700 + port), FAIRRING_NODE_ID=str(r), **c.rank_env(r))
+                cmd = c.exec_prefix(r) + [sys.executable, os.path.abspath(__file__), "--rank", backend, str(size),
+                                          str(iters)]
+                procs.append(subprocess.Popen(cmd, env=env))
+            codes = [p.wait() for p in procs]
+            after = counters(c)
+            d = [a - b for a, b in zip(after, before)]
+            print(f"  {backend}: exit codes {sorted(set(codes))}; qdisc drops at the switch {d[0]}, at the nodes' "
+                  f"links {d[1]}; TCP segments retransmitted {d[2]}, retransmission timeouts {d[3]}", flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--rank":
+        rank_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    else:
+        main()
