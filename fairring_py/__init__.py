@@ -90,6 +90,7 @@ def _build(store, rank, size, timeout, resolved):
     fallback = _gloo_fallback(dist.PrefixStore("fairring-gloo/", store), rank, size, timeout)
     config = _C.Config()
     config.slice_size = resolved.slice_size
+    config.slice_size_auto = resolved.slice_size_auto
     config.total_memory = resolved.total_memory
     config.parallelism = resolved.parallelism
     config.socket_ifname = resolved.socket_ifname

@@ -62,7 +62,8 @@ _UNITS = {"": 1, "K": KiB, "M": MiB, "G": GiB}
 class Options:
     """Per-process-group options (``None`` = take the environment or the default).
 
-    slice_size:    bytes per pipelined slice (FAIRRING_SLICE_SIZE, default 1 MiB)
+    slice_size:    bytes per pipelined slice (FAIRRING_SLICE_SIZE, default 1 MiB; unset, a group of
+                   several nodes uses 256 KiB per rank, up to 4 MiB)
     total_memory:  staging memory per rank, bytes (FAIRRING_TOTAL_MEMORY, default 64 MiB)
     parallelism:   slices in flight at once (FAIRRING_PARALLELISM, default 4)
     node_id:       name of this rank's node; overrides detection (FAIRRING_NODE_ID)
@@ -136,6 +137,9 @@ class Resolved:
     wire_dtype: str = DEFAULTS["wire_dtype"]
     huge_pages: str = DEFAULTS["huge_pages"]
     reduction_servers: int = DEFAULTS["reduction_servers"]
+    # Neither Options nor the environment set the slice size: the backend
+    # picks it by the group's shape (larger with many ranks between nodes).
+    slice_size_auto: bool = False
 
 
 def resolve(pg_options=None, environ=None) -> Resolved:
@@ -191,7 +195,7 @@ def resolve(pg_options=None, environ=None) -> Resolved:
     v, name = value("reduction_servers")
     reduction_servers = _parse_int(v, name, *LIMITS["reduction_servers"])
     return Resolved(slice_size, total_memory, parallelism, node_id, ifname, gpu_transport, wire_dtype, huge_pages,
-                    reduction_servers)
+                    reduction_servers, slice_size_auto="slice_size" not in raw)
 
 
 def _choice(raw, key: str, choices, default: str) -> str:

@@ -228,12 +228,17 @@ def validation(rank, world, store_dir):
     # Options that fix the shared layout and the slices must agree between
     # ranks: every rank is told which one differs.
     out["disagree"] = []
-    for var, vals in (("FAIRRING_SLICE_SIZE", ("64K", "128K")), ("FAIRRING_PARALLELISM", ("2", "3"))):
-        os.environ[var] = vals[rank % 2]
+    # (None: unset.  A rank that leaves the slice size to the group's shape and
+    # one that sets the default both say 1 MiB, but with many ranks between
+    # nodes the first would use more: they disagree.)
+    for var, vals in (("FAIRRING_SLICE_SIZE", ("64K", "128K")), ("FAIRRING_PARALLELISM", ("2", "3")),
+                      ("FAIRRING_SLICE_SIZE", ("1M", None))):
+        if vals[rank % 2] is not None:
+            os.environ[var] = vals[rank % 2]
         try:
             out["disagree"].append((var,) + outcome(init))
         finally:
-            del os.environ[var]
+            os.environ.pop(var, None)
 
     def good_opts():
         init(pg_options=fairring_py.Options(slice_size=16 * 1024, total_memory=4 << 20, parallelism=4,

@@ -355,3 +355,19 @@ def test_blockwise_slice_pieces():
     assert pieces([2, 2]) == 4 and pieces([1]) == 1 and pieces([3]) == 3
     assert pieces([2, 1]) == 3 and pieces([3, 2]) == 5 and pieces([4, 1]) == 5
     assert pieces([3, 3, 1]) == 2 * 4 and pieces([4, 4, 2]) == 2 * 6
+
+
+def test_default_slice_grows_with_the_ranks_between_nodes():
+    """Unset, the slice is 256 KiB per rank of a group of several nodes when
+    that is more than the default, up to 4 MiB: a rail message stays hundreds
+    of KiB with many ranks.  One node, and a size the user set, are left alone."""
+    f = _C._auto_slice_size_for_test
+    mib = 1 << 20
+    assert f(mib, 8, 1) == mib  # one node: no rails
+    assert f(mib, 4, 2) == mib  # 2 x 2
+    assert f(mib, 4, 4) == mib  # 4 x 1
+    assert f(mib, 6, 3) == 3 * mib // 2  # 3 x 2
+    assert f(mib, 8, 8) == 2 * mib  # 8 x 1
+    assert f(mib, 16, 16) == 4 * mib  # 16 x 1
+    assert f(mib, 64, 64) == 4 * mib  # at most 4 MiB
+    assert f(8 * mib, 16, 16) == 8 * mib  # never below what it starts from

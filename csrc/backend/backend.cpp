@@ -58,10 +58,10 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
   const int size = getSize();
   // Which ranks share a machine, and the settings that must agree between
   // ranks (they fix the shared-memory layout and the slices).
-  const std::string settings = "FAIRRING_SLICE_SIZE=" + std::to_string(config_.slice_size) +
-                               ", FAIRRING_PARALLELISM=" + std::to_string(config_.parallelism) +
-                               ", FAIRRING_WIRE_DTYPE=" + config_.wire_dtype +
-                               ", FAIRRING_REDUCTION_SERVERS=" + std::to_string(config_.reduction_servers);
+  const std::string settings =
+      "FAIRRING_SLICE_SIZE=" + std::to_string(config_.slice_size) + (config_.slice_size_auto ? " (default)" : "") +
+      ", FAIRRING_PARALLELISM=" + std::to_string(config_.parallelism) + ", FAIRRING_WIRE_DTYPE=" + config_.wire_dtype +
+      ", FAIRRING_REDUCTION_SERVERS=" + std::to_string(config_.reduction_servers);
   store->set("node/" + std::to_string(rank), bytes_of(node_key));
   // The real machine too (a simulated node is one of several on it): for
   // whether the ranks here each have a core (wait_spin_for).
@@ -75,6 +75,15 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
     ranks_here += string_of(store->get("machine/" + std::to_string(r))) == machine;
   }
   topo_ = build_topology(keys, rank);
+  if (config_.slice_size_auto) {
+    // Larger slices with many ranks between nodes (config.h), within the
+    // staging memory the group may use.
+    const int64_t given = config_.slice_size;
+    config_.slice_size = auto_slice_size(given, size, topo_.num_nodes);
+    while (config_.slice_size > given && host_staging_bytes(config_, topo_) > config_.total_memory) {
+      config_.slice_size = std::max(given, config_.slice_size / 2);
+    }
+  }
   blockwise_pieces_ = blockwise_slice_pieces(topo_.node_sizes());
   config_.wait_spin = wait_spin_for(ranks_here, usable_cpus());
   // The group's secret (TCP peers must present it) and a unique name for its

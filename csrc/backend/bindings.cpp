@@ -110,6 +110,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Config>(m, "Config")
       .def(py::init<>())
       .def_readwrite("slice_size", &Config::slice_size)
+      .def_readwrite("slice_size_auto", &Config::slice_size_auto)
       .def_readwrite("total_memory", &Config::total_memory)
       .def_readwrite("parallelism", &Config::parallelism)
       .def_readwrite("socket_ifname", &Config::socket_ifname)

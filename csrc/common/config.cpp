@@ -1,4 +1,6 @@
 #include "common/config.h"
+
+#include <algorithm>
 #include "common/error.h"
 
 #include <stdexcept>
@@ -13,6 +15,11 @@ void check_range(const char* var, int64_t v, int64_t lo, int64_t hi) {
   }
 }
 }  // namespace
+
+int64_t auto_slice_size(int64_t configured, int ranks, int nodes) {
+  if (nodes < 2) return configured;
+  return std::max(configured, std::min(limits::kMaxAutoSliceSize, ranks * limits::kAutoSliceBytesPerRank));
+}
 
 void validate(const Config& c) {
   check_range("FAIRRING_SLICE_SIZE", c.slice_size, limits::kMinSliceSize, limits::kMaxSliceSize);

@@ -32,10 +32,25 @@ constexpr int64_t kMaxTotalMemory = 1024 * kGiB;
 constexpr int kMaxParallelism = 64;
 // Dedicated reduction servers a group may use (0: none, the workers serve).
 constexpr int kMaxReductionServers = 256;
+
+// A slice between nodes is cut into a piece per rank, and each piece into a
+// message per node: with many ranks, 1 MiB slices make messages of tens of
+// KiB, and each costs a round of every rail thread (and a TCP flow's start)
+// whatever its size.  So unless the user sets it, a group of several nodes
+// uses slices of at least this much per rank, up to kMaxAutoSliceSize:
+// 16 nodes of one rank 4 MiB, 8 of one 2 MiB, 2 x 2 and 4 x 1 the 1 MiB
+// default (BENCHMARKS: "Many nodes").
+constexpr int64_t kAutoSliceBytesPerRank = 256 * kKiB;
+constexpr int64_t kMaxAutoSliceSize = 4 * kMiB;
 }  // namespace limits
+
+// The slice size of a group of `ranks` ranks on `nodes` nodes when the user
+// gave none (`configured`: the default then).
+int64_t auto_slice_size(int64_t configured, int ranks, int nodes);
 
 struct Config {
   int64_t slice_size = limits::kDefaultSliceSize;      // bytes per pipelined slice
+  bool slice_size_auto = false;                        // not set by the user: auto_slice_size applies
   int64_t total_memory = limits::kDefaultTotalMemory;  // staging bytes per rank (upper bound)
   int parallelism = limits::kDefaultParallelism;       // slices in flight (pipeline depth)
   std::string socket_ifname;                           // "" = address of the hostname

@@ -19,15 +19,21 @@ namespace {
 // the buffers its reduction server receives the peers' shards into (and,
 // with compressed rails, the rail stage's wire buffers:
 // rail_stage_bytes_per_slot).
-int64_t required_memory(const Config& c, const PlanParams& p, const Topology& t) {
+int64_t required_memory(const Config& c, const PlanParams& p, const Topology& t, bool on_rail) {
   const int k = t.ranks_per_node;
   // A node of one rank has slot areas on uneven nodes only (node_arena.h).
   const int64_t shared = k > 1 ? c.slice_size * (k + 1) / k : (t.uneven ? 2 * c.slice_size : 0);
-  const int64_t rail = t.on_rail() ? rail_stage_bytes_per_slot(c, p, t.rails, t.num_nodes, t.largest_node) : 0;
+  const int64_t rail = on_rail ? rail_stage_bytes_per_slot(c, p, t.rails, t.num_nodes, t.largest_node) : 0;
   return (shared + rail) * c.parallelism;
 }
 
 }  // namespace
+
+int64_t host_staging_bytes(const Config& c, const Topology& t) {
+  PlanParams p;
+  p.slice_bytes = c.slice_size;
+  return required_memory(c, p, t, /*on_rail=*/t.num_nodes > 1);
+}
 
 // Host memory: the node's shared slot areas, memcpy and the CPU kernels, all
 // done by the time a call returns (NodeSlots' counters order them).
@@ -56,7 +62,7 @@ class HostEngine::HostMover : public Mover {
 HostEngine::HostEngine(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const Config& config,
                        const std::string& job_uid, const Secret& secret)
     : Pipeline(topo, config, "") {
-  require_memory(required_memory(config, params(), topo));
+  require_memory(required_memory(config, params(), topo, topo.on_rail()));
   const char* deferred = std::getenv("FAIRRING_TEST_DEFERRED_MOVER");
   const bool test_deferred = deferred && std::string(deferred) == "1";
   // Construction steps (FAIRRING_TEST_FAIL_AT): arena, rail, movers, start.

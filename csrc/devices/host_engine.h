@@ -23,6 +23,11 @@ class Store;
 
 namespace fairring {
 
+// The staging memory a rank of this topology needs with this config, as if
+// it were on a rail (a passive rank needs less): the same on every rank, so
+// that a choice made from it is too.
+int64_t host_staging_bytes(const Config& c, const Topology& t);
+
 class HostEngine : public Pipeline {
  public:
   // Collective: every rank of the group constructs its engine together.

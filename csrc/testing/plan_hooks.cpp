@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "collectives/collectives.h"
+#include "common/config.h"
 #include "common/op_key.h"
 #include "plan/plan.h"
 #include "plan/rail_walk.h"
@@ -29,6 +30,7 @@ py::list ranges(const std::vector<Range>& rs) {
 void register_plan_hooks(py::module& m) {
   m.def("_parse_cache_size_for_test", &parse_cache_size);
   m.def("_shared_cache_bytes", &shared_cache_bytes);
+  m.def("_auto_slice_size_for_test", &auto_slice_size);
   m.def("_wait_spin_us_for_test",
         [](int ranks_here, int cpus) { return static_cast<int64_t>(wait_spin_for(ranks_here, cpus).count()); });
   m.def("_split_even_for_test",
