@@ -45,7 +45,6 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::all_to_all_uneven(const std::vec
   const char* kind = "all_to_all";
   check_same_process(kind);
   const int world = getSize();
-  const int me = getRank();
   const at::Tensor& first = inputs[0];
   // This rank's own checks.  A failing one is raised only once every rank
   // has its row (flagged), so that the peers fail too instead of waiting.

@@ -27,7 +27,6 @@ namespace fairring {
 
 namespace {
 std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
-std::string string_of(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 }  // namespace
 
 FairringBackend::FairringBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const Config& config,
@@ -68,21 +67,9 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
   const std::string machine = machine_key();
   store->set("machine/" + std::to_string(rank), bytes_of(machine));
   check_same_settings(store, "settings", rank, size, settings);
-  // Every rank's keys in one wait and one read (group creation at many
-  // ranks paid a round trip per key).
-  std::vector<std::string> names;
-  for (int r = 0; r < size; ++r) {
-    names.push_back("node/" + std::to_string(r));
-    names.push_back("machine/" + std::to_string(r));
-  }
-  store->wait(names);
-  const std::vector<std::vector<uint8_t>> values = store->multiGet(names);
-  std::vector<std::string> keys(size);
-  int ranks_here = 0;
-  for (int r = 0; r < size; ++r) {
-    keys[r] = string_of(values[2 * r]);
-    ranks_here += string_of(values[2 * r + 1]) == machine;
-  }
+  const std::vector<std::string> keys = read_every_rank(store, "node", size);
+  const std::vector<std::string> machines = read_every_rank(store, "machine", size);
+  const int ranks_here = static_cast<int>(std::count(machines.begin(), machines.end(), machine));
   topo_ = build_topology(keys, rank);
   if (config_.slice_size_auto) {
     // Larger slices with many ranks between nodes (config.h), within the

@@ -32,10 +32,6 @@ void advise_fresh(const PipelineOp& op) {
     if (t->defined() && t->is_cpu()) advise_fresh_memory(t->data_ptr(), static_cast<int64_t>(t->nbytes()));
   }
 }
-
-// The real elements of a tensor (a complex one counts twice: ops move and
-// reduce its real and imaginary parts).
-int64_t reals_of(const at::Tensor& t) { return t.numel() * (t.is_complex() ? 2 : 1); }
 }  // namespace
 
 std::shared_ptr<PipelineOp> FairringBackend::new_op(Collective collective, const at::Tensor& on) {

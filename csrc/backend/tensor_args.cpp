@@ -79,7 +79,7 @@ int64_t check_outputs(const std::vector<at::Tensor>& outputs, c10::ScalarType dt
     TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "fairring: ", kind,
                 " into a tensor whose elements share memory (sizes ", t.sizes(), ", strides ", t.strides(),
                 "): clone() it first");
-    reals += t.numel() * (t.is_complex() ? 2 : 1);
+    reals += reals_of(t);
   }
   return reals;
 }

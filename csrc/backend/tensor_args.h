@@ -30,6 +30,10 @@ void check_splits(const std::vector<int64_t>& splits, const at::Tensor& t, int w
 // counts twice); throws what is wrong, naming the output.
 int64_t check_outputs(const std::vector<at::Tensor>& outputs, c10::ScalarType dtype, const char* kind);
 
+// The real elements of a tensor (a complex one counts twice: ops move and
+// reduce its real and imaginary parts).
+inline int64_t reals_of(const at::Tensor& t) { return t.numel() * (t.is_complex() ? 2 : 1); }
+
 // `t` (contiguous) as a flat tensor of real elements, a view.
 at::Tensor flat_reals(const at::Tensor& t);
 

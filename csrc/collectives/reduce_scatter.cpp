@@ -46,6 +46,7 @@ int64_t count_of(const SliceSchedule& p, const Slice& s, int j, int x) {
 // apart) up to the end of its last piece that holds data; a shorter piece
 // before it leaves a gap that travels but is never read.  Every node
 // computes the same length for every shard, so the rails agree on it.
+// Equal blocks: the plan's shard, every piece whole.
 Range shard_of(const SliceSchedule& p, const Slice& s, int j) {
   Range r = s.plan.shards[p.me()][j];
   int64_t end = 0;
@@ -128,7 +129,7 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   t.back_to = kBackToNone;  // each sum stays with its server, in its result
   t.divisor = p.divisor(s);
   for (int j = 0; j < p.topo().num_nodes; ++j) {
-    t.shards.push_back(s.op->block_counts.empty() ? s.plan.shards[p.me()][j] : shard_of(p, s, j));
+    t.shards.push_back(shard_of(p, s, j));
     t.pieces.push_back(p.staged(s) ? p.mover().output_area(slot, p.me()) + p.staged_at(s, j, p.me()) * esize
                                    : p.input_block(s, j, 0));  // only read
   }

@@ -8,17 +8,22 @@
 
 namespace fairring {
 
-void check_same_settings(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, int rank, int size,
-                         const std::string& mine) {
-  store->set(key + "/" + std::to_string(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
-  // Every rank's at once: one wait and one read, not a round trip (or a
-  // poll) per rank.
+std::vector<std::string> read_every_rank(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key,
+                                         int size) {
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(key + "/" + std::to_string(r));
   store->wait(keys);
-  const std::vector<std::vector<uint8_t>> all = store->multiGet(keys);
+  std::vector<std::string> values;
+  for (const std::vector<uint8_t>& v : store->multiGet(keys)) values.emplace_back(v.begin(), v.end());
+  return values;
+}
+
+void check_same_settings(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, int rank, int size,
+                         const std::string& mine) {
+  store->set(key + "/" + std::to_string(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  const std::vector<std::string> all = read_every_rank(store, key, size);
   for (int r = 0; r < size; ++r) {
-    const std::string theirs(all[r].begin(), all[r].end());
+    const std::string& theirs = all[r];
     if (theirs != mine) {
       throw Error(ErrorKind::kInvalidArgument,
                   "fairring: ranks of one process group must use the same options, but rank " + std::to_string(rank) +

@@ -7,12 +7,18 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <string>
+#include <vector>
 
 namespace c10d {
 class Store;
 }
 
 namespace fairring {
+
+// Every rank's value of `key`/<rank>, in one wait and one read (not a store
+// round trip per rank: group creation at many ranks paid them).
+std::vector<std::string> read_every_rank(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key,
+                                         int size);
 
 // Throws an Error of kind kInvalidArgument (ValueError in Python) naming both ranks'
 // values if any rank's `mine` differs from this one's.
