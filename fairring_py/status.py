@@ -86,7 +86,9 @@ def collect(store=None, timeout_s: float = _CONNECT_TIMEOUT_S) -> dict:
 
 
 def _age(op) -> str:
-    return f"{op['started_ms_ago'] / 1000:.1f} s"
+    # None: torch's flight recorder, which holds the op's times, no longer has it.
+    ago = op.get("started_ms_ago")
+    return "an unknown time" if ago is None else f"{ago / 1000:.1f} s"
 
 
 def analyze(answers: dict) -> list:

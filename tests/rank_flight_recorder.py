@@ -82,26 +82,74 @@ def desync(rank, world_size, how, culprit, folder):
         dist.all_reduce(t)
     except Exception as e:  # noqa: BLE001  (the desync's failure is expected)
         error = f"{type(e).__name__}: {e}"
-    return {"error": error, "dumped": os.path.exists(os.path.join(folder, f"rank_{rank}"))}
+    return {"error": error, "dumped": _dump_unless_dumped(folder, rank)}
 
 
-def stalled(rank, world_size, culprit, folder, wait_s=60.0):
-    """Two all-reduces, then `culprit` stalls in Python (a sleep past the
-    group's timeout) while the others wait for it in the third and fail.
-    The culprit never calls into Fairring meanwhile: its dump can only come
-    from being asked (every rank's status listener)."""
+def _dump_unless_dumped(folder, rank):
+    """Whether this rank's dump came without asking (Fairring's, after a
+    failure, from the thread that saw it: a moment, allowed for); if not,
+    the program writes it (gloo dumps nothing on a failure), so that the
+    analyzer reads the same set of dumps from either backend."""
+    mine = os.path.join(folder, f"rank_{rank}")
+    deadline = time.monotonic() + 5.0
+    while dist.get_backend() != "gloo" and not os.path.exists(mine) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    dumped = os.path.exists(mine)
+    if not dumped:
+        with open(mine, "wb") as f:
+            f.write(torch._C._distributed_c10d._dump_fr_trace())
+    return dumped
+
+
+def recent_view(rank, world_size):
+    """dump_recent after ten all-reduces and a size mismatch (rank 1 passes
+    3 elements where the others pass 4), with torch's entries of this
+    process beside it."""
+    import io
+
+    import fairring_py
+
+    for i in range(10):
+        dist.all_reduce(torch.ones(1 + i))
+    error = None
+    try:
+        dist.all_reduce(torch.ones(3 if rank == 1 else 4))
+    except Exception as e:  # noqa: BLE001  (the mismatch is expected)
+        error = f"{type(e).__name__}: {e}"
+    buf = io.StringIO()
+    recs = fairring_py.dump_recent(file=buf)
+    dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
+    return {"error": error, "recent": recs, "printed": buf.getvalue(),
+            "torch": [(e["collective_seq_id"], e["state"], e["retired"]) for e in dump["entries"]
+                      if e["profiling_name"] == "fairring:all_reduce"]}
+
+
+def broken(rank, world_size, how, culprit, folder, wait_s=30.0):
+    """The same program on either backend: two all-reduces, then `culprit`
+    stalls (`how` "stall": it waits, out of the library, past the group's
+    timeout) or is killed ("kill": SIGKILL) while the others wait for it in
+    a third.  Each rank's dump: _dump_unless_dumped (with
+    TORCH_FR_DUMP_ON_TIMEOUT=1 Fairring's stalled rank dumps too, asked by
+    the others)."""
+    import signal
+
     t = torch.ones(10)
     dist.all_reduce(t)
     dist.all_reduce(t)
     mine = os.path.join(folder, f"rank_{rank}")
-    if rank == culprit:
-        deadline = time.monotonic() + wait_s
-        while not os.path.exists(mine) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return {"error": None, "dumped": os.path.exists(mine)}
+    others = [os.path.join(folder, f"rank_{r}") for r in range(world_size) if r != rank]
     error = None
-    try:
-        dist.all_reduce(t)
-    except Exception as e:  # noqa: BLE001  (the timeout is expected)
-        error = f"{type(e).__name__}: {e}"
-    return {"error": error, "dumped": os.path.exists(mine)}
+    if rank == culprit:
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        # Fairring's dump is asked for; gloo's stalled rank dumps once the others did.
+        wanted = [mine] if dist.get_backend() != "gloo" else others
+        deadline = time.monotonic() + wait_s
+        while not all(os.path.exists(f) for f in wanted) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    else:
+        try:
+            dist.all_reduce(t)
+        except Exception as e:  # noqa: BLE001  (the failure is expected)
+            error = f"{type(e).__name__}: {e}"
+    return {"error": error, "dumped": _dump_unless_dumped(folder, rank)}

@@ -59,38 +59,81 @@ def test_every_op_is_recorded_in_torchs_flight_recorder():
         assert v["pg_config"][v["split_name"]]["ranks"] == ("[1]" if r.rank == 1 else "[0, 2]"), v["pg_config"]
 
 
+# What torch's analyzer says of a broken collective: the lines that name it and the ranks.
+VERDICT_WORDS = ("Not all ranks joining", "has errors", "collective:", "error msg", "missing ranks",
+                 "Missing dump files", "missed FR dumps")
+
+
+def _analyzer_verdict(folder, *extra):
+    p = subprocess.run([sys.executable, "-m", "fairring_py.fr_trace", folder, "-p", "rank_", *extra], cwd=ROOT,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    return p.returncode, [ln.strip() for ln in p.stdout.splitlines() if any(w in ln for w in VERDICT_WORDS)], p.stdout
+
+
+def _name_gloos_groups(folder):
+    """torch 2.13's gloo records its group's ranks (the dump's pg_config)
+    under the empty name, before torch names the group, and the analyzer
+    then cannot find them (a KeyError): they are filed under the name the
+    entries carry, so that gloo's dumps can be read at all."""
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        with open(path, "rb") as f:
+            dump = pickle.load(f)
+        unnamed = dump["pg_config"].pop("", None)
+        for uid, desc in {tuple(e["process_group"]) for e in dump["entries"]}:
+            dump["pg_config"].setdefault(uid, dict(unnamed or {}, name=uid, desc=desc))
+        with open(path, "wb") as f:
+            pickle.dump(dump, f)
+
+
 DESYNCS = {
-    # (nodes, how the culprit differs, the culprit, what the analyzer says).
+    # (nodes, how the culprit differs, the culprit, what the analyzer says,
+    # whether gloo runs the same program to its end: a size or dtype
+    # mismatch aborts one of its ranks, SIGABRT, and leaves no dump).
     # A skipped collective is a type mismatch; which side the analyzer calls
     # the culprit then depends on the dump it reads first, so only the op's
     # two types are checked.
     "1x3-size": (node_ids("1x3"), "size", 1,
-                 ["Culprit rank 1", "Expected input sizes: '[[10]]' does not match found input sizes: '[[7]]'"]),
-    "2x2-dtype": (node_ids("2x2"), "dtype", 2, ["Culprit rank 2", "COLLECTIVE_DTYPE_MISMATCH", "Double"]),
-    "2x2-skip": (node_ids("2x2"), "skip", 3, ["COLLECTIVE_TYPE_MISMATCH", "'broadcast'", "'all_reduce'"]),
+                 ["Culprit rank 1", "Expected input sizes: '[[10]]' does not match found input sizes: '[[7]]'"], False),
+    "2x2-dtype": (node_ids("2x2"), "dtype", 2, ["Culprit rank 2", "COLLECTIVE_DTYPE_MISMATCH", "Double"], False),
+    "2x2-skip": (node_ids("2x2"), "skip", 3, ["COLLECTIVE_TYPE_MISMATCH", "'broadcast'", "'all_reduce'"], True),
 }
 
 
 @pytest.mark.parametrize("case", list(DESYNCS))
 def test_torchs_analyzer_names_the_rank_out_of_step(case, tmp_path):
-    nodes, how, culprit, words = DESYNCS[case]
-    folder = str(tmp_path / "dumps")
-    os.makedirs(folder)
-    env = {"TORCH_FR_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": os.path.join(folder, "rank_")}
-    res = launch.run_ranks(rfr.desync, nodes, args=(how, culprit, folder), timeout_s=120, pg_timeout_s=30, env=env)
-    for r in res:
-        assert r.value["error"] and "mismatch" in r.value["error"], f"rank {r.rank}: {r.value}"
-        assert r.value["dumped"], f"rank {r.rank} left no dump in {folder}: {os.listdir(folder)}"
-        with open(os.path.join(folder, f"rank_{r.rank}"), "rb") as f:
-            third = [e for e in pickle.load(f)["entries"] if e["collective_seq_id"] == 3]
-        # The failed op: retired, not completed (as torch's recorders leave an op that timed out).
-        assert third and third[0]["retired"] and third[0]["state"] != "completed", third
-    p = subprocess.run([sys.executable, "-m", "fairring_py.fr_trace", folder, "-p", "rank_"], cwd=ROOT,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
-    assert p.returncode == 0, p.stdout
-    assert "Collective sequence number: 3 has errors" in p.stdout, p.stdout
-    for w in words:
-        assert w in p.stdout, f"{w!r} not in:\n{p.stdout}"
+    nodes, how, culprit, words, on_gloo = DESYNCS[case]
+    verdicts = {}
+    for backend in ("fairring", "gloo") if on_gloo else ("fairring",):
+        folder = str(tmp_path / backend)
+        os.makedirs(folder)
+        env = {"TORCH_FR_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": os.path.join(folder, "rank_")}
+        res = launch.run_ranks(rfr.desync, nodes, args=(how, culprit, folder), timeout_s=120, pg_timeout_s=30 if
+                               backend == "fairring" else 5, env=env, backend=backend)
+        if backend == "gloo":
+            _name_gloos_groups(folder)
+            verdicts[backend] = _analyzer_verdict(folder)
+            continue
+        for r in res:
+            assert r.value["error"] and "mismatch" in r.value["error"], f"rank {r.rank}: {r.value}"
+            assert r.value["dumped"], f"rank {r.rank} left no dump in {folder}: {os.listdir(folder)}"
+            with open(os.path.join(folder, f"rank_{r.rank}"), "rb") as f:
+                third = [e for e in pickle.load(f)["entries"] if e["collective_seq_id"] == 3]
+            # The failed op: retired, not completed (as torch's recorders leave an op that timed out).
+            assert third and third[0]["retired"] and third[0]["state"] != "completed", third
+        verdicts[backend] = rc, lines, out = _analyzer_verdict(folder)
+        assert rc == 0, out
+        assert "Collective sequence number: 3 has errors" in lines, out
+        for w in words:
+            assert w in out, f"{w!r} not in:\n{out}"
+    if on_gloo:
+        # The same verdict for the same program's dumps from gloo (but for the
+        # culprits of a type mismatch, which follow the order dumps are read in).
+        fairring, gloo = ((rc, [ln for ln in lines if not ln.startswith("error msg")], out)
+                          for rc, lines, out in (verdicts["fairring"], verdicts["gloo"]))
+        assert fairring[:2] == gloo[:2], verdicts
+        for w in words:
+            assert w in gloo[2], f"gloo: {w!r} not in:\n{gloo[2]}"
 
 
 def test_names_are_translated_for_the_analyzer_and_nothing_else():
@@ -122,28 +165,56 @@ def test_recorder_turned_off_says_so():
     assert got == {"on": False, "problem": "torch's flight recorder is off (TORCH_FR_BUFFER_SIZE=0)"}, got
 
 
-@pytest.mark.parametrize("nodes,culprit", [(node_ids("1x3"), 2), (node_ids("2x2"), 1)], ids=["1x3", "2x2"])
-def test_a_stalled_rank_dumps_too(nodes, culprit, tmp_path):
-    """The ranks that time out waiting for a stalled one dump, and ask every
-    rank to: the stalled rank's dump is in the folder too, with its two
-    completed all-reduces, and the analyzer names it as the one missing."""
-    folder = str(tmp_path / "dumps")
-    os.makedirs(folder)
-    env = {"TORCH_FR_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": os.path.join(folder, "rank_")}
-    res = launch.run_ranks(rfr.stalled, nodes, args=(culprit, folder), timeout_s=120, pg_timeout_s=5, env=env)
-    for r in res:
-        assert r.value["dumped"], f"rank {r.rank} left no dump in {folder}: {os.listdir(folder)}"
-        if r.rank != culprit:
-            assert r.value["error"] and "Timed out" in r.value["error"], f"rank {r.rank}: {r.value}"
-    with open(os.path.join(folder, f"rank_{culprit}"), "rb") as f:
-        entries = [e for e in pickle.load(f)["entries"] if e["profiling_name"] == "fairring:all_reduce"]
-    assert [e["collective_seq_id"] for e in entries] == [1, 2], entries
-    assert all(e["state"] == "completed" for e in entries), entries
-    p = subprocess.run([sys.executable, "-m", "fairring_py.fr_trace", folder, "-p", "rank_"], cwd=ROOT,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
-    assert p.returncode == 0, p.stdout
-    assert "Not all ranks joining collective, sequence number: 3" in p.stdout, p.stdout
-    assert f"missing ranks: {{{culprit}}}" in p.stdout, p.stdout
+BROKEN = {
+    # (nodes, how the culprit breaks the third all-reduce, the culprit, what the analyzer says of it)
+    "stall-1x3": (node_ids("1x3"), "stall", 2, ["Not all ranks joining collective, sequence number: 3",
+                                                 "missing ranks: {2}"]),
+    "stall-2x2": (node_ids("2x2"), "stall", 1, ["Not all ranks joining collective, sequence number: 3",
+                                                 "missing ranks: {1}"]),
+    "kill-1x3": (node_ids("1x3"), "kill", 1, ["Missing dump files from ranks {1}"]),
+    "kill-2x2": (node_ids("2x2"), "kill", 3, ["Missing dump files from ranks {3}"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_a_stalled_or_killed_rank_is_named_as_on_gloo(case, tmp_path):
+    """A rank stalls or is killed in the third all-reduce.  On Fairring every
+    rank that is still there dumps by itself (the stalled one too: the ranks
+    that time out ask every rank to), and torch's analyzer names the
+    collective and the rank; run on gloo, the same program's dumps (written
+    by the program: gloo dumps nothing on a failure) get the same words."""
+    nodes, how, culprit, words = BROKEN[case]
+    verdicts = {}
+    for backend in ("fairring", "gloo"):
+        folder = str(tmp_path / backend)
+        os.makedirs(folder)
+        env = {"TORCH_FR_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": os.path.join(folder, "rank_")}
+        res = launch.run_ranks(rfr.broken, nodes, args=(how, culprit, folder), timeout_s=120, pg_timeout_s=5,
+                               env=env, backend=backend, check=False)
+        for r in res:
+            if r.rank == culprit and how == "kill":
+                assert r.exitcode == -9, launch.describe_all(res)
+                continue
+            assert r.ok and r.exitcode == 0, launch.describe_all(res)
+            if backend == "fairring":
+                assert r.value["dumped"], f"rank {r.rank} left no dump in {folder}: {os.listdir(folder)}"
+            if r.rank != culprit:
+                assert r.value["error"], f"{backend} rank {r.rank}: the third all_reduce did not fail"
+        if backend == "fairring" and how == "stall":
+            with open(os.path.join(folder, f"rank_{culprit}"), "rb") as f:
+                entries = [e for e in pickle.load(f)["entries"] if e["profiling_name"] == "fairring:all_reduce"]
+            assert [(e["collective_seq_id"], e["state"]) for e in entries] == [(1, "completed"), (2, "completed")]
+        if backend == "gloo":
+            _name_gloos_groups(folder)
+        verdicts[backend] = _analyzer_verdict(folder)
+        for w in words:
+            assert any(w in ln for ln in verdicts[backend][1]), f"{backend}: {w!r} not in:\n{verdicts[backend][2]}"
+    assert verdicts["fairring"][:2] == verdicts["gloo"][:2], verdicts
+    if how == "kill":
+        # Told to go on without the dead rank's dump, the analyzer says why it cannot judge, on both.
+        fairring, gloo = (_analyzer_verdict(str(tmp_path / b), "--allow-incomplete-ranks") for b in ("fairring", "gloo"))
+        assert fairring[:2] == gloo[:2] and fairring[0] == 0, (fairring, gloo)
+        assert any(f"missed FR dumps from ranks ({{{culprit}}})" in ln for ln in fairring[1]), fairring[2]
 
 
 def test_without_the_listeners_a_stalled_rank_does_not_dump(tmp_path):
@@ -153,6 +224,40 @@ def test_without_the_listeners_a_stalled_rank_does_not_dump(tmp_path):
     os.makedirs(folder)
     env = {"TORCH_FR_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": os.path.join(folder, "rank_"),
            "FAIRRING_STATUS": "off"}
-    res = launch.run_ranks(rfr.stalled, node_ids("1x3"), args=(2, folder, 12.0), timeout_s=120, pg_timeout_s=5,
-                           env=env)
+    res = launch.run_ranks(rfr.broken, node_ids("1x3"), args=("stall", 2, folder, 12.0), timeout_s=120,
+                           pg_timeout_s=5, env=env)
     assert [r.value["dumped"] for r in res] == [True, True, False], [r.value for r in res]
+
+
+@pytest.mark.parametrize("buffer", [4, 0], ids=["torch-keeps-4", "torch-off"])
+def test_recent_ops_read_their_states_from_torchs_recorder(buffer):
+    """One record per op: where torch's recorder is on, dump_recent's states
+    and times are read from its entries, so the ops it no longer holds (a
+    ring of 4 here) show as "unknown", their own fields (kind, number,
+    description, bytes) kept; with torch's recorder off, Fairring's ring
+    keeps all of it.  A failed op shows its error and duration either way."""
+    res = launch.run_ranks(rfr.recent_view, node_ids("1x3"), timeout_s=120, pg_timeout_s=30,
+                           env={"TORCH_FR_BUFFER_SIZE": str(buffer)})
+    for r in res:
+        v = r.value
+        assert v["error"] and "mismatch" in v["error"], f"rank {r.rank}: {v['error']}"
+        recs = v["recent"]
+        assert [x["kind"] for x in recs] == ["all_reduce"] * 11, recs
+        assert [x["seq"] for x in recs] == list(range(11)), recs
+        assert [x["bytes"] for x in recs[:10]] == [4 * (1 + i) for i in range(10)], recs
+        assert recs[9]["what"] == "10 elements of float32 with SUM", recs[9]
+        last = recs[-1]
+        assert last["state"] == "failed" and "mismatch" in last["error"], last
+        assert last["duration_ms"] is not None and last["started_ms_ago"] is not None, last
+        kept = 10 if buffer == 0 else buffer - 1  # torch's ring: the last `buffer` ops, the failed one among them
+        for x in recs[:10 - kept]:
+            assert x["state"] == "unknown" and x["started_ms_ago"] is None and x["duration_ms"] is None, x
+        for x in recs[10 - kept:10]:
+            assert x["state"] == "done" and x["duration_ms"] is not None and x["duration_ms"] >= 0, x
+        assert "#0 all_reduce of 1 elements of float32 with SUM, 4 bytes: " + recs[0]["state"] in v["printed"]
+        if buffer:
+            # What dump_recent shows is what torch's entries say (a failed op: retired, not completed).
+            assert v["torch"] == [(8, "completed", True), (9, "completed", True), (10, "completed", True),
+                                  (11, "started", True)], v["torch"]
+        else:
+            assert v["torch"] == [], v["torch"]

@@ -34,7 +34,8 @@ FairringBackend::FairringBackend(const c10::intrusive_ptr<c10d::Store>& store, i
     : c10d::Backend(rank, size),
       config_(config),
       fallback_(std::move(fallback)),
-      fr_(std::make_shared<FlightRecord>(rank, size)) {
+      fr_(std::make_shared<FlightRecord>(rank, size)),
+      recent_(std::make_shared<RecentOps>(kRecentOps, fr_)) {
   // Every rank ends group creation the same way: built, or failed with the
   // first rank's cause (a rank that fails tells the others through the store).
   auto init = c10::make_intrusive<InitStore>(store, rank, size, config.timeout);
@@ -407,10 +408,8 @@ std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind,
   if (ephemeral->changed()) apply_timeout();  // an extension came or went
   op.number = number_collective();
   const uint64_t number = op.number;
-  auto handle = recent->start(op.number, kind, suffix, op.key(), bytes);
   // torch's flight recorder: what the op reads and writes, as the pipeline has it.
-  auto fr = fr_;
-  FlightRecord::Id fr_id;
+  std::optional<RecentOps::InTorch> in_torch;
   if (FlightRecord::on()) {
     // Its input blocks, or its buffer; one tensor sent to every rank (an
     // all-gather of unequal blocks) is the one input the caller passed.
@@ -419,22 +418,23 @@ std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind,
       return t.data_ptr() == reads[0].data_ptr() && t.numel() == reads[0].numel();
     };
     if (std::all_of(reads.begin(), reads.end(), same_as_first)) reads.resize(1);
-    fr_id = fr->issued(getGroupUid(), getGroupDesc(), kind, "", /*p2p=*/false, reads,
-                       !op.output_blocks.empty() ? op.output_blocks
-                                                 : std::vector<at::Tensor>{op.output.defined() ? op.output : op.buffer},
-                       config_.timeout);
+    in_torch = in_torch_record(kind, "", std::move(reads),
+                               !op.output_blocks.empty()
+                                   ? op.output_blocks
+                                   : std::vector<at::Tensor>{op.output.defined() ? op.output : op.buffer});
   }
+  auto handle = recent->start(op.number, kind, suffix, op.key(), bytes, in_torch ? &*in_torch : nullptr);
   const int rank = getRank();
   FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s%s of %s: issued", static_cast<unsigned long long>(handle.seq), kind, suffix,
                   describe_args(op.key()).c_str());
   // The job's store, to ask every rank to dump too; only when dumps are wanted.
   auto store = FlightRecord::dumps_after_failure() ? store_ : c10::intrusive_ptr<c10d::Store>();
-  return [recent, hooks, ephemeral, fr, fr_id, number, handle, rank, kind, suffix, store,
+  auto fr = fr_;
+  return [recent, hooks, ephemeral, fr, number, handle, rank, kind, suffix, store,
           done = std::move(done)](std::exception_ptr error) {
     ephemeral->op_ended(number);
     const std::string why = error ? error_of(error).what() : "";
     recent->finish(handle, why);
-    fr->ended(fr_id, !error);
     FAIRRING_LOG_AT(kLogOps, rank, "#%llu %s%s: %s", static_cast<unsigned long long>(handle.seq), kind, suffix,
                     error ? ("failed: " + why).c_str() : "done");
     // The group's first failure: what led up to it, for the post-mortem.
@@ -450,6 +450,20 @@ std::function<void(std::exception_ptr)> FairringBackend::track(const char* kind,
     }
     done(error);
   };
+}
+
+RecentOps::InTorch FairringBackend::in_torch_record(const char* name, std::string detail,
+                                                    std::vector<at::Tensor> inputs,
+                                                    std::vector<at::Tensor> outputs) const {
+  RecentOps::InTorch t;
+  t.uid = getGroupUid();
+  t.desc = getGroupDesc();
+  t.name = name;
+  t.detail = std::move(detail);
+  t.inputs = std::move(inputs);
+  t.outputs = std::move(outputs);
+  t.timeout = config_.timeout;
+  return t;
 }
 
 std::string FairringBackend::listen_address() const { return engine_->listen_address(); }
@@ -471,7 +485,7 @@ c10d::Backend& FairringBackend::delegate(const char* kind) {
     fallback_->setGroupUid(getGroupUid());
     fallback_->setGroupDesc(getGroupDesc());
   }
-  recent_->start(number_collective(), std::string(kind) + " (gloo)", "", 0, /*delegated=*/true);
+  recent_->delegated(number_collective(), kind);
   if (engine_) engine_->wait_idle();
   wait_idle_device();
   return *fallback_;

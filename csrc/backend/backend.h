@@ -206,12 +206,16 @@ class FairringBackend : public c10d::Backend {
   // and (`with_p2p`) for the pending sends and receives it conflicts with.
   void order_after_delegated(const Footprint& fp, bool with_p2p = true);
   // Numbers a native op in the group (PipelineOp::number), records it in
-  // recent_ and wraps its completion (`done`) to record how it ended.
+  // recent_ (and torch's flight recorder) and wraps its completion (`done`) to record how it ended.
   // `kind` and `suffix` (" (CUDA)") are literals: the completion logs them.
   // The record's bytes: the op's big tensor (what this rank sends, for an
   // all-to-all with splits).  `op.def` is set.
   std::function<void(std::exception_ptr)> track(const char* kind, PipelineOp& op,
                                                 std::function<void(std::exception_ptr)> done, const char* suffix = "");
+  // An op's entry in torch's flight recorder under this group's name:
+  // "fairring:<name> <detail>", reading `inputs`, writing `outputs`.
+  RecentOps::InTorch in_torch_record(const char* name, std::string detail, std::vector<at::Tensor> inputs,
+                                     std::vector<at::Tensor> outputs) const;
   // Throws if called in a fork()ed child of the process that built the group.
   void check_same_process(const char* what) const;
   // The next collective's / send's or receive's number (seq_, p2p_seq_).
@@ -330,10 +334,12 @@ class FairringBackend : public c10d::Backend {
   std::atomic<uint64_t> seq_{0};
   std::atomic<uint64_t> p2p_seq_{0};
   std::atomic<bool> followed_{false};  // by the status view (live_groups.h), from the first op on
-  // The last collectives, for post-mortems (dumped on the first failure).
-  std::shared_ptr<RecentOps> recent_ = std::make_shared<RecentOps>(kRecentOps);
-  // Its ops in torch's flight recorder (_dump_fr_trace, fr_trace).
+  // Its ops in torch's flight recorder (_dump_fr_trace, fr_trace): the
+  // group's numbering there, its ranks, its dumps.
   std::shared_ptr<FlightRecord> fr_;
+  // The last ops, for post-mortems (dumped on the first failure) and the
+  // status view; each op's one record, with fr_ (recent_ops.h).
+  std::shared_ptr<RecentOps> recent_;
   std::shared_ptr<AbortHooks> abort_hooks_ = std::make_shared<AbortHooks>();
   std::shared_ptr<EphemeralTimeouts> ephemeral_ = std::make_shared<EphemeralTimeouts>();
   // Gives the engines config_.timeout plus the live ephemeral extensions.

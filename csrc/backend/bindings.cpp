@@ -4,6 +4,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/version.h>
 
+#include <c10/util/ApproximateClock.h>
 #include <c10/util/Logging.h>
 
 #include "plan/plan.h"
@@ -63,8 +64,8 @@ fairring::FairringBackend::ChildFactory wrap_factory(py::function make) {
 
 // Recent ops as dump_recent and the status view return them.
 py::list records_to_python(const std::vector<fairring::RecentOps::Record>& records) {
-  const auto now = std::chrono::steady_clock::now();
-  auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  const int64_t now = c10::getTime();
+  auto ms = [](int64_t ns) { return static_cast<double>(ns) / 1e6; };
   py::list out;
   for (const auto& r : records) {
     py::dict d;
@@ -75,8 +76,10 @@ py::list records_to_python(const std::vector<fairring::RecentOps::Record>& recor
     d["bytes"] = r.bytes;
     d["state"] = r.state;
     d["error"] = r.error;
-    d["started_ms_ago"] = ms(now - r.start);
-    d["duration_ms"] = r.ended() ? py::cast(ms(r.end - r.start)) : py::none();
+    // None where torch's recorder no longer holds the op (state "unknown"),
+    // and, for the duration, until it ended.
+    d["started_ms_ago"] = r.start_ns ? py::cast(ms(now - *r.start_ns)) : py::none();
+    d["duration_ms"] = r.start_ns && r.end_ns ? py::cast(ms(*r.end_ns - *r.start_ns)) : py::none();
     out.append(d);
   }
   return out;

@@ -186,24 +186,33 @@ std::pair<size_t, size_t> record_entry(R& r, size_t pg_id, const std::tuple<std:
   return {r.id_++, epoch};
 }
 
-// The entry of `id` (recorded in `epoch`), if the ring has not gone round
-// past it: retired, and completed now if `ok`.
+// The entry of `id` (recorded in `epoch`), or null once the ring has gone
+// round past it or been reset.  Under r.mutex_.
 template <typename R>
-void retire_entry(R& r, size_t id, size_t epoch, bool ok) {
-  std::lock_guard<std::mutex> lock(r.mutex_);
+typename R::Entry* find_entry(R& r, size_t id, size_t epoch) {
   size_t start = 0;
   if constexpr (requires { r.reset_epoch_start_idx_; }) {
     auto it = r.reset_epoch_start_idx_.find(epoch);
-    if (it == r.reset_epoch_start_idx_.end()) return;  // reset since
+    if (it == r.reset_epoch_start_idx_.end()) return nullptr;  // reset since
     start = it->second;
   }
   const size_t idx = (start + id) % r.max_entries_;
-  if (idx >= r.entries_.size()) return;
+  if (idx >= r.entries_.size()) return nullptr;
   auto& e = r.entries_[idx];
-  if (e.id_ != id) return;
+  if (e.id_ != id) return nullptr;
   if constexpr (requires { e.reset_epoch_; }) {
-    if (e.reset_epoch_ != epoch) return;
+    if (e.reset_epoch_ != epoch) return nullptr;
   }
+  return &e;
+}
+
+// The entry of `id`, if still there: retired, and completed now if `ok`.
+template <typename R>
+void retire_entry(R& r, size_t id, size_t epoch, bool ok) {
+  std::lock_guard<std::mutex> lock(r.mutex_);
+  auto* found = find_entry(r, id, epoch);
+  if (found == nullptr) return;
+  auto& e = *found;
   const auto now = c10::getTime();
   if (!e.time_discovered_started_) e.time_discovered_started_ = e.time_created_;
   if (ok) {
@@ -303,6 +312,24 @@ void FlightRecord::ended(const Id& id, bool ok) {
     }
   }
   retire_entry(*r, *id.id, id.epoch, ok);
+}
+
+std::vector<FlightRecord::Seen> FlightRecord::look(const std::vector<Id>& ids) {
+  std::vector<Seen> out(ids.size());
+  Recorder* r = located().recorder;
+  if (r == nullptr) return out;
+  std::lock_guard<std::mutex> lock(r->mutex_);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!ids[i].id) continue;
+    const auto* e = find_entry(*r, *ids[i].id, ids[i].epoch);
+    if (e == nullptr) continue;
+    Seen& s = out[i];
+    s.found = true;
+    s.retired = e->retired_;
+    s.created_ns = e->time_created_;
+    if (e->time_discovered_completed_) s.completed_ns = *e->time_discovered_completed_;
+  }
+  return out;
 }
 
 std::string FlightRecord::dump_to_file(int global_rank, bool stack_traces) {

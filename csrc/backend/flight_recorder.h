@@ -10,7 +10,8 @@
 // it in libtorch's symbol table (once per process) and writes entries the way
 // ProcessGroupGloo does (no device events; retired when the op ends).  Where
 // it cannot be found, or TORCH_FR_BUFFER_SIZE=0 turns it off, nothing is
-// recorded and problem() says why; Fairring's own recent-ops ring goes on.
+// recorded and problem() says why; the recent ops (recent_ops.h) then keep
+// the states and times they otherwise read from torch's entries.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -62,6 +63,19 @@ class FlightRecord {
   // The op ended: done (`ok`: completed, retired), or failed (retired but
   // not completed, as torch's recorders leave an op that timed out).
   void ended(const Id& id, bool ok);
+
+  // What torch's entries of `ids` say now, in their order: found (not yet
+  // overwritten by the ring going round, nor reset), retired (ended),
+  // completed (ended well, at completed_ns), issued at created_ns (the
+  // clock of c10::getTime).  The recent-ops view reads its states and times
+  // here: torch's entry is the op's one record of them.
+  struct Seen {
+    bool found = false;
+    bool retired = false;
+    int64_t created_ns = 0;
+    std::optional<int64_t> completed_ns;
+  };
+  static std::vector<Seen> look(const std::vector<Id>& ids);
 
   // Whether entries are recorded; otherwise problem() says why.
   static bool on();

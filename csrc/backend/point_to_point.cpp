@@ -122,28 +122,26 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const a
       (peer == kAnySource ? ", from any rank" : (is_send ? ", to rank " : ", from rank ") + std::to_string(peer));
   auto recent = recent_;
   if (ephemeral_->changed()) apply_timeout();
-  auto handle =
-      recent->start(number_p2p(), kind, what, t.numel() * t.element_size(), /*delegated=*/false, /*p2p=*/true);
-  auto fr = fr_;
-  FlightRecord::Id fr_id;
+  std::optional<RecentOps::InTorch> in_torch;
   if (FlightRecord::on()) {
     // As NCCL names them: "send 0->1", "recv 1<-0" (ranks of this group).
-    const std::string route =
+    std::string route =
         is_send ? std::to_string(getRank()) + "->" + std::to_string(peer)
                 : std::to_string(getRank()) + "<-" + (peer == kAnySource ? std::string("any") : std::to_string(peer));
-    fr_id = fr->issued(getGroupUid(), getGroupDesc(), is_send ? "send" : "recv", route, /*p2p=*/true, {t}, {t},
-                       config_.timeout);
+    in_torch = in_torch_record(is_send ? "send" : "recv", std::move(route), {t}, {t});
   }
+  auto handle = recent->start(number_p2p(), kind, "", what, t.numel() * t.element_size(),
+                              in_torch ? &*in_torch : nullptr, /*p2p=*/true);
   CompletionPool* pool = &p2p_->completions();
   // A receive into device memory lands off the engine's threads (the copy
   // waits for the caller's stream); until then it is remembered like a
   // delegated op, so that later ops on the tensor wait for it.
   if (device && !is_send) remember_delegated(work, fp, /*p2p=*/true);
-  auto done = [work, recent, handle, fr, fr_id, pool, is_send, device, land = std::move(land), buffer](
+  auto done = [work, recent, handle, pool, is_send, device, land = std::move(land), buffer](
                   std::exception_ptr error, int from, bool on_caller) mutable {
     if (!is_send) work->set_source_rank(from);
-    auto finish = [work, recent, handle, fr, fr_id, pool, land = std::move(land), buffer](std::exception_ptr error,
-                                                                                          bool on_caller) {
+    auto finish = [work, recent, handle, pool, land = std::move(land), buffer](std::exception_ptr error,
+                                                                               bool on_caller) {
       if (!error && land) {
         try {
           land(buffer);
@@ -151,7 +149,6 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_p2p(bool is_send, const a
           error = std::make_exception_ptr(error_of(e));
         }
       }
-      fr->ended(fr_id, !error);
       settle_p2p_work(work, *recent, handle, *pool, error, on_caller);
     };
     if (device && !error && !is_send) {
@@ -202,16 +199,16 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::exchange_blocks(const std::vecto
   int64_t bytes = 0;
   for (const at::Tensor& t : sends) bytes += t.numel() * t.element_size();
   auto recent = recent_;
-  auto handle = recent->start(number_collective(), kind,
-                              std::to_string(bytes) + " bytes to send, blocks of unequal sizes", bytes);
   // torch's flight recorder: under the collective's own name, as the pipeline's are.
-  auto fr = fr_;
-  FlightRecord::Id fr_id;
+  std::optional<RecentOps::InTorch> in_torch;
   if (FlightRecord::on()) {
     const bool gather = type == c10d::OpType::ALLGATHER;
-    fr_id = fr->issued(getGroupUid(), getGroupDesc(), gather ? "all_gather" : "all_to_all", "", /*p2p=*/false,
-                       gather ? std::vector<at::Tensor>{sends[me]} : sends, outputs, config_.timeout);
+    in_torch = in_torch_record(gather ? "all_gather" : "all_to_all", "",
+                               gather ? std::vector<at::Tensor>{sends[me]} : sends, outputs);
   }
+  auto handle =
+      recent->start(number_collective(), kind, "", std::to_string(bytes) + " bytes to send, blocks of unequal sizes",
+                    bytes, in_torch ? &*in_torch : nullptr);
   struct State {
     std::atomic<int> left{0};
     std::mutex mu;
@@ -230,7 +227,7 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::exchange_blocks(const std::vecto
   }
   st->left = 2 * (world - 1) + 1;  // + 1: this call, until everything is posted
   CompletionPool* pool = &p2p_->completions();
-  auto done = [st, work, recent, handle, fr, fr_id, pool](std::exception_ptr error, int, bool on_caller) {
+  auto done = [st, work, recent, handle, pool](std::exception_ptr error, int, bool on_caller) {
     if (error) {
       std::lock_guard<std::mutex> lock(st->mu);
       if (!st->error) st->error = error;
@@ -244,7 +241,6 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::exchange_blocks(const std::vecto
         first = std::make_exception_ptr(error_of(e));
       }
     }
-    fr->ended(fr_id, !first);
     settle_p2p_work(work, *recent, handle, *pool, first, on_caller);
   };
   for (int j = 0; j < world; ++j) {

@@ -1,104 +1,143 @@
 #include "backend/recent_ops.h"
 
+#include <c10/util/ApproximateClock.h>
+
 #include <cstdio>
 
 namespace fairring {
 
-RecentOps::RecentOps(size_t capacity) : ring_(capacity) {}
+RecentOps::RecentOps(size_t capacity, std::shared_ptr<FlightRecord> torch)
+    : torch_(std::move(torch)), ring_(capacity) {}
 
-RecentOps::Entry& RecentOps::claim(uint64_t seq, int64_t bytes, State state, bool p2p) {
+RecentOps::Handle RecentOps::record(uint64_t seq, std::string_view kind, std::string_view suffix, int64_t bytes,
+                                    const InTorch* torch, bool p2p, State state, const OpKey* key, std::string what) {
+  // torch's entry first, outside mu_: it may take the GIL (a Python stack).
+  FlightRecord::Id id;
+  if (torch != nullptr) {
+    id = torch_->issued(torch->uid, torch->desc, torch->name, torch->detail, p2p, torch->inputs, torch->outputs,
+                        torch->timeout);
+  }
+  const int64_t now = id.id ? 0 : c10::getTime();
+  std::lock_guard<std::mutex> lock(mu_);
   Entry& e = ring_[started_ % ring_.size()];
   e.stamp = ++started_;
   e.seq = seq;
   e.p2p = p2p;
+  e.kind.assign(kind);  // into the entry's own buffer: no allocation once warm
+  e.kind.append(suffix);
+  e.has_key = key != nullptr;
+  if (key != nullptr) {
+    e.key = *key;
+  } else {
+    e.what = std::move(what);
+  }
   e.bytes = bytes;
+  e.torch = id;
   e.state = state;
+  e.start_ns = now;
+  e.end_ns = 0;
   e.error.clear();
-  e.start = std::chrono::steady_clock::now();
-  return e;
+  return {e.stamp, seq, p2p, id};
 }
 
-RecentOps::Handle RecentOps::start(uint64_t seq, const std::string& kind, std::string what, int64_t bytes,
-                                   bool delegated, bool p2p) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Entry& e = claim(seq, bytes, delegated ? State::kDelegated : State::kInFlight, p2p);
-  e.kind = kind;  // (assigned into the entry's own buffer: no allocation once warm)
-  e.has_key = false;
-  e.what = std::move(what);
-  return {e.stamp, seq, p2p};
+RecentOps::Handle RecentOps::start(uint64_t seq, std::string_view kind, std::string_view suffix, std::string what,
+                                   int64_t bytes, const InTorch* torch, bool p2p) {
+  return record(seq, kind, suffix, bytes, torch, p2p, State::kInFlight, nullptr, std::move(what));
 }
 
-RecentOps::Handle RecentOps::start(uint64_t seq, const char* kind, const char* suffix, const OpKey& key,
-                                   int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Entry& e = claim(seq, bytes, State::kInFlight, /*p2p=*/false);
-  e.kind = kind;
-  e.kind += suffix;
-  e.has_key = true;
-  e.key = key;
-  return {e.stamp, seq, false};
+RecentOps::Handle RecentOps::start(uint64_t seq, std::string_view kind, std::string_view suffix, const OpKey& key,
+                                   int64_t bytes, const InTorch* torch) {
+  return record(seq, kind, suffix, bytes, torch, /*p2p=*/false, State::kInFlight, &key, "");
+}
+
+void RecentOps::delegated(uint64_t seq, std::string_view kind) {
+  (void)record(seq, kind, " (gloo)", 0, nullptr, /*p2p=*/false, State::kDelegated, nullptr, "");
 }
 
 void RecentOps::finish(const Handle& h, const std::string& error) {
-  const auto now = std::chrono::steady_clock::now();
+  torch_->ended(h.torch, error.empty());
+  const int64_t now = c10::getTime();
   std::lock_guard<std::mutex> lock(mu_);
   ++(h.p2p ? ended_.p2p : ended_.collectives);
   Entry& e = ring_[(h.stamp - 1) % ring_.size()];
   if (e.stamp != h.stamp) return;  // overwritten by a later op: the ring went round
-  e.end = now;
   e.state = error.empty() ? State::kDone : State::kFailed;
   e.error = error;
+  // torch's entry has the end of an op that completed; not of one that failed.
+  if (!e.torch.id || !error.empty()) e.end_ns = now;
 }
 
 std::vector<RecentOps::Record> RecentOps::snapshot() const {
-  std::lock_guard<std::mutex> lock(mu_);
   std::vector<Record> out;
-  const uint64_t n = ring_.size();
-  for (uint64_t s = started_ > n ? started_ - n + 1 : 1; s <= started_; ++s) {
-    const Entry& e = ring_[(s - 1) % n];
-    Record r;
-    r.seq = e.seq;
-    r.p2p = e.p2p;
-    r.kind = e.kind;
-    r.what = e.has_key ? describe_args(e.key) : e.what;
-    r.bytes = e.bytes;
-    switch (e.state) {
-      case State::kInFlight:
-        r.state = "in flight";
-        break;
-      case State::kDone:
-        r.state = "done";
-        break;
-      case State::kFailed:
-        r.state = "failed";
-        break;
-      case State::kDelegated:
-        r.state = "delegated";
-        break;
+  std::vector<FlightRecord::Id> ids;
+  std::vector<State> states;
+  std::vector<int64_t> starts, ends;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t n = ring_.size();
+    for (uint64_t s = started_ > n ? started_ - n + 1 : 1; s <= started_; ++s) {
+      const Entry& e = ring_[(s - 1) % n];
+      Record r;
+      r.seq = e.seq;
+      r.p2p = e.p2p;
+      r.kind = e.kind;
+      r.what = e.has_key ? describe_args(e.key) : e.what;
+      r.bytes = e.bytes;
+      r.error = e.error;
+      out.push_back(std::move(r));
+      ids.push_back(e.torch);
+      states.push_back(e.state);
+      starts.push_back(e.start_ns);
+      ends.push_back(e.end_ns);
     }
-    r.error = e.error;
-    r.start = e.start;
-    r.end = e.end;
-    out.push_back(std::move(r));
+  }
+  // The states and times torch's entries hold, read outside mu_ (the two
+  // locks are never held together).
+  const std::vector<FlightRecord::Seen> seen = FlightRecord::look(ids);
+  for (size_t i = 0; i < out.size(); ++i) {
+    Record& r = out[i];
+    if (!ids[i].id) {
+      static const char* const names[] = {"in flight", "done", "failed", "delegated"};
+      r.state = names[static_cast<int>(states[i])];
+      r.start_ns = starts[i];
+      if (r.ended()) r.end_ns = ends[i];
+      continue;
+    }
+    const FlightRecord::Seen& s = seen[i];
+    if (!s.found) {
+      r.state = "unknown";
+      continue;
+    }
+    r.start_ns = s.created_ns;
+    if (!s.retired) {
+      r.state = "in flight";
+    } else if (s.completed_ns) {
+      r.state = "done";
+      r.end_ns = *s.completed_ns;
+    } else {
+      r.state = "failed";
+      if (ends[i] != 0) r.end_ns = ends[i];
+    }
   }
   return out;
 }
 
 namespace {
-std::string ms(std::chrono::steady_clock::duration d) {
+std::string ms(int64_t ns) {
   char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f ms", std::chrono::duration<double, std::milli>(d).count());
+  std::snprintf(buf, sizeof(buf), "%.1f ms", static_cast<double>(ns) / 1e6);
   return buf;
 }
 }  // namespace
 
 std::string RecentOps::format() const {
-  const auto now = std::chrono::steady_clock::now();
+  const int64_t now = c10::getTime();
   std::string out;
   for (const Record& r : snapshot()) {
     out += "  #" + std::to_string(r.seq) + " " + r.kind + (r.what.empty() ? "" : " of " + r.what) + ", " +
-           std::to_string(r.bytes) + " bytes: " + r.state + ", started " + ms(now - r.start) + " ago";
-    if (r.ended()) out += ", took " + ms(r.end - r.start);
+           std::to_string(r.bytes) + " bytes: " + r.state;
+    if (r.start_ns) out += ", started " + ms(now - *r.start_ns) + " ago";
+    if (r.start_ns && r.end_ns) out += ", took " + ms(*r.end_ns - *r.start_ns);
     if (!r.error.empty()) out += ": " + r.error.substr(0, 200);
     out += "\n";
   }

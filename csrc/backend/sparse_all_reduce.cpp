@@ -76,10 +76,11 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allreduce_sparse_cpu(at::Tensor&
       c10::make_intrusive<FairringWork>(me, c10d::OpType::ALLREDUCE, std::vector<at::Tensor>{t}, "fairring:all_reduce");
   work->set_interrupt_hook(abort_hook_, "all_reduce (sparse)");
   auto recent = recent_;
+  // (Not in torch's flight recorder: its parts are, as all_gathers.)
   auto handle = recent->start(
-      number_collective(), "all_reduce (sparse)",
+      number_collective(), "all_reduce (sparse)", "",
       std::to_string(nnz) + " row(s) of " + std::to_string(dense_row) + " " + dtype_name(t.scalar_type()) + " here",
-      nnz * dense_row * values.element_size());
+      nnz * dense_row * values.element_size(), nullptr);
   const auto finish = [work, recent, handle](std::exception_ptr error) {
     recent->finish(handle, error ? error_of(error).what() : "");
     work->mark_done(error);
