@@ -119,9 +119,15 @@ def recent_view(rank, world_size):
     buf = io.StringIO()
     recs = fairring_py.dump_recent(file=buf)
     dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
+    # Another group's ops push the failed one out of torch's ring (it holds
+    # every group's): its failure is still known, from Fairring's side.
+    other = dist.new_group(list(range(world_size)))
+    for _ in range(int(os.environ.get("TORCH_FR_BUFFER_SIZE", "2000")) or 1):
+        dist.all_reduce(torch.ones(2), group=other)
     return {"error": error, "recent": recs, "printed": buf.getvalue(),
             "torch": [(e["collective_seq_id"], e["state"], e["retired"]) for e in dump["entries"]
-                      if e["profiling_name"] == "fairring:all_reduce"]}
+                      if e["profiling_name"] == "fairring:all_reduce"],
+            "failed_later": fairring_py.dump_recent(file=io.StringIO())[-1]}
 
 
 def broken(rank, world_size, how, culprit, folder, wait_s=30.0):

@@ -255,6 +255,11 @@ def test_recent_ops_read_their_states_from_torchs_recorder(buffer):
         for x in recs[10 - kept:10]:
             assert x["state"] == "done" and x["duration_ms"] is not None and x["duration_ms"] >= 0, x
         assert "#0 all_reduce of 1 elements of float32 with SUM, 4 bytes: " + recs[0]["state"] in v["printed"]
+        # After another group's ops: torch's ring no longer has the failed op
+        # (so no start, no duration), Fairring still knows it failed and why.
+        later = v["failed_later"]
+        assert later["seq"] == 10 and later["state"] == "failed" and "mismatch" in later["error"], later
+        assert (later["duration_ms"] is None) == bool(buffer), later
         if buffer:
             # What dump_recent shows is what torch's entries say (a failed op: retired, not completed).
             assert v["torch"] == [(8, "completed", True), (9, "completed", True), (10, "completed", True),

@@ -61,10 +61,16 @@ void RecentOps::finish(const Handle& h, const std::string& error) {
   ++(h.p2p ? ended_.p2p : ended_.collectives);
   Entry& e = ring_[(h.stamp - 1) % ring_.size()];
   if (e.stamp != h.stamp) return;  // overwritten by a later op: the ring went round
-  e.state = error.empty() ? State::kDone : State::kFailed;
-  e.error = error;
-  // torch's entry has the end of an op that completed; not of one that failed.
-  if (!e.torch.id || !error.empty()) e.end_ns = now;
+  // torch's entry has the end of an op that completed; not the error and
+  // the end of one that failed.
+  if (!error.empty()) {
+    e.error = error;
+    e.end_ns = now;
+  }
+  if (!e.torch.id) {
+    e.state = error.empty() ? State::kDone : State::kFailed;
+    e.end_ns = now;
+  }
 }
 
 std::vector<RecentOps::Record> RecentOps::snapshot() const {
@@ -105,7 +111,9 @@ std::vector<RecentOps::Record> RecentOps::snapshot() const {
     }
     const FlightRecord::Seen& s = seen[i];
     if (!s.found) {
-      r.state = "unknown";
+      // Gone from torch's ring: a failure is still known here (its error and end).
+      r.state = r.error.empty() ? "unknown" : "failed";
+      if (!r.error.empty()) r.end_ns = ends[i];
       continue;
     }
     r.start_ns = s.created_ns;
@@ -116,7 +124,7 @@ std::vector<RecentOps::Record> RecentOps::snapshot() const {
       r.end_ns = *s.completed_ns;
     } else {
       r.state = "failed";
-      if (ends[i] != 0) r.end_ns = ends[i];
+      r.end_ns = ends[i];
     }
   }
   return out;

@@ -44,7 +44,8 @@ class RecentOps {
     std::string what;  // "1000 elements of float32 with SUM", or "" for delegated ones
     int64_t bytes = 0;
     // "in flight", "done", "failed", "delegated", or "unknown" (torch's
-    // recorder no longer holds the op's entry: its ring went round or was reset).
+    // recorder no longer holds the op's entry, its ring went round or was
+    // reset, and the op did not fail: a failure is kept here).
     std::string state;
     std::string error;
     std::optional<int64_t> start_ns;  // c10::getTime()'s clock; none when unknown
