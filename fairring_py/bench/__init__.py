@@ -26,12 +26,15 @@ netns.py       the cluster simulated with network namespaces, veth links and tc 
 report.py      the microbenchmark's table, CSV, JSON and plots
 metrics.py     pure helpers: sizes, rates, busbw, link bound (each collective's factors from
                collectives.py), statistics
+model.py       the all-reduce's cost model (--model): the direct exchange, reduction servers,
+               ring and halving-doubling as link, CPU and latency terms, fitted to the
+               bench's netns results, checked on held-out points, extrapolated
 
 Imports go one way (no cycle), all at module top; only the optional mpi4py,
 matplotlib and torch's FSDP and fake process group are imported where they
 are used:
 
-    __main__     imports worker, launch, netns, report, metrics, collectives
+    __main__     imports worker, launch, netns, report, model, metrics, collectives
     worker       imports ddp, fsdp, moe, pipeline, launch, report, metrics, collectives
     ddp          imports training, launch, metrics
     fsdp         imports training, launch, metrics
@@ -39,6 +42,7 @@ are used:
     pipeline     imports training, sync_only, launch, metrics
     training     imports sync_only, launch, metrics
     report       imports metrics, collectives
+    model        imports metrics (and fairring_py._C for the slice rule)
     metrics      imports collectives
     launch       imports netns
     collectives, sync_only, netns import nothing of the package

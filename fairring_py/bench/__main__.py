@@ -10,6 +10,7 @@ optionally OpenMPI, interleaved in the same processes, over a sweep of sizes.
     python -m fairring_py.bench --netns --link-rate 1gbit --scaling 2,3,4 --ranks-per-node 1 --servers auto
                                                  # + dedicated reduction servers, one per node
     torchrun --nproc_per_node=8 ... -m fairring_py.bench --sizes 4K:256M:4  # real machines
+    python -m fairring_py.bench --model bench_out   # the all-reduce's cost model, fitted to netns results
 
 See BENCHMARKS.md for what is measured and how.
 """
@@ -20,7 +21,7 @@ import json
 import os
 import sys
 
-from . import collectives, launch, metrics, netns, report, worker
+from . import collectives, launch, metrics, model, netns, report, worker
 
 
 def parser() -> argparse.ArgumentParser:
@@ -90,6 +91,15 @@ def parser() -> argparse.ArgumentParser:
                    help="small sizes: run operations back to back until a sample lasts this long (default 50)")
     m.add_argument("--max-reps", type=int, default=1000)
     m.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    d = p.add_argument_group("cost model")
+    d.add_argument("--model", nargs="+", metavar="DIR",
+                   help="fit the all-reduce's cost model (bench/model.py) to the results under DIRs (runs with "
+                        "--netns --link-rate and --ranks-per-node 1), report each point's error, the held-out "
+                        "ones apart, and extrapolate to 64-1,024 nodes against ring and halving-doubling; "
+                        "writes model.md and model.png to --out; runs nothing")
+    d.add_argument("--model-hold-out", default="8", metavar="NODES",
+                   help="node counts whose points the fit does not see (default 8); servers' points are "
+                        "always held out")
     o = p.add_argument_group("output")
     o.add_argument("--out", default="bench_out", help="directory for results.json/.csv/busbw.png (default bench_out)")
     o.add_argument("--no-progress", action="store_true")
@@ -239,6 +249,8 @@ def main(argv=None) -> int:
         removed = netns.cleanup_leftovers()
         print(f"removed {len(removed)} namespace(s){': ' + ', '.join(removed) if removed else ''}")
         return 0
+    if args.model:
+        return model.main(args.model, args.out, metrics.parse_int_list(args.model_hold_out, "--model-hold-out"))
     cfg = build_config(args, p)
     kind = launch.external_launcher()
     if kind is not None:
