@@ -121,9 +121,18 @@ def test_small_message_uses_fewer_pieces():
     # 4 KiB on 4 ranks x 3 nodes: one chunk, one shard (one server per rail).
     s = check_plan(1024, 4, 4, 3)
     assert len(s) == 1 and len(s[0]["chunks"]) == 1 and len(s[0]["shards"][0]) == 1
-    # 128 KiB: two chunks of 64 KiB, each split in two 32 KiB shards.
+    # 128 KiB: two chunks of 64 KiB, each on every node (three shards of more than 8 KiB).
     s = check_plan(32 * 1024, 4, 4, 3)
-    assert len(s[0]["chunks"]) == 2 and len(s[0]["shards"][0]) == 2
+    assert len(s[0]["chunks"]) == 2 and len(s[0]["shards"][0]) == 3
+
+
+def test_small_slices_spread_over_the_nodes_in_shards_of_8_kib():
+    # One rank on each of 8 nodes: a shard's server receives 7 pieces however
+    # many shards there are, so a 64 KiB slice goes to all 8 (8 KiB each),
+    # not to two servers of 32 KiB whose links would carry four times the bytes.
+    for kib, shards in ((4, 1), (8, 1), (16, 2), (24, 3), (64, 8), (256, 8)):
+        s = check_plan(kib * 256, 4, 1, 8)
+        assert [len(x["shards"][0]) for x in s] == [shards], (kib, s)
 
 
 def test_replicated_only_for_one_chunk_on_one_node():

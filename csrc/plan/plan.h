@@ -25,7 +25,7 @@ std::vector<Range> split_even(int64_t count, int parts, int64_t align);
 struct PlanParams {
   int64_t slice_bytes = limits::kDefaultSliceSize;  // largest slice
   int64_t min_chunk_bytes = 64 << 10;               // a chunk smaller than this is not split among more ranks
-  int64_t min_shard_bytes = 32 << 10;               // a shard smaller than this is not split among more nodes
+  int64_t min_shard_bytes = 8 << 10;                // a shard smaller than this is not split among more nodes
   int64_t align_bytes = 64;                         // cache line: keeps kernels' loads aligned
 };
 
