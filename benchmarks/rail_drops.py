@@ -1,6 +1,7 @@
 """Where the time of an all-reduce between many simulated nodes goes on the
-wire: qdisc drops (at the switch's ports and at each node's own link) and
-TCP retransmissions and timeouts in the nodes' namespaces, for Fairring and
+wire: qdisc drops (at the switch's ports and at each node's own link), TCP
+retransmissions and timeouts in the nodes' namespaces, and the bytes the
+nodes' links sent, for Fairring and
 gloo run one after the other on the same cluster (root; the bench's
 network namespaces, bench/netns.py).
 
@@ -50,7 +51,8 @@ def rank_main(backend: str, size: int, iters: int) -> None:
 
 def counters(cluster) -> tuple:
     """(qdisc drops at the switch's ports, at the nodes' links, TCP segments
-    retransmitted, retransmission timeouts), summed over the cluster."""
+    retransmitted, retransmission timeouts, bytes the nodes' links sent),
+    summed over the cluster."""
     def run(cmd):
         return subprocess.run(cmd, capture_output=True, text=True).stdout
 
@@ -58,16 +60,18 @@ def counters(cluster) -> tuple:
         return sum(int(m) for m in re.findall(r"dropped (\d+)", run(["ip", "netns", "exec", ns, "tc", "-s", "qdisc"])))
 
     at_switch = dropped(cluster.switch)
-    at_nodes = retrans = timeouts = 0
+    at_nodes = retrans = timeouts = sent = 0
     for ns in cluster.node_ns:
         at_nodes += dropped(ns)
+        sent += sum(int(m) for m in re.findall(r"Sent (\d+) bytes", run(["ip", "netns", "exec", ns, "tc", "-s",
+                                                                        "qdisc"])))
         for line in run(["ip", "netns", "exec", ns, "nstat", "-az", "TcpRetransSegs", "TcpExtTCPTimeouts"]).splitlines():
             name, *rest = line.split() or [""]
             if name == "TcpRetransSegs":
                 retrans += int(rest[0])
             elif name == "TcpExtTCPTimeouts":
                 timeouts += int(rest[0])
-    return at_switch, at_nodes, retrans, timeouts
+    return at_switch, at_nodes, retrans, timeouts, sent
 
 
 def main() -> None:
@@ -95,7 +99,9 @@ def main() -> None:
             after = counters(c)
             d = [a - b for a, b in zip(after, before)]
             print(f"  {backend}: exit codes {sorted(set(codes))}; qdisc drops at the switch {d[0]}, at the nodes' "
-                  f"links {d[1]}; TCP segments retransmitted {d[2]}, retransmission timeouts {d[3]}", flush=True)
+                  f"links {d[1]}; TCP segments retransmitted {d[2]}, retransmission timeouts {d[3]}; "
+                  f"{d[4] / n / (iters + 2) / 1024:.1f} KiB sent per node and op (warm-up ops and set-up included)",
+                  flush=True)
 
 
 if __name__ == "__main__":
