@@ -49,10 +49,17 @@ def rank_main(backend: str, size: int, iters: int) -> None:
     dist.destroy_process_group()
 
 
+# TCP counters read in every node's namespace: retransmissions and timeouts,
+# then what a receiver that does not read fast enough costs the kernel
+# (queues pruned and collapsed, zero windows advertised).
+NSTAT = ["TcpRetransSegs", "TcpExtTCPTimeouts", "TcpExtPruneCalled", "TcpExtTCPRcvCollapsed", "TcpExtTCPToZeroWindowAdv",
+         "TcpExtTCPSpuriousRTOs", "TcpExtTCPLossProbes"]
+
+
 def counters(cluster) -> tuple:
     """(qdisc drops at the switch's ports, at the nodes' links, TCP segments
-    retransmitted, retransmission timeouts, bytes the nodes' links sent),
-    summed over the cluster."""
+    retransmitted, retransmission timeouts, bytes and packets the nodes' links
+    sent), summed over the cluster."""
     def run(cmd):
         return subprocess.run(cmd, capture_output=True, text=True).stdout
 
@@ -60,18 +67,19 @@ def counters(cluster) -> tuple:
         return sum(int(m) for m in re.findall(r"dropped (\d+)", run(["ip", "netns", "exec", ns, "tc", "-s", "qdisc"])))
 
     at_switch = dropped(cluster.switch)
-    at_nodes = retrans = timeouts = sent = 0
+    at_nodes = sent = packets = 0
+    extra = {}
     for ns in cluster.node_ns:
         at_nodes += dropped(ns)
-        sent += sum(int(m) for m in re.findall(r"Sent (\d+) bytes", run(["ip", "netns", "exec", ns, "tc", "-s",
-                                                                        "qdisc"])))
-        for line in run(["ip", "netns", "exec", ns, "nstat", "-az", "TcpRetransSegs", "TcpExtTCPTimeouts"]).splitlines():
+        for b, p in re.findall(r"Sent (\d+) bytes (\d+) pkt", run(["ip", "netns", "exec", ns, "tc", "-s", "qdisc"])):
+            sent += int(b)
+            packets += int(p)
+        for line in run(["ip", "netns", "exec", ns, "nstat", "-az"] + NSTAT).splitlines():
             name, *rest = line.split() or [""]
-            if name == "TcpRetransSegs":
-                retrans += int(rest[0])
-            elif name == "TcpExtTCPTimeouts":
-                timeouts += int(rest[0])
-    return at_switch, at_nodes, retrans, timeouts, sent
+            if name in NSTAT:
+                extra[name] = extra.get(name, 0) + int(rest[0])
+    return (at_switch, at_nodes, extra.pop("TcpRetransSegs", 0), extra.pop("TcpExtTCPTimeouts", 0), sent, packets,
+            *(extra.get(k, 0) for k in NSTAT[2:]))
 
 
 def main() -> None:
@@ -100,7 +108,9 @@ def main() -> None:
             d = [a - b for a, b in zip(after, before)]
             print(f"  {backend}: exit codes {sorted(set(codes))}; qdisc drops at the switch {d[0]}, at the nodes' "
                   f"links {d[1]}; TCP segments retransmitted {d[2]}, retransmission timeouts {d[3]}; "
-                  f"{d[4] / n / (iters + 2) / 1024:.1f} KiB sent per node and op (warm-up ops and set-up included)",
+                  f"{d[4] / n / (iters + 2) / 1024:.1f} KiB in {d[5] / n / (iters + 2):.0f} packets sent per node and op "
+                  "(warm-up ops and set-up included); "
+                  + ", ".join(f"{k[6:] if k.startswith('TcpExt') else k} {v}" for k, v in zip(NSTAT[2:], d[6:])),
                   flush=True)
 
 
