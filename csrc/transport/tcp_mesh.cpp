@@ -157,25 +157,40 @@ void TcpMesh::admit(Socket s, const Hello& hello, const std::string& from) {
 void TcpMesh::connect() {
   const std::vector<int>& peers = expected_;
   const auto deadline = Clock::now() + timeout_;
-  for (int peer : peers) {
-    auto raw = store_->get(addr_key(peer));
-    std::string value(raw.begin(), raw.end());
+  // Every peer's address in one wait and one read, not a round trip each.
+  std::vector<std::string> keys;
+  for (int peer : peers) keys.push_back(addr_key(peer));
+  std::vector<std::string> addresses;
+  if (!keys.empty()) {
+    store_->wait(keys, std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
+                                std::chrono::milliseconds(1)));
+    for (const std::vector<uint8_t>& v : store_->multiGet(keys)) addresses.emplace_back(v.begin(), v.end());
+  }
+  // Greet every peer first and read the acknowledgements after: each comes
+  // when the peer's acceptor gets a turn, and waiting for them one by one
+  // chains those waits (tens of ms for 15 peers on a busy machine).
+  std::vector<Socket> greeted;
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const std::string& key = keys[i];
     // A peer that failed during creation closes its listener: the store
     // (InitStore's check) says so, and the retries end with its cause.
-    Socket s = connect_to(value, deadline, [&] { (void)store_->check({addr_key(peer)}); });
+    Socket s = connect_to(addresses[i], deadline, [&] { (void)store_->check({key}); });
     Hello hello{};
     std::memcpy(hello.magic, kHelloMagic, sizeof(kHelloMagic));
     hello.rank = rank_;
     std::memcpy(hello.secret, secret_.data(), secret_.size());
     s.send_all(&hello, sizeof(hello), deadline);
+    greeted.push_back(std::move(s));
+  }
+  for (size_t i = 0; i < peers.size(); ++i) {
     uint8_t ok = 0;
     try {
-      s.recv_all(&ok, 1, deadline);
+      greeted[i].recv_all(&ok, 1, deadline);
     } catch (const std::exception& e) {
-      throw Error(ErrorKind::kBackend, "fairring: rank " + std::to_string(peer) + " at " + value +
+      throw Error(ErrorKind::kBackend, "fairring: rank " + std::to_string(peers[i]) + " at " + addresses[i] +
                                            " refused this rank's connection: " + e.what());
     }
-    clients_.emplace(peer, std::move(s));
+    clients_.emplace(peers[i], std::move(greeted[i]));
   }
   // Each peer says in the store once it has connected to all of us.  Waiting
   // for that there, not only for the links to arrive, ends this wait as soon
