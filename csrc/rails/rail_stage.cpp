@@ -38,9 +38,9 @@ struct RailStage::SliceState {
   int received[2] = {0, 0};
   int allowance[2] = {0, 0};
   RailWalk walk;
-  bool wire = false;                                  // compressed messages (codec_.applies)
-  bool served = true;                                 // our shard reduced and sent (or nothing to serve)
-  std::vector<std::vector<char>>* staging = nullptr;  // the slot's buffers, by node
+  bool wire = false;                         // compressed messages (codec_.applies)
+  bool served = true;                        // our shard reduced and sent (or nothing to serve)
+  std::vector<RawBytes>* staging = nullptr;  // the slot's buffers, by node
 };
 
 namespace {
@@ -121,7 +121,11 @@ RailStage::RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callb
     const int64_t pieces = static_cast<int64_t>(reduction_servers_.size()) * kPiecesPerServer;
     const int64_t piece = max_server_piece_bytes(servers.max_chunk_bytes, pieces);
     for (auto* bufs : {&server_out_, &server_in_}) {
-      bufs->assign(slots, std::vector<std::vector<char>>(pieces, std::vector<char>(WireCodec::buffer_bytes(piece))));
+      bufs->resize(slots);
+      for (auto& slot : *bufs) {
+        slot.resize(pieces);
+        for (auto& b : slot) b.resize(WireCodec::buffer_bytes(piece));
+      }
     }
   }
   const std::vector<int> rail = topo_.rail();

@@ -20,6 +20,7 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include "common/raw_bytes.h"
 #include "plan/plan.h"
 #include "rails/wire_codec.h"
 #include "common/op_key.h"
@@ -129,21 +130,21 @@ class RailStage : public RailExchange {
   int wake_fd_ = -1;
   bool left_ = false;  // leave() ran (under mu_)
   // Where the server receives the peers' shards: [slot][node], allocated once.
-  std::vector<std::vector<std::vector<char>>> staging_;
+  std::vector<std::vector<RawBytes>> staging_;
   // Compressed rails (wire_codec.h), [slot][node], allocated once if a wire
   // dtype is set: our messages to each node (at our own node: the server's
   // rounded result), the contributions and the results as they arrive.
   WireCodec codec_;
-  std::vector<std::vector<std::vector<char>>> wire_out_, wire_contrib_, wire_result_;
+  std::vector<std::vector<RawBytes>> wire_out_, wire_contrib_, wire_result_;
   // With reduction servers and a wire dtype, [slot][server]: our pieces to
   // each server and its sums as they arrive.
-  std::vector<std::vector<std::vector<char>>> server_out_, server_in_;
+  std::vector<std::vector<RawBytes>> server_out_, server_in_;
   // Every channel, for polling, heartbeats, aborts and closing.
   std::vector<Channel*> all_channels() const;
   // For a timeout on a reduction server that is alive: the rail's ranks
   // whose heartbeats stopped, by name, or that none did.
   std::string silent_rail_peers(Clock::time_point now, std::chrono::milliseconds alive_window) const;
-  char* wire_buf(std::vector<std::vector<std::vector<char>>>& bufs, const RailTask& t, int node) {
+  char* wire_buf(std::vector<std::vector<RawBytes>>& bufs, const RailTask& t, int node) {
     return bufs[t.slice_seq % bufs.size()][node].data();
   }
 
