@@ -85,15 +85,9 @@ def _reconfigurable(store, rank, size, timeout, resolved):
 def _build(store, rank, size, timeout, resolved):
     """A Fairring backend with `resolved` options; the groups made from it
     (shrink, split) are built here too, with the same options."""
-    devices = _lazy_gloo_devices()
-    if devices is None:
-        # gloo's own rendezvous would leave the others waiting for a rank
-        # whose options failed (_init_failed): meet first.  With lazy devices
-        # gloo waits for nobody, and the first wait of the backend's creation
-        # reports that rank's failure.
-        _C._init_checkpoint(store, rank, size, timeout, "options")
+    _C._init_checkpoint(store, rank, size, timeout, "options")
     # What Fairring does not run itself goes to gloo, on its own corner of the store.
-    fallback = _gloo_fallback(dist.PrefixStore("fairring-gloo/", store), rank, size, timeout, devices)
+    fallback = _gloo_fallback(dist.PrefixStore("fairring-gloo/", store), rank, size, timeout)
     config = _C.Config()
     config.slice_size = resolved.slice_size
     config.slice_size_auto = resolved.slice_size_auto
@@ -113,26 +107,20 @@ def _build(store, rank, size, timeout, resolved):
     return backend
 
 
-def _lazy_gloo_devices():
-    """gloo devices that connect lazily: each pair of ranks connects the
-    first time a delegated op uses it, so a group that never delegates never
-    builds gloo's full mesh (N(N-1)/2 connections at creation, the larger part
-    of creating a group of many ranks).  Made as torch makes them for gloo
-    (GLOO_SOCKET_IFNAME, else the host's address).  None on a torch without
-    lazy devices."""
+def _gloo_fallback(store, rank, size, timeout):
+    """The gloo group a Fairring group delegates to, connecting lazily: each
+    pair of ranks connects the first time a delegated op uses it, so a group
+    that never delegates never builds gloo's full mesh (N(N-1)/2 connections
+    at creation, the larger part of creating a group of many ranks).  Devices
+    as torch makes them for gloo (GLOO_SOCKET_IFNAME, else the host's
+    address); a torch without lazy devices gets gloo's usual group."""
     try:
         ifnames = [i for i in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if i]
         if ifnames:
-            return [dist.ProcessGroupGloo.create_device(interface=i, lazy_init=True) for i in ifnames]
-        return [dist.ProcessGroupGloo.create_default_device(lazy_init=True)]
+            devices = [dist.ProcessGroupGloo.create_device(interface=i, lazy_init=True) for i in ifnames]
+        else:
+            devices = [dist.ProcessGroupGloo.create_default_device(lazy_init=True)]
     except (AttributeError, TypeError):
-        return None
-
-
-def _gloo_fallback(store, rank, size, timeout, devices):
-    """The gloo group a Fairring group delegates to: on `devices` (lazy), or
-    gloo's usual group where this torch has none."""
-    if devices is None:
         return dist.ProcessGroupGloo(store, rank, size, timeout)
     opts = dist.ProcessGroupGloo._Options()
     opts._timeout = timeout
