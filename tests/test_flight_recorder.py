@@ -100,14 +100,20 @@ DESYNCS = {
 }
 
 
+def _per_backend(tmp_path, on_gloo):
+    """Fairring, and gloo where the case runs on it: each backend, its dump
+    folder, and the environment that has its ranks dump there."""
+    for backend in ("fairring", "gloo") if on_gloo else ("fairring",):
+        folder = str(tmp_path / backend)
+        os.makedirs(folder)
+        yield backend, folder, {"TORCH_FR_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": os.path.join(folder, "rank_")}
+
+
 @pytest.mark.parametrize("case", list(DESYNCS))
 def test_torchs_analyzer_names_the_rank_out_of_step(case, tmp_path):
     nodes, how, culprit, words, on_gloo = DESYNCS[case]
     verdicts = {}
-    for backend in ("fairring", "gloo") if on_gloo else ("fairring",):
-        folder = str(tmp_path / backend)
-        os.makedirs(folder)
-        env = {"TORCH_FR_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": os.path.join(folder, "rank_")}
+    for backend, folder, env in _per_backend(tmp_path, on_gloo):
         res = launch.run_ranks(rfr.desync, nodes, args=(how, culprit, folder), timeout_s=120, pg_timeout_s=30 if
                                backend == "fairring" else 5, env=env, backend=backend)
         if backend == "gloo":
@@ -188,10 +194,7 @@ def test_a_stalled_or_killed_rank_is_named_as_on_gloo(case, tmp_path):
     same words."""
     nodes, how, culprit, words, on_gloo = BROKEN[case]
     verdicts = {}
-    for backend in ("fairring", "gloo") if on_gloo else ("fairring",):
-        folder = str(tmp_path / backend)
-        os.makedirs(folder)
-        env = {"TORCH_FR_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": os.path.join(folder, "rank_")}
+    for backend, folder, env in _per_backend(tmp_path, on_gloo):
         res = launch.run_ranks(rfr.broken, nodes, args=(how, culprit, folder), timeout_s=120, pg_timeout_s=5,
                                env=env, backend=backend, check=False)
         for r in res:
