@@ -149,8 +149,16 @@ FairringBackend::~FairringBackend() {
   // The engines join their threads, which may need the GIL.
   GilReleaseIfHeld no_gil;
   // Dropped without shutdown() (its last reference gone): the peers learn
-  // it now, not when they next wait for this rank in vain.
-  leave("dropped it (its last reference went away)");
+  // it now, not when they next wait for this rank in vain.  Best effort: an
+  // exception out of a destructor ends the process (std::terminate), and a
+  // group that failed or was aborted has nothing more to tell its peers.
+  try {
+    leave("dropped it (its last reference went away)");
+  } catch (const std::exception& e) {
+    FAIRRING_DEBUG_LOG(getRank(), "leaving the group as it was dropped failed: %s", e.what());
+  } catch (...) {
+    FAIRRING_DEBUG_LOG(getRank(), "leaving the group as it was dropped failed");
+  }
   if (abort_hook_) abort_hook_->clear();
   if (p2p_poller_) p2p_poller_->clear();  // (waits for a poll in progress)
   cuda_engine_.reset();
