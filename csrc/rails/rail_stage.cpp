@@ -88,6 +88,18 @@ void check_match(const WireHeader& got, const WireHeader& want, int peer, int se
     throw_out_of_step(want.key, self, peer);
   }
 }
+
+// [slot][i] buffers of `bytes` each, for i < `count` but `skip` (-1: none),
+// left untouched until used (common/raw_bytes.h).
+void allocate_buffers(std::vector<std::vector<RawBytes>>& bufs, int slots, int64_t count, int64_t bytes,
+                      int skip = -1) {
+  bufs.assign(slots, std::vector<RawBytes>(count));
+  for (auto& slot : bufs) {
+    for (int64_t i = 0; i < count; ++i) {
+      if (i != skip) slot[i].resize(bytes);
+    }
+  }
+}
 }  // namespace
 
 RailStage::RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callbacks callbacks,
@@ -99,34 +111,18 @@ RailStage::RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callb
       timeout_(timeout),
       reduction_servers_(std::move(servers.channels)),
       codec_(wire) {
-  staging_.resize(slots);
-  for (auto& slot : staging_) {
-    slot.resize(topo_.num_nodes);
-    for (int n = 0; n < topo_.num_nodes; ++n) {
-      if (n != topo_.node) slot[n].resize(max_shard_bytes);
-    }
-  }
+  allocate_buffers(staging_, slots, topo_.num_nodes, max_shard_bytes, topo_.node);
   if (wire != WireDtype::kNone) {  // wire_bytes_per_slot() counts these
-    for (auto* bufs : {&wire_out_, &wire_contrib_, &wire_result_}) {
-      bufs->resize(slots);
-      for (auto& slot : *bufs) {
-        slot.resize(topo_.num_nodes);
-        for (int n = 0; n < topo_.num_nodes; ++n) {
-          if (n != topo_.node || bufs == &wire_out_) slot[n].resize(WireCodec::buffer_bytes(max_shard_bytes));
-        }
-      }
-    }
+    const int64_t bytes = WireCodec::buffer_bytes(max_shard_bytes);
+    allocate_buffers(wire_out_, slots, topo_.num_nodes, bytes);
+    allocate_buffers(wire_contrib_, slots, topo_.num_nodes, bytes, topo_.node);
+    allocate_buffers(wire_result_, slots, topo_.num_nodes, bytes, topo_.node);
   }
   if (wire != WireDtype::kNone && !reduction_servers_.empty()) {
     const int64_t pieces = static_cast<int64_t>(reduction_servers_.size()) * kPiecesPerServer;
     const int64_t piece = max_server_piece_bytes(servers.max_chunk_bytes, pieces);
-    for (auto* bufs : {&server_out_, &server_in_}) {
-      bufs->resize(slots);
-      for (auto& slot : *bufs) {
-        slot.resize(pieces);
-        for (auto& b : slot) b.resize(WireCodec::buffer_bytes(piece));
-      }
-    }
+    allocate_buffers(server_out_, slots, pieces, WireCodec::buffer_bytes(piece));
+    allocate_buffers(server_in_, slots, pieces, WireCodec::buffer_bytes(piece));
   }
   const std::vector<int> rail = topo_.rail();
   clients_.resize(topo_.num_nodes);
