@@ -1,9 +1,9 @@
 """Where the time of an all-reduce between many simulated nodes goes on the
 wire: qdisc drops (at the switch's ports and at each node's own link), TCP
-retransmissions and timeouts in the nodes' namespaces, and the bytes the
-nodes' links sent, for Fairring and
-gloo run one after the other on the same cluster (root; the bench's
-network namespaces, bench/netns.py).
+counters in the nodes' namespaces (retransmissions and timeouts, tail-loss
+probes, receive queues pruned or collapsed, zero windows), and the bytes and
+packets the nodes' links sent, for Fairring and gloo run one after the other
+on the same cluster (root; the bench's network namespaces, bench/netns.py).
 
     python3 benchmarks/rail_drops.py                            # 16 nodes, 100 Mbit/s, 4 MiB
     N=16 RATE=1gbit SIZE=25M python3 benchmarks/rail_drops.py   # 16 nodes, 1 Gbit/s, 25 MiB
@@ -57,9 +57,9 @@ NSTAT = ["TcpRetransSegs", "TcpExtTCPTimeouts", "TcpExtPruneCalled", "TcpExtTCPR
 
 
 def counters(cluster) -> tuple:
-    """(qdisc drops at the switch's ports, at the nodes' links, TCP segments
-    retransmitted, retransmission timeouts, bytes and packets the nodes' links
-    sent), summed over the cluster."""
+    """(qdisc drops at the switch's ports, at the nodes' links, bytes and
+    packets the nodes' links sent, then NSTAT's counters in order), summed
+    over the cluster."""
     def run(cmd):
         return subprocess.run(cmd, capture_output=True, text=True).stdout
 
@@ -68,7 +68,7 @@ def counters(cluster) -> tuple:
 
     at_switch = dropped(cluster.switch)
     at_nodes = sent = packets = 0
-    extra = {}
+    tcp = dict.fromkeys(NSTAT, 0)
     for ns in cluster.node_ns:
         at_nodes += dropped(ns)
         for b, p in re.findall(r"Sent (\d+) bytes (\d+) pkt", run(["ip", "netns", "exec", ns, "tc", "-s", "qdisc"])):
@@ -76,10 +76,9 @@ def counters(cluster) -> tuple:
             packets += int(p)
         for line in run(["ip", "netns", "exec", ns, "nstat", "-az"] + NSTAT).splitlines():
             name, *rest = line.split() or [""]
-            if name in NSTAT:
-                extra[name] = extra.get(name, 0) + int(rest[0])
-    return (at_switch, at_nodes, extra.pop("TcpRetransSegs", 0), extra.pop("TcpExtTCPTimeouts", 0), sent, packets,
-            *(extra.get(k, 0) for k in NSTAT[2:]))
+            if name in tcp:
+                tcp[name] += int(rest[0])
+    return (at_switch, at_nodes, sent, packets, *tcp.values())
 
 
 def main() -> None:
@@ -107,8 +106,8 @@ def main() -> None:
             after = counters(c)
             d = [a - b for a, b in zip(after, before)]
             print(f"  {backend}: exit codes {sorted(set(codes))}; qdisc drops at the switch {d[0]}, at the nodes' "
-                  f"links {d[1]}; TCP segments retransmitted {d[2]}, retransmission timeouts {d[3]}; "
-                  f"{d[4] / n / (iters + 2) / 1024:.1f} KiB in {d[5] / n / (iters + 2):.0f} packets sent per node and op "
+                  f"links {d[1]}; TCP segments retransmitted {d[4]}, retransmission timeouts {d[5]}; "
+                  f"{d[2] / n / (iters + 2) / 1024:.1f} KiB in {d[3] / n / (iters + 2):.0f} packets sent per node and op "
                   "(warm-up ops and set-up included); "
                   + ", ".join(f"{k[6:] if k.startswith('TcpExt') else k} {v}" for k, v in zip(NSTAT[2:], d[6:])),
                   flush=True)
