@@ -87,6 +87,22 @@ def nothing(rank, world):
     return None
 
 
+def create_once_one_server_joined(rank, world, port, pg_timeout_s):
+    """Creates the group (FAIRRING_REDUCTION_SERVERS from the environment)
+    only once one server has joined the job, so that its start-up, however
+    slow on a busy machine, is not raced against the group's short timeout."""
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=timedelta(seconds=60))
+    deadline = time.monotonic() + 60
+    while store.add("fairring/servers/count", 0) < 1:
+        if time.monotonic() > deadline:
+            raise AssertionError("the test's server did not join within 60 s")
+        time.sleep(0.05)
+    import fairring_py  # noqa: F401  registers the backend
+
+    dist.init_process_group("fairring", store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=pg_timeout_s))
+
+
 def stalled_rank(rank, world):
     """Rank 0 stops rank 2 (SIGSTOP) while all-reduces go through the server
     and resumes it once the others have given up.  Returns each rank's error."""

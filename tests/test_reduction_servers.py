@@ -189,8 +189,8 @@ def test_missing_server_fails_group_creation():
     within the group's timeout, saying how many joined and how to start them."""
     port = launch.free_port()
     with Servers(port, 1) as servers:
-        res = launch.run_ranks(rank_servers.nothing, node_ids("3x1"), store_port=port, pg_timeout_s=3, check=False,
-                               env={"FAIRRING_REDUCTION_SERVERS": "2"}, timeout_s=90)
+        res = launch.run_ranks(rank_servers.create_once_one_server_joined, node_ids("3x1"), args=(port, 3),
+                               backend=None, check=False, env={"FAIRRING_REDUCTION_SERVERS": "2"}, timeout_s=90)
         for r in res:
             assert not r.ok, f"rank {r.rank} created the group"
             msg = r.exc_msg or ""
