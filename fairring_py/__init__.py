@@ -103,7 +103,7 @@ def _build(store, rank, size, timeout, resolved):
     # Captures the options, never the backend (no reference cycle).
     backend._set_child_factory(lambda store, rank, size, timeout: _build(store, rank, size, timeout, resolved))
     if rank == 0 and backend.topology()["uneven"]:
-        _warn_uneven(store, size)
+        _warn_uneven(backend.node_keys())
     return backend
 
 
@@ -128,8 +128,8 @@ def _gloo_fallback(store, rank, size, timeout):
     return dist.ProcessGroupGloo(store, rank, size, opts)
 
 
-def _warn_uneven(store, size):
-    counts = Counter(store.get(f"fairring/node/{r}").decode() for r in range(size))
+def _warn_uneven(node_keys):
+    counts = Counter(node_keys)
     sizes = ", ".join(f"{key!r}: {n}" for key, n in counts.items())
     warnings.warn(
         f"fairring: the nodes of this process group have different numbers of ranks ({sizes}); "

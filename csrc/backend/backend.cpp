@@ -26,7 +26,34 @@
 namespace fairring {
 
 namespace {
-std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+// A rank's record at group creation: its fields, each prefixed by its length
+// (a node key or the secret may hold any byte).
+std::string pack_fields(const std::vector<std::string>& fields) {
+  std::string out;
+  for (const std::string& f : fields) out += std::to_string(f.size()) + ":" + f;
+  return out;
+}
+
+std::vector<std::string> unpack_fields(const std::string& record, size_t count, int rank) {
+  std::vector<std::string> fields;
+  size_t at = 0;
+  while (fields.size() < count) {
+    const size_t colon = record.find(':', at);
+    size_t len = 0;
+    bool ok = colon != std::string::npos && colon > at && colon - at <= 12;
+    for (size_t i = at; ok && i < colon; ++i) {
+      ok = record[i] >= '0' && record[i] <= '9';
+      len = len * 10 + static_cast<size_t>(record[i] - '0');
+    }
+    if (!ok || record.size() - colon - 1 < len) {
+      throw Error(ErrorKind::kBackend, "fairring: malformed group-creation record of rank " + std::to_string(rank) +
+                                           " in the store (another job's keys under this prefix?)");
+    }
+    fields.push_back(record.substr(colon + 1, len));
+    at = colon + 1 + len;
+  }
+  return fields;
+}
 }  // namespace
 
 FairringBackend::FairringBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const Config& config,
@@ -62,16 +89,40 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
       "FAIRRING_SLICE_SIZE=" + std::to_string(config_.slice_size) + (config_.slice_size_auto ? " (default)" : "") +
       ", FAIRRING_PARALLELISM=" + std::to_string(config_.parallelism) + ", FAIRRING_WIRE_DTYPE=" + config_.wire_dtype +
       ", FAIRRING_REDUCTION_SERVERS=" + std::to_string(config_.reduction_servers);
-  store->set("node/" + std::to_string(rank), bytes_of(node_key));
+  // One record per rank, read in one wait: which machine and node it is on,
+  // its settings, and from rank 0 the group's secret (TCP peers must present
+  // it) and a unique name for its shared memory.  Each wait in the store is
+  // a wait for the slowest rank: these were five.
+  std::string secret_blob;
+  if (rank == 0) {
+    secret_ = random_secret();
+    job_uid_ = random_hex(8);
+    secret_blob.assign(secret_.begin(), secret_.end());
+    secret_blob += job_uid_;
+  }
+  const std::string machine = machine_key();
+  const std::string mine = pack_fields({node_key, machine, settings, secret_blob});
+  store->set("meet/" + std::to_string(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::vector<std::string> keys, machines, all_settings;
+  const std::vector<std::string> records = read_every_rank(store, "meet", size);
+  for (int r = 0; r < size; ++r) {
+    std::vector<std::string> fields = unpack_fields(records[r], 4, r);
+    keys.push_back(std::move(fields[0]));
+    machines.push_back(std::move(fields[1]));
+    all_settings.push_back(std::move(fields[2]));
+    if (r == 0 && rank != 0) secret_blob = std::move(fields[3]);
+  }
+  check_settings_agree(all_settings, rank, settings);
+  if (rank != 0) {
+    TORCH_CHECK(secret_blob.size() > secret_.size(), "fairring: malformed secret in the store");
+    std::copy(secret_blob.begin(), secret_blob.begin() + secret_.size(), secret_.begin());
+    job_uid_.assign(secret_blob.begin() + secret_.size(), secret_blob.end());
+  }
   // The real machine too (a simulated node is one of several on it): for
   // whether the ranks here each have a core (wait_spin_for).
-  const std::string machine = machine_key();
-  store->set("machine/" + std::to_string(rank), bytes_of(machine));
-  check_same_settings(store, "settings", rank, size, settings);
-  const std::vector<std::string> keys = read_every_rank(store, "node", size);
-  const std::vector<std::string> machines = read_every_rank(store, "machine", size);
   const int ranks_here = static_cast<int>(std::count(machines.begin(), machines.end(), machine));
   topo_ = build_topology(keys, rank);
+  node_keys_ = std::move(keys);
   if (config_.slice_size_auto) {
     // Larger slices with many ranks between nodes (config.h), within the
     // staging memory the group may use.
@@ -83,20 +134,6 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
   }
   blockwise_pieces_ = blockwise_slice_pieces(topo_.node_sizes());
   config_.wait_spin = wait_spin_for(ranks_here, usable_cpus());
-  // The group's secret (TCP peers must present it) and a unique name for its
-  // shared memory, chosen by rank 0.
-  if (rank == 0) {
-    secret_ = random_secret();
-    job_uid_ = random_hex(8);
-    std::vector<uint8_t> blob(secret_.begin(), secret_.end());
-    blob.insert(blob.end(), job_uid_.begin(), job_uid_.end());
-    store->set("secret", blob);
-  } else {
-    auto blob = store->get("secret");
-    TORCH_CHECK(blob.size() > secret_.size(), "fairring: malformed secret in the store");
-    std::copy(blob.begin(), blob.begin() + secret_.size(), secret_.begin());
-    job_uid_.assign(blob.begin() + secret_.size(), blob.end());
-  }
   engine_ = std::make_unique<HostEngine>(store, topo_, config_, job_uid_, secret_);
   if (size > 1)
     p2p_ = std::make_unique<P2pEngine>(store, topo_, job_uid_, secret_, config_.socket_ifname, config_.timeout,

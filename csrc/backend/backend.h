@@ -166,6 +166,8 @@ class FairringBackend : public c10d::Backend {
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
 
   const Topology& topology() const { return topo_; }
+  // Each rank's node key (FAIRRING_NODE_ID or the host), as creation read them.
+  const std::vector<std::string>& node_keys() const { return node_keys_; }
   const RecentOps& recent_ops() const { return *recent_; }
   // The group's ranks in the default group, for torch's flight recorder.
   void set_global_ranks(std::vector<uint64_t> ranks) { fr_->set_global_ranks(std::move(ranks)); }
@@ -321,6 +323,7 @@ class FairringBackend : public c10d::Backend {
                                             std::vector<at::Tensor> outputs, const char* kind);
 
   Topology topo_;
+  std::vector<std::string> node_keys_;
   int blockwise_pieces_ = 1;  // blockwise_slice_pieces of topo_'s nodes
   Config config_;
   const int creator_pid_ = getpid();

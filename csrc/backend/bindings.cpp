@@ -207,6 +207,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("listen_address", &FairringBackend::listen_address,
            "ip:port of this rank's TCP listener, or '' when the group is a single node")
       .def("topology", [](const FairringBackend& b) { return topology_dict(b.topology()); })
+      .def("node_keys", &FairringBackend::node_keys)
       .def("order_waits", &FairringBackend::order_waits,
            "How many ops of this group waited for an earlier op whose memory they share (one of them "
            "writing it): the issue-order rule at work")

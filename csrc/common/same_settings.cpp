@@ -21,8 +21,11 @@ std::vector<std::string> read_every_rank(const c10::intrusive_ptr<c10d::Store>& 
 void check_same_settings(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, int rank, int size,
                          const std::string& mine) {
   store->set(key + "/" + std::to_string(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
-  const std::vector<std::string> all = read_every_rank(store, key, size);
-  for (int r = 0; r < size; ++r) {
+  check_settings_agree(read_every_rank(store, key, size), rank, mine);
+}
+
+void check_settings_agree(const std::vector<std::string>& all, int rank, const std::string& mine) {
+  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
     const std::string& theirs = all[r];
     if (theirs != mine) {
       throw Error(ErrorKind::kInvalidArgument,

@@ -24,5 +24,7 @@ std::vector<std::string> read_every_rank(const c10::intrusive_ptr<c10d::Store>& 
 // values if any rank's `mine` differs from this one's.
 void check_same_settings(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, int rank, int size,
                          const std::string& mine);
+// The same check over values already read (`all`, by rank).
+void check_settings_agree(const std::vector<std::string>& all, int rank, const std::string& mine);
 
 }  // namespace fairring
