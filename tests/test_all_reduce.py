@@ -201,6 +201,10 @@ def test_topology_warning(topo):
     if len(set(counts.values())) > 1:
         assert sum(len(w) for w in warns) >= 1, (
             f"{topo}: uneven node sizes {counts} but no warning about it in any rank's output")
+        # It names every node (its key: "id:" and the node id) with its count of ranks.
+        text = " ".join(sum(warns, []))
+        for node, n in counts.items():
+            assert f"'id:{node}': {n}" in text, f"{topo}: {counts} not all in the warning: {text}"
     elif "subgroups" in TOPOLOGIES[topo][0]:
         # the subgroup [1, 2, 3] is uneven and may warn; rank 0 is not in it
         assert not warns[0], f"{topo}: unexpected layout warning on rank 0 of an even topology: {warns[0]}"
