@@ -92,7 +92,7 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
   // One record per rank, read in one wait: which machine and node it is on,
   // its settings, and from rank 0 the group's secret (TCP peers must present
   // it) and a unique name for its shared memory.  Each wait in the store is
-  // a wait for the slowest rank: these were five.
+  // a wait for the slowest rank, so all of this comes in one.
   std::string secret_blob;
   if (rank == 0) {
     secret_ = random_secret();
