@@ -98,6 +98,7 @@ def _build(store, rank, size, timeout, resolved):
     config.wire_dtype = resolved.wire_dtype
     config.huge_pages = resolved.huge_pages
     config.reduction_servers = resolved.reduction_servers
+    config.rail_radix = resolved.rail_radix
     config.timeout = timeout
     backend = _C.FairringBackend(store, rank, size, config, _node_key(resolved), fallback)
     # Captures the options, never the backend (no reference cycle).

@@ -32,6 +32,7 @@ ENV = {
     "wire_dtype": "FAIRRING_WIRE_DTYPE",
     "huge_pages": "FAIRRING_HUGE_PAGES",
     "reduction_servers": "FAIRRING_REDUCTION_SERVERS",
+    "rail_radix": "FAIRRING_RAIL_RADIX",
 }
 
 # How CUDA all-reduces cross nodes.  "tcp": the reduced chunks go through
@@ -74,6 +75,9 @@ class Options:
     reduction_servers: all-reduces between nodes reduced by this many dedicated servers
                    (``python -m fairring_py.server``) instead of the workers (FAIRRING_REDUCTION_SERVERS,
                    default 0: none; docs/REDUCTION_SERVERS.md)
+    rail_radix:    nodes per group of the all-reduce's rail levels: 2 is halving-doubling, the node count
+                   or more the direct exchange (FAIRRING_RAIL_RADIX, default 0: by node count;
+                   docs/ARCHITECTURE.md, "Rails in levels")
     """
 
     slice_size: Optional[int | str] = None
@@ -85,6 +89,7 @@ class Options:
     wire_dtype: Optional[str] = None
     huge_pages: Optional[str] = None
     reduction_servers: Optional[int | str] = None
+    rail_radix: Optional[int | str] = None
 
 
 def parse_size(value, name: str, hi: int | None = None) -> int:
@@ -137,6 +142,7 @@ class Resolved:
     wire_dtype: str = DEFAULTS["wire_dtype"]
     huge_pages: str = DEFAULTS["huge_pages"]
     reduction_servers: int = DEFAULTS["reduction_servers"]
+    rail_radix: int = DEFAULTS["rail_radix"]
     # Neither Options nor the environment set the slice size: the backend
     # picks it by the group's shape (larger with many ranks between nodes).
     slice_size_auto: bool = False
@@ -194,8 +200,12 @@ def resolve(pg_options=None, environ=None) -> Resolved:
     huge_pages = _choice(raw, "huge_pages", HUGE_PAGES, DEFAULTS["huge_pages"])
     v, name = value("reduction_servers")
     reduction_servers = _parse_int(v, name, *LIMITS["reduction_servers"])
+    v, name = value("rail_radix")
+    rail_radix = _parse_int(v, name, *LIMITS["rail_radix"])
+    if rail_radix == 1:
+        raise ValueError(f"{name} must be 0 (by node count) or at least 2, got {v!r}")
     return Resolved(slice_size, total_memory, parallelism, node_id, ifname, gpu_transport, wire_dtype, huge_pages,
-                    reduction_servers, slice_size_auto="slice_size" not in raw)
+                    reduction_servers, rail_radix, slice_size_auto="slice_size" not in raw)
 
 
 def _choice(raw, key: str, choices, default: str) -> str:

@@ -34,6 +34,9 @@ TOPOLOGIES = {
     "noncontig-map-abab": (BASE, {"sizes": FEW_SIZES}),
     "2x2-slice4K": (BASE, {"sizes": FEW_SIZES + [262147]}),
     "4x1-paced": (BASE, {"sizes": FEW_SIZES}),
+    "4x1-radix2": (BASE, {"sizes": FEW_SIZES + [262147]}),
+    "6x1-radix2": (BASE, {"sizes": FEW_SIZES + [262147]}),
+    "4x2-radix2": (BASE, {"sizes": FEW_SIZES}),
     # The device-like host mover: a missing wait shows up as wrong numbers here.
     "1x3-deferred": (BASE, {"sizes": FEW_SIZES}),  # 65537 elements: 64 slices of 4 KiB
     # Several slices in flight: 262147 elements (2 slices) for every dtype and op,

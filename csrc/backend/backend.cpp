@@ -88,7 +88,8 @@ void FairringBackend::build(const c10::intrusive_ptr<InitStore>& store, const st
   const std::string settings =
       "FAIRRING_SLICE_SIZE=" + std::to_string(config_.slice_size) + (config_.slice_size_auto ? " (default)" : "") +
       ", FAIRRING_PARALLELISM=" + std::to_string(config_.parallelism) + ", FAIRRING_WIRE_DTYPE=" + config_.wire_dtype +
-      ", FAIRRING_REDUCTION_SERVERS=" + std::to_string(config_.reduction_servers);
+      ", FAIRRING_REDUCTION_SERVERS=" + std::to_string(config_.reduction_servers) +
+      ", FAIRRING_RAIL_RADIX=" + std::to_string(config_.rail_radix);
   // One record per rank, read in one wait: which machine and node it is on,
   // its settings, and from rank 0 the group's secret (TCP peers must present
   // it) and a unique name for its shared memory.  Each wait in the store is

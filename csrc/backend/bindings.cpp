@@ -121,6 +121,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("wire_dtype", &Config::wire_dtype)
       .def_readwrite("huge_pages", &Config::huge_pages)
       .def_readwrite("reduction_servers", &Config::reduction_servers)
+      .def_readwrite("rail_radix", &Config::rail_radix)
       .def_readwrite("timeout", &Config::timeout);
 
   // What the extension was built with, for fairring_py.info (bug reports).
@@ -145,12 +146,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   defaults["wire_dtype"] = Config().wire_dtype;
   defaults["huge_pages"] = Config().huge_pages;
   defaults["reduction_servers"] = Config().reduction_servers;
+  defaults["rail_radix"] = Config().rail_radix;
   m.attr("DEFAULTS") = defaults;
   py::dict bounds;
   bounds["slice_size"] = py::make_tuple(limits::kMinSliceSize, limits::kMaxSliceSize);
   bounds["total_memory"] = py::make_tuple(1, limits::kMaxTotalMemory);
   bounds["parallelism"] = py::make_tuple(1, limits::kMaxParallelism);
   bounds["reduction_servers"] = py::make_tuple(0, limits::kMaxReductionServers);
+  bounds["rail_radix"] = py::make_tuple(0, limits::kMaxRailRadix);
   m.attr("LIMITS") = bounds;
 
   m.def(

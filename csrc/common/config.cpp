@@ -43,6 +43,11 @@ void validate(const Config& c) {
                                                  std::to_string(limits::kMaxReductionServers) + ", got " +
                                                  std::to_string(c.reduction_servers));
   }
+  if (c.rail_radix != 0 && (c.rail_radix < 2 || c.rail_radix > limits::kMaxRailRadix)) {
+    throw Error(ErrorKind::kInvalidArgument, "FAIRRING_RAIL_RADIX must be 0 (auto) or between 2 and " +
+                                                 std::to_string(limits::kMaxRailRadix) + ", got " +
+                                                 std::to_string(c.rail_radix));
+  }
   if (c.timeout.count() <= 0) {
     throw Error(ErrorKind::kInvalidArgument,
                 "the process group's timeout must be positive, got " + std::to_string(c.timeout.count()) + " ms");

@@ -32,6 +32,9 @@ constexpr int64_t kMaxTotalMemory = 1024 * kGiB;
 constexpr int kMaxParallelism = 64;
 // Dedicated reduction servers a group may use (0: none, the workers serve).
 constexpr int kMaxReductionServers = 256;
+// FAIRRING_RAIL_RADIX: 0 (auto) or 2 and up; any radix from the node count
+// up is the direct exchange.
+constexpr int kMaxRailRadix = 1 << 20;
 
 // A slice between nodes is cut into a piece per rank, and each piece into a
 // message per node: with many ranks, 1 MiB slices make messages of tens of
@@ -62,6 +65,10 @@ struct Config {
   // All-reduces between nodes reduced by this many dedicated reduction
   // servers (python -m fairring_py.server) instead of the workers; 0: none.
   int reduction_servers = 0;
+  // Nodes per group of the all-reduce's rail levels (plan/rail_levels.h):
+  // 0 picks by node count, 2 is halving-doubling, at least the node count
+  // the direct exchange.
+  int rail_radix = 0;
   std::chrono::milliseconds timeout{30 * 60 * 1000};
   // Not an option: set by the backend from the machine (wait_spin_for).  How
   // long a blocking wait on a node peer spins before it sleeps.

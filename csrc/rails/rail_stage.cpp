@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "common/deadlines.h"
+#include "plan/rail_levels.h"
 #include "plan/rail_walk.h"
 #include "common/config.h"
 #include "common/errors.h"
@@ -29,18 +30,34 @@ struct RailStage::SliceState {
   int contributions_missing = 0;  // as a server
   int results_missing = 0;        // as a client
   int sends_pending = 0;
-  // Paced sends (release_paced), per round (0: the walk's first round, 1:
-  // the sums): those not yet posted, in the order they go out; how many went
-  // out, how many of the round's receives are in, and how many sends may
-  // be out beyond those received.
-  std::deque<HeldSend> held[2];
-  int posted[2] = {0, 0};
-  int received[2] = {0, 0};
-  int allowance[2] = {0, 0};
+  // The slice's rounds of sends, in order (the direct walk: its first round,
+  // then the sums; in levels: each level's contributions, then the sums from
+  // the last level up).  A round opens when its data is ready (hold()); until
+  // then its channels are closed to later slices, whose messages must not
+  // pass ours (a channel's peer matches them in slice order).
+  struct Round {
+    bool open = true;
+    std::vector<const Channel*> channels;  // while not open
+    // Paced sends (release_paced): those not yet posted, in the order they
+    // go out; how many went out, how many of the round's receives are in,
+    // and how many sends may be out beyond those received.
+    std::deque<HeldSend> held;
+    int posted = 0;
+    int received = 0;
+    int allowance = 0;
+  };
+  std::vector<Round> rounds;
   RailWalk walk;
-  bool wire = false;                         // compressed messages (codec_.applies)
-  bool served = true;                        // our shard reduced and sent (or nothing to serve)
-  std::vector<RawBytes>* staging = nullptr;  // the slot's buffers, by node
+  // In levels (rail_levels.h; empty: the direct walk): the levels, how many
+  // are reduced, how many levels' sums went out, and the receives each level
+  // still misses.
+  std::vector<RailLevel> levels;
+  int reduced = 0;
+  int gathered = 0;
+  std::vector<int> level_contributions_missing, level_results_missing;
+  bool wire = false;        // compressed messages (codec_.applies)
+  bool served = true;       // our shard reduced and sent (or nothing to serve)
+  char* staging = nullptr;  // the slot's staging area (RailStage::staged)
 };
 
 namespace {
@@ -104,14 +121,28 @@ void allocate_buffers(std::vector<std::vector<RawBytes>>& bufs, int slots, int64
 
 RailStage::RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callbacks callbacks,
                      std::chrono::milliseconds timeout, int slots, int64_t max_shard_bytes, WireDtype wire,
-                     ServerLinks servers)
+                     ServerLinks servers, int radix)
     : topo_(topo),
       reduce_(std::move(reduce)),
       callbacks_(std::move(callbacks)),
       timeout_(timeout),
       reduction_servers_(std::move(servers.channels)),
       codec_(wire) {
-  allocate_buffers(staging_, slots, topo_.num_nodes, max_shard_bytes, topo_.node);
+  dims_ = rail_levels(topo_.num_nodes, radix > 0 ? radix : auto_rail_radix(topo_.num_nodes));
+  shard_bytes_ = max_shard_bytes;
+  staging_.resize(slots);
+  for (RawBytes& area : staging_) area.resize((topo_.num_nodes - 1) * max_shard_bytes);
+  level_at_.assign(topo_.num_nodes, 0);
+  level_bytes_.assign(topo_.num_nodes, 0);
+  int64_t at = 0;
+  for (int n = 0; n < topo_.num_nodes && dims_.size() > 1; ++n) {
+    // A peer of level l sends us pieces of shards_per_part(l) shards.
+    const int l = n == topo_.node ? -1 : level_of_peer(dims_, topo_.node, n);
+    if (l < 0) continue;
+    level_at_[n] = at;
+    level_bytes_[n] = max_shard_bytes * shards_per_part(dims_, l);
+    at += level_bytes_[n];
+  }
   if (wire != WireDtype::kNone) {  // wire_bytes_per_slot() counts these
     const int64_t bytes = WireCodec::buffer_bytes(max_shard_bytes);
     allocate_buffers(wire_out_, slots, topo_.num_nodes, bytes);
@@ -264,7 +295,19 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
     active_.push_back(std::move(st));
     return;
   }
+  if (in_levels(s)) {
+    start_levels(s, now);
+    active_.push_back(std::move(st));
+    release_paced();
+    return;
+  }
   s.walk = t.walk(topo_.node, topo_.num_nodes);
+  // Round one goes now; the sums once we served (serve()).
+  s.rounds.resize(2);
+  if (s.walk.reduces) {
+    s.rounds[1].open = false;
+    for (const Transfer& x : s.walk.sum_sends) s.rounds[1].channels.push_back(servers_[x.node].get());
+  }
   const c10::ScalarType dtype = t.dtype();
   std::vector<HeldSend> sends;
   for (const Transfer& x : s.walk.sends) {
@@ -279,7 +322,7 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
     }
     sends.push_back({clients_[x.node].get(), WireKind::kContribution, x.count, data});
   }
-  hold(s, 0, std::move(sends), s.walk.sends, s.walk.receives.size());
+  hold(s, 0, std::move(sends), s.walk.sends, s.walk.receives.size(), topo_.num_nodes - 1);
   for (const Transfer& x : s.walk.sum_receives) {
     char* where = t.shard_at(x.shard);
     const bool decode = s.wire && x.count > 0;
@@ -289,7 +332,7 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
         [this, &s, decode, into, where, x] {
           if (decode) codec_.decode(s.task.dtype(), into, x.count, where);
           --s.results_missing;
-          ++s.received[1];
+          ++s.rounds[1].received;
         },
         now);
     ++s.results_missing;
@@ -300,7 +343,7 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
           *servers_[x.node], s, WireKind::kContribution, x.count, t.landing_at(x.shard),
           [&s] {
             --s.contributions_missing;
-            ++s.received[0];
+            ++s.rounds[0].received;
           },
           now);
       ++s.contributions_missing;
@@ -309,19 +352,19 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
     // Serving: every peer's piece of our shard into its staging buffer;
     // once all are in, the reduction and round two (serve()).
     s.served = false;
-    s.staging = &staging_[t.slice_seq % staging_.size()];
+    s.staging = staging_[t.slice_seq % staging_.size()].data();
     const int64_t elem = c10::elementSize(dtype);
     for (const Transfer& x : s.walk.receives) {
-      if (x.count * elem > static_cast<int64_t>((*s.staging)[x.node].size())) {
+      if (x.count * elem > staged_bytes(s, x.node)) {
         throw Error(ErrorKind::kBackend, "fairring: shard larger than its staging buffer (plan bound violated)");
       }
       const bool decode = s.wire && x.count > 0;
-      char* into = decode ? wire_buf(wire_contrib_, t, x.node) : (*s.staging)[x.node].data();
+      char* into = decode ? wire_buf(wire_contrib_, t, x.node) : staged(s, x.node);
       expect(
           *servers_[x.node], s, WireKind::kContribution, x.count, into,
           [this, &s, decode, into, x] {
-            if (decode) codec_.decode(s.task.dtype(), into, x.count, (*s.staging)[x.node].data());
-            ++s.received[0];
+            if (decode) codec_.decode(s.task.dtype(), into, x.count, staged(s, x.node));
+            ++s.rounds[0].received;
             if (--s.contributions_missing == 0) serve(s);
           },
           now);
@@ -343,19 +386,22 @@ void RailStage::start(std::unique_ptr<SliceState> st) {
 // far the exchange has come, and a link carries a few flows each way instead
 // of N - 1.  With N - 1 <= send_window_ everything goes at once, as before.
 void RailStage::hold(SliceState& s, int round, std::vector<HeldSend> sends, const std::vector<Transfer>& to,
-                     size_t receives) {
+                     size_t receives, int peers) {
   const int n = topo_.num_nodes;
+  SliceState::Round& r = s.rounds[round];
+  r.open = true;
+  r.channels.clear();
   std::vector<size_t> order(sends.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   const auto distance = [&](size_t i) { return (to[i].node - topo_.node + n) % n; };
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return distance(a) < distance(b); });
-  for (size_t i : order) s.held[round].push_back(sends[i]);
+  for (size_t i : order) r.held.push_back(sends[i]);
   const int total = static_cast<int>(sends.size());
   // Messages per node (an exchange has several), and sends no receive
   // stands for (a node that serves nothing only sends).
-  const int per_node = std::max(1, total / std::max(1, n - 1));
+  const int per_node = std::max(1, total / std::max(1, peers));
   const int unmatched = std::max(0, total - static_cast<int>(receives));
-  s.allowance[round] = send_window_ > 0 && send_window_ < n - 1 ? send_window_ * per_node + unmatched : total;
+  r.allowance = send_window_ > 0 && send_window_ < peers ? send_window_ * per_node + unmatched : total;
 }
 
 // Posts the held sends their round's receives allow, slice by slice in
@@ -365,14 +411,18 @@ void RailStage::release_paced() {
   std::vector<const Channel*> blocked;
   for (auto& st : active_) {
     SliceState& s = *st;
-    for (int round = 0; round < 2; ++round) {
-      auto& q = s.held[round];
-      while (!q.empty() && s.posted[round] < s.allowance[round] + s.received[round] &&
+    for (SliceState::Round& r : s.rounds) {
+      if (!r.open) {
+        blocked.insert(blocked.end(), r.channels.begin(), r.channels.end());
+        continue;
+      }
+      auto& q = r.held;
+      while (!q.empty() && r.posted < r.allowance + r.received &&
              std::find(blocked.begin(), blocked.end(), q.front().ch) == blocked.end()) {
         const HeldSend h = q.front();
         q.pop_front();
         send(*h.ch, s, h.kind, h.count, h.data);
-        ++s.posted[round];
+        ++r.posted;
       }
       for (const auto& h : q) blocked.push_back(h.ch);
     }
@@ -433,6 +483,144 @@ void RailStage::start_via_servers(SliceState& s, Clock::time_point now) {
   }
 }
 
+char* RailStage::staged(const SliceState& s, int node) const {
+  if (!s.levels.empty()) return s.staging + level_at_[node];
+  return s.staging + (node < topo_.node ? node : node - 1) * shard_bytes_;
+}
+
+int64_t RailStage::staged_bytes(const SliceState& s, int node) const {
+  return s.levels.empty() ? shard_bytes_ : level_bytes_[node];
+}
+
+bool RailStage::in_levels(const SliceState& s) const {
+  // An all-reduce's chunk with a shard for every node, in place and
+  // uncompressed (a compressed piece would be rounded once per level).
+  const RailTask& t = s.task;
+  return dims_.size() > 1 && !s.wire && t.pattern == RailPattern::kReduce && t.back_to == kBackToAll &&
+         t.pieces.empty() && t.result == nullptr && chunk_in_levels(t.shards, topo_.num_nodes);
+}
+
+// The chunk's all-reduce in levels (plan/rail_levels.h).  Every receive of
+// the slice is posted now, in slice order like the direct walk's: level l's
+// pieces of our part from its group into staging, and the group's sums of
+// their parts into place (a part's sum comes back only after its reducer
+// had our piece of it, so our send of that piece is done by then).  Level
+// l's sends go once level l - 1 is reduced, the sums from the last level up,
+// each level's once the level below it is complete.
+void RailStage::start_levels(SliceState& s, Clock::time_point now) {
+  const RailTask& t = s.task;
+  s.levels = walk_levels(dims_, t.shards, topo_.node, topo_.num_nodes);
+  const int L = static_cast<int>(s.levels.size());
+  const int64_t elem = c10::elementSize(t.dtype());
+  s.staging = staging_[t.slice_seq % staging_.size()].data();
+  s.served = false;
+  s.rounds.assign(2 * L, SliceState::Round{});
+  s.level_contributions_missing.assign(L, 0);
+  s.level_results_missing.assign(L, 0);
+  for (int l = 0; l < L; ++l) {
+    const RailLevel& lv = s.levels[l];
+    const Range mine = lv.parts[lv.me];
+    SliceState::Round& contributions = s.rounds[l];
+    SliceState::Round& sums = s.rounds[2 * L - 1 - l];
+    contributions.open = sums.open = false;
+    for (int v = 0; v < static_cast<int>(lv.group.size()); ++v) {
+      if (v == lv.me) continue;
+      const int p = lv.group[v];
+      if (mine.count * elem > staged_bytes(s, p)) {
+        throw Error(ErrorKind::kBackend, "fairring: part larger than its staging buffer (plan bound violated)");
+      }
+      expect(
+          *servers_[p], s, WireKind::kContribution, mine.count, staged(s, p),
+          [this, &s, l] {
+            ++s.rounds[l].received;
+            --s.contributions_missing;
+            if (--s.level_contributions_missing[l] == 0) advance_levels(s);
+          },
+          now);
+      const Range theirs = lv.parts[v];
+      expect(
+          *clients_[p], s, WireKind::kResult, theirs.count, t.chunk + theirs.offset * elem,
+          [this, &s, l, L] {
+            ++s.rounds[2 * L - 1 - l].received;
+            --s.results_missing;
+            if (--s.level_results_missing[l] == 0) advance_levels(s);
+          },
+          now);
+      ++s.contributions_missing;
+      ++s.level_contributions_missing[l];
+      ++s.results_missing;
+      ++s.level_results_missing[l];
+      contributions.channels.push_back(clients_[p].get());
+      sums.channels.push_back(servers_[p].get());
+    }
+  }
+  send_level(s, 0, /*sums=*/false);
+}
+
+// Level l's pieces to their reducers, or our sum of level l's part to the
+// level's group.
+void RailStage::send_level(SliceState& s, int l, bool sums) {
+  const RailTask& t = s.task;
+  const RailLevel& lv = s.levels[l];
+  const int L = static_cast<int>(s.levels.size());
+  const int64_t elem = c10::elementSize(t.dtype());
+  std::vector<HeldSend> sends;
+  std::vector<Transfer> to;
+  for (int v = 0; v < static_cast<int>(lv.group.size()); ++v) {
+    if (v == lv.me) continue;
+    const int p = lv.group[v];
+    const Range r = lv.parts[sums ? lv.me : v];
+    Channel* ch = sums ? servers_[p].get() : clients_[p].get();
+    sends.push_back({ch, sums ? WireKind::kResult : WireKind::kContribution, r.count, t.chunk + r.offset * elem});
+    to.push_back(Transfer{p, v, r.count});
+  }
+  const size_t receives = to.size();
+  const int peers = static_cast<int>(to.size());
+  hold(s, sums ? 2 * L - 1 - l : l, std::move(sends), to, receives, peers);
+}
+
+// What the receives just in allow: reduce the levels whose pieces are all
+// in, in order, each opening the next level's sends; after the last, the
+// sums go back a level at a time.
+void RailStage::advance_levels(SliceState& s) {
+  const int L = static_cast<int>(s.levels.size());
+  while (s.reduced < L && s.level_contributions_missing[s.reduced] == 0) {
+    reduce_level(s, s.reduced);
+    if (++s.reduced < L) {
+      send_level(s, s.reduced, /*sums=*/false);
+    } else {
+      s.served = true;
+      send_level(s, L - 1, /*sums=*/true);
+      s.gathered = 1;
+    }
+  }
+  while (s.reduced == L && s.gathered < L && s.level_results_missing[L - s.gathered] == 0) {
+    send_level(s, L - 1 - s.gathered, /*sums=*/true);
+    ++s.gathered;
+  }
+}
+
+// Level l's part, ours, reduced in place from the group's pieces in digit
+// order; AVG divides only at the last level.
+void RailStage::reduce_level(SliceState& s, int l) {
+  const RailTask& t = s.task;
+  if (reduce_delay_.count() > 0) {
+    std::this_thread::sleep_for(reduce_delay_);
+    reduce_delay_ = std::chrono::milliseconds(0);  // once
+  }
+  const RailLevel& lv = s.levels[l];
+  const Range mine = lv.parts[lv.me];
+  if (mine.count == 0) return;
+  char* own = t.chunk + mine.offset * static_cast<int64_t>(c10::elementSize(t.dtype()));
+  std::vector<const void*> inputs(lv.group.size());
+  for (size_t v = 0; v < lv.group.size(); ++v) {
+    inputs[v] = static_cast<int>(v) == lv.me ? own : staged(s, lv.group[v]);
+  }
+  const bool last = l + 1 == static_cast<int>(s.levels.size());
+  const RedOp op = !last && t.op() == RedOp::kAvg ? RedOp::kSum : t.op();
+  reduce_(t.dtype(), op, own, inputs.data(), static_cast<int>(inputs.size()), mine.count, last ? t.divisor : 0);
+}
+
 // Every piece of our shard is in: reduce them in node order, then round two.
 void RailStage::serve(SliceState& s) {
   const RailTask& t = s.task;
@@ -445,7 +633,7 @@ void RailStage::serve(SliceState& s) {
   char* out = t.result ? t.result : own;
   std::vector<const void*> inputs(topo_.num_nodes);
   for (int n = 0; n < topo_.num_nodes; ++n) {
-    inputs[n] = (n == topo_.node) ? own : (*s.staging)[n].data();
+    inputs[n] = (n == topo_.node) ? own : staged(s, n);
   }
   reduce_(t.dtype(), t.op(), out, inputs.data(), topo_.num_nodes, count, t.divisor);
   const char* result = out;
@@ -459,7 +647,7 @@ void RailStage::serve(SliceState& s) {
   std::vector<HeldSend> sums;
   for (const Transfer& x : s.walk.sum_sends)
     sums.push_back({servers_[x.node].get(), WireKind::kResult, x.count, result});
-  hold(s, 1, std::move(sums), s.walk.sum_sends, s.walk.sum_receives.size());
+  hold(s, 1, std::move(sums), s.walk.sum_sends, s.walk.sum_receives.size(), topo_.num_nodes - 1);
   s.served = true;
 }
 
@@ -494,10 +682,9 @@ void RailStage::expect(Channel& ch, SliceState& s, WireKind kind, int64_t count,
 void RailStage::maybe_finish() {
   while (!active_.empty()) {
     SliceState& s = *active_.front();
-    if (!(s.served && s.contributions_missing == 0 && s.results_missing == 0 && s.sends_pending == 0 &&
-          s.held[0].empty() && s.held[1].empty())) {
-      break;
-    }
+    const bool sent = std::all_of(s.rounds.begin(), s.rounds.end(),
+                                  [](const SliceState::Round& r) { return r.open && r.held.empty(); });
+    if (!(sent && s.served && s.contributions_missing == 0 && s.results_missing == 0 && s.sends_pending == 0)) break;
     const uint64_t seq = s.task.slice_seq;
     active_.pop_front();
     callbacks_.slice_done(seq);
@@ -673,7 +860,7 @@ std::unique_ptr<RailStage> connect_rail(const c10::intrusive_ptr<c10d::Store>& s
   }
   return std::make_unique<RailStage>(topo, *mesh, reduce_cpu, std::move(callbacks), config.timeout, config.parallelism,
                                      max_shard_bytes(params, topo.rails, topo.num_nodes, topo.largest_node), wire,
-                                     std::move(servers));
+                                     std::move(servers), config.rail_radix);
 }
 
 }  // namespace fairring

@@ -64,7 +64,7 @@ class RailStage : public RailExchange {
   // `slots` slices can be in flight; no shard is larger than `max_shard_bytes`.
   RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callbacks callbacks,
             std::chrono::milliseconds timeout, int slots, int64_t max_shard_bytes, WireDtype wire = WireDtype::kNone,
-            ServerLinks servers = {});
+            ServerLinks servers = {}, int radix = 0);
   ~RailStage() override;
   // Starts the stage's thread.  Separate from the constructor: the thread
   // may call `callbacks.failed` at once, which reaches the owner's members
@@ -97,6 +97,13 @@ class RailStage : public RailExchange {
   // the reduction servers, if there are any.
   bool via_servers(const RailTask& t) const;
   void start_via_servers(SliceState& s, Clock::time_point now);
+  // An all-reduce's chunk in levels (plan/rail_levels.h), when the stage
+  // has several.
+  bool in_levels(const SliceState& s) const;
+  void start_levels(SliceState& s, Clock::time_point now);
+  void send_level(SliceState& s, int level, bool sums);
+  void advance_levels(SliceState& s);
+  void reduce_level(SliceState& s, int level);
   // The bytes on the wire of a transfer of `count` elements of the slice.
   uint64_t message_bytes(const SliceState& s, int64_t count) const;
   // Posts the slice's next `kind` message of `count` elements to `ch`'s peer.
@@ -105,9 +112,11 @@ class RailStage : public RailExchange {
   // (checked against what we expect) into `into`.
   void expect(Channel& ch, SliceState& s, WireKind kind, int64_t count, char* into, std::function<void()> on_done,
               Clock::time_point now);
-  // Pacing a round's sends (rail_stage.cpp): `sends` (to `to[i].node`)
-  // held in the order they go out, allowed ahead of the round's `receives`.
-  void hold(SliceState& s, int round, std::vector<HeldSend> sends, const std::vector<Transfer>& to, size_t receives);
+  // Pacing a round's sends (rail_stage.cpp): `sends` (to `to[i].node`, of
+  // `peers` nodes) held in the order they go out, allowed ahead of the
+  // round's `receives`.  Opens the round.
+  void hold(SliceState& s, int round, std::vector<HeldSend> sends, const std::vector<Transfer>& to, size_t receives,
+            int peers);
   void release_paced();
   void maybe_finish();
   void wake();
@@ -124,13 +133,23 @@ class RailStage : public RailExchange {
   std::atomic<std::chrono::milliseconds> timeout_;           // set_timeout may change it
   std::chrono::milliseconds reduce_delay_{0};                // tests only (rail_stage.cpp)
   int send_window_ = kRailSendWindow;                        // nodes; 0: no pacing (hold())
+  std::vector<int> dims_;                                    // the all-reduce's levels (rail_levels.h)
   std::vector<std::unique_ptr<Channel>> clients_;            // by node; null for ours
   std::vector<std::unique_ptr<Channel>> servers_;            // by node; null for ours
   std::vector<std::unique_ptr<Channel>> reduction_servers_;  // by server index; empty: none
   int wake_fd_ = -1;
   bool left_ = false;  // leave() ran (under mu_)
-  // Where the server receives the peers' shards: [slot][node], allocated once.
-  std::vector<std::vector<RawBytes>> staging_;
+  // Where the server receives the peers' pieces: per slot one area of
+  // (N - 1) x the largest shard, allocated once.  Node n's shard lands at
+  // its index among the other nodes x that shard in the direct walk; in
+  // levels its piece of our part (level_bytes_[n] at most; none from a node
+  // of no level of ours) at level_at_[n].  Both fill the area exactly
+  // (rail_levels.h: the parts add up to N - 1 shards).
+  std::vector<RawBytes> staging_;
+  int64_t shard_bytes_ = 0;
+  std::vector<int64_t> level_at_, level_bytes_;
+  char* staged(const SliceState& s, int node) const;
+  int64_t staged_bytes(const SliceState& s, int node) const;
   // Compressed rails (wire_codec.h), [slot][node], allocated once if a wire
   // dtype is set: our messages to each node (at our own node: the server's
   // rounded result), the contributions and the results as they arrive.

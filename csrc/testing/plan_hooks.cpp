@@ -10,6 +10,7 @@
 #include "common/config.h"
 #include "common/op_key.h"
 #include "plan/plan.h"
+#include "plan/rail_levels.h"
 #include "plan/rail_walk.h"
 #include "topology/machine.h"
 
@@ -120,6 +121,27 @@ void register_plan_hooks(py::module& m) {
       },
       py::arg("pattern"), py::arg("back_to"), py::arg("shards"), py::arg("node"), py::arg("num_nodes"),
       py::arg("received") = Pairs{});
+
+  // The all-reduce's rail levels (plan/rail_levels.h).
+  m.def("_rail_levels_for_test", &rail_levels);
+  m.def("_auto_rail_radix_for_test", &auto_rail_radix);
+  m.def("_shards_per_part_for_test", &shards_per_part);
+  m.def("_level_of_peer_for_test", &level_of_peer);
+  m.def("_walk_levels_for_test", [](const std::vector<int>& dims, const Pairs& shards, int node, int num_nodes) {
+    std::vector<Range> rs;
+    for (const auto& sh : shards) rs.push_back(Range{sh.first, sh.second});
+    py::list out;
+    for (const RailLevel& lv : walk_levels(dims, rs, node, num_nodes)) {
+      py::list parts;
+      for (const Range& r : lv.parts) parts.append(py::make_tuple(r.offset, r.count));
+      py::dict d;
+      d["group"] = lv.group;
+      d["me"] = lv.me;
+      d["parts"] = parts;
+      out.append(d);
+    }
+    return out;
+  });
 
   // The phase list of a collective (by name) on a node of `ranks_per_node`.
   m.def("_phases_for_test", [](const std::string& collective, int ranks_per_node) {

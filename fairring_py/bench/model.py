@@ -14,13 +14,17 @@ A time is the larger of two throughputs plus a latency:
           workers' schedules, S with N reduction servers (metrics.link_bound_s)
   T_cpu   a rank's CPU time per op, k0 + k_byte x S + k_msg x messages, where
           the messages are what the schedule sends per op (the direct
-          exchange: 2(N-1) per slice, the slice as Fairring picks it; the
+          exchange: 2(N-1) per slice, the slice as Fairring picks it; in
+          levels, as Fairring ships them beyond 16 nodes, 2 x sum(d - 1) per
+          slice, the extra reduce passes and the direct exchange that small
+          chunks keep left out; the
           ring 2(N-1) chunks; halving-doubling 2 log2 N); on the simulated
           cluster every rank shares the machine's cores (x ranks / cores), on
           a real one each rank has its own
   T_lat   the rounds the schedule waits through, each a latency alpha, and the
           messages a rank sends in a row before the last of a round leaves, o
-          each: the direct exchange 2 rounds of N-1 messages, the servers 2 of
+          each: the direct exchange 2 rounds of N-1 messages, levels 2 per
+          level of d - 1, the servers 2 of
           N, the ring 2(N-1) rounds of one, halving-doubling 2 log2 N of one
           (on the simulated cluster o x ranks / cores: the sending thread
           waits its turn for a core)
@@ -45,7 +49,7 @@ from fairring_py import _C
 
 from . import metrics
 
-SCHEDULES = ("direct", "servers", "ring", "halving_doubling")
+SCHEDULES = ("direct", "levels", "servers", "ring", "halving_doubling")
 # What each backend of the bench runs, for the points the model is checked on.
 BACKEND_SCHEDULE = {"fairring": "direct", "fairring+srv": "servers", "gloo": "ring"}
 
@@ -75,11 +79,20 @@ class Point:
     source: str = ""
 
 
+def levels(nodes: int) -> list:
+    """The rail levels Fairring gives an all-reduce's large chunks on `nodes`
+    nodes when FAIRRING_RAIL_RADIX is unset (the engine's rule,
+    plan/rail_levels.h): [nodes] is the direct exchange."""
+    return list(_C._rail_levels_for_test(nodes, _C._auto_rail_radix_for_test(nodes)))
+
+
 def messages(p: Point) -> int:
     """What one rank sends per op (and receives)."""
     n = p.nodes
     if p.schedule == "direct":
         return 2 * (n - 1) * max(1, math.ceil(p.size / p.slice_bytes))
+    if p.schedule == "levels":  # the direct exchange in each level's group (the extra reduce passes left out)
+        return 2 * sum(d - 1 for d in levels(n)) * max(1, math.ceil(p.size / p.slice_bytes))
     if p.schedule == "servers":
         return 2 * n * max(1, math.ceil(p.size / p.slice_bytes))
     if p.schedule == "ring":
@@ -94,6 +107,9 @@ def rounds(p: Point) -> tuple:
     n = p.nodes
     if p.schedule == "direct":
         return 2, n - 1
+    if p.schedule == "levels":
+        dims = levels(n)
+        return 2 * len(dims), sum(d - 1 for d in dims) / len(dims)
     if p.schedule == "servers":
         return 2, n
     if p.schedule == "ring":
@@ -230,6 +246,8 @@ def load_points(dirs: Iterable[str], slice_of: Callable[[int, int], int] = auto_
                 sched = BACKEND_SCHEDULE.get(r["backend"])
                 if sched is None or not r.get("median_s"):
                     continue
+                if sched == "direct" and len(levels(n)) > 1:
+                    sched = "levels"
                 cpu = r.get("cpu_ranks_per_op_s")
                 out.append(Point(nodes=n, size=r["size_bytes"], link_Bps=m["link_rate_Bps"], schedule=sched,
                                  slice_bytes=slice_of(n, 1), shared_cores=m.get("cpus") or 0,
@@ -247,7 +265,7 @@ def held_out(p: Point, hold_nodes: Sequence[int], hold_rates: Sequence[float]) -
 def check(points: Sequence[Point], hold_nodes=(8,), hold_rates=()) -> dict:
     """Fits Fairring's schedule on its training points and gloo's ring on
     its own; returns both parameter sets and every point's prediction."""
-    fairring = [p for p in points if p.schedule in ("direct", "servers")]
+    fairring = [p for p in points if p.schedule in ("direct", "levels", "servers")]
     gloo = [p for p in points if p.schedule == "ring"]
     out = {"params": {}, "points": []}
     for name, pts, train_sched in (("fairring", fairring, "direct"), ("gloo", gloo, "ring")):
@@ -320,8 +338,9 @@ def format_report(result: dict, extra: list) -> str:
         lines.append("Extrapolated, one rank per node on its own cores, Fairring's fitted costs for every "
                      "schedule (ms; the fastest in bold):")
         lines.append("")
-        lines.append("| link | nodes | size | direct | servers | ring | halving-doubling | link bound |")
-        lines.append("|---|---|---|---|---|---|---|---|")
+        lines.append("| link | nodes | size | direct | levels (as shipped) | servers | ring | halving-doubling | "
+                     "link bound |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
         for r in extra:
             best = min(SCHEDULES, key=lambda s: r[s])
             cells = [(f"**{_ms(r[s])}**" if s == best else _ms(r[s])) for s in SCHEDULES]
@@ -341,7 +360,7 @@ def plot(result: dict, extra: list, path: str) -> Optional[str]:
     for r in result["points"]:
         p = r["point"]
         ax1.scatter(p.measured_s * 1e3, r["predicted_s"] * 1e3, marker="o" if not r["held_out"] else "x",
-                    color={"direct": "C0", "servers": "C2", "ring": "C1"}[p.schedule], s=18)
+                    color={"direct": "C0", "levels": "C4", "servers": "C2", "ring": "C1"}[p.schedule], s=18)
     lo = min(min(r["point"].measured_s, r["predicted_s"]) for r in result["points"]) * 1e3
     hi = max(max(r["point"].measured_s, r["predicted_s"]) for r in result["points"]) * 1e3
     ax1.plot([lo, hi], [lo, hi], "k-", lw=0.8)
