@@ -35,11 +35,15 @@ def test_terms_of_each_schedule():
     hd = model.terms(model.Point(16, s, GBIT, "halving_doubling"), q)
     assert hd["latency"] == pytest.approx(8 * (1e-4 + 1e-5))
     assert model.messages(model.Point(1000, s, GBIT, "halving_doubling")) == 20
-    # Levels as shipped: the direct exchange up to 16 nodes, [8, 4] at 32.
+    # Levels as shipped: the direct exchange below 16 nodes and for chunks of
+    # shards above N KiB (1 MiB slices: 64 KiB shards at 16 nodes, 32 KiB at 32).
+    assert model.terms(model.Point(15, s, GBIT, "levels"), q) == model.terms(model.Point(15, s, GBIT, "direct"), q)
     assert model.terms(model.Point(16, s, GBIT, "levels"), q) == direct
     lv = model.terms(model.Point(32, s, GBIT, "levels", slice_bytes=1 << 20), q)
     assert lv["latency"] == pytest.approx(4 * (1e-4 + 5 * 1e-5))
     assert model.messages(model.Point(32, s, GBIT, "levels", slice_bytes=1 << 20)) == 2 * (7 + 3) * 8
+    lv16 = model.Point(16, 256 << 10, GBIT, "levels", slice_bytes=1 << 20)  # 16 KiB shards: [8, 2]
+    assert model.rounds(lv16) == (4, 4) and model.messages(lv16) == 2 * (7 + 1)
     # On the simulated cluster the ranks share the cores: 16 ranks of 1 ms each on 2 cores take 8 ms.
     q2 = model.Params(alpha_s=0, o_s=0, k0_s=1e-3, k_byte_s=0, k_msg_s=0)
     assert model.terms(model.Point(16, 4, GBIT, "ring", shared_cores=2), q2)["cpu"] == pytest.approx(8e-3)

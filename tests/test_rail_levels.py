@@ -39,15 +39,16 @@ def test_levels_of_a_node_count(nodes, radix, dims):
     assert math.prod(got) == nodes
 
 
-def test_auto_radix_direct_up_to_16_nodes_then_levels_of_8():
+def test_auto_radix_direct_below_16_nodes_then_levels_of_8():
     for n in range(1, 70):
         r = _C._auto_rail_radix_for_test(n)
         dims = _C._rail_levels_for_test(n, r)
         assert math.prod(dims) == n
-        if n <= 16:
+        if n < 16:
             assert dims == [n]
         else:
             assert r == 8
+    assert _C._rail_levels_for_test(16, _C._auto_rail_radix_for_test(16)) == [8, 2]
     assert _C._rail_levels_for_test(32, _C._auto_rail_radix_for_test(32)) == [8, 4]
     assert _C._rail_levels_for_test(1024, _C._auto_rail_radix_for_test(1024)) == [8, 8, 8, 2]
 
@@ -149,6 +150,38 @@ def test_staging_bound_holds():
                     for j, walk in enumerate(levels_of_all(dims, shards, n)):
                         for level, lv in enumerate(walk):
                             assert lv["parts"][lv["me"]][1] <= largest * _C._shards_per_part_for_test(dims, level)
+
+
+def test_which_chunks_go_in_levels():
+    """A shard for every node, each at most N KiB (of this element size), contiguous."""
+    def even(n, each):
+        return [(i * each, each) for i in range(n)]
+    assert _C._chunk_in_levels_for_test(even(16, 2048), 16, 4)  # 8 KiB shards
+    assert _C._chunk_in_levels_for_test(even(16, 4096), 16, 4)  # 16 KiB: the largest that goes at 16 nodes
+    assert not _C._chunk_in_levels_for_test(even(16, 4097), 16, 4)
+    assert _C._chunk_in_levels_for_test(even(32, 8192), 32, 4)  # 32 KiB at 32 nodes
+    assert not _C._chunk_in_levels_for_test(even(32, 8193), 32, 4)
+    assert _C._chunk_in_levels_for_test(even(16, 8192), 16, 2)  # the bytes count, not the elements
+    assert not _C._chunk_in_levels_for_test(even(15, 4096), 16, 4)  # fewer shards than nodes
+    # A radix the user set: any chunk with a shard for every node.
+    assert _C._chunk_in_levels_for_test(even(16, 1 << 20), 16, 4, by_node_count=False)
+    assert not _C._chunk_in_levels_for_test(even(15, 4096), 16, 4, by_node_count=False)
+    gap = even(4, 1024)
+    gap[2] = (gap[2][0] + 64, 1024)
+    assert not _C._chunk_in_levels_for_test(gap, 4, 4)
+    # Real plans on 16 nodes: an all-reduce's chunks from 16 x 8 KiB to 16 x 16 KiB.
+    seen = set()
+    for numel in (1, 1031, 32 * 1024, 48 * 1024, 64 * 1024, 256 * 1024):
+        for s in _C._plan_for_test(numel, 4, 1, 16):
+            for shards in s["shards"]:
+                chunk = sum(c for _, c in shards) * 4
+                want = len(shards) == 16 and max(c for _, c in shards) * 4 <= 16 << 10
+                got = _C._chunk_in_levels_for_test([tuple(x) for x in shards], 16, 4)
+                assert got == want
+                seen.add(got)
+                if want:
+                    assert (16 * 8 << 10) - 16 * 64 <= chunk <= 16 * 16 << 10
+    assert seen == {True, False}
 
 
 def test_bad_levels_refused():

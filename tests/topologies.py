@@ -75,13 +75,14 @@ TOPOLOGIES = {
     # Rail rounds paced one node ahead of their receives (RailStage::hold),
     # with many slices in flight holding sends for the same peers.
     "4x1-paced": _t("abcd", {**SLICE4K, "FAIRRING_RAIL_SEND_WINDOW": "1"}),
-    # The all-reduce's rail in levels (plan/rail_levels.h; chunks of at least
-    # 8 KiB per node): halving-doubling on 4 nodes with many slices in flight;
-    # levels of 3 and 2 nodes; levels of 2 on two rails of 2 ranks.
+    # The all-reduce's rail in levels (plan/rail_levels.h: chunks of 8 to 32
+    # KiB per node; small slices so that most sizes have them): halving-
+    # doubling on 4 nodes with many slices in flight; levels of 3 and 2
+    # nodes; levels of 2 on two rails of 2 ranks.
     "4x1-radix2": _t("abcd", {"FAIRRING_SLICE_SIZE": "64K", "FAIRRING_PARALLELISM": "2",
                               "FAIRRING_RAIL_RADIX": "2"}),
-    "6x1-radix2": _t("abcdef", {"FAIRRING_RAIL_RADIX": "2"}),
-    "4x2-radix2": _t("aabbccdd", {"FAIRRING_RAIL_RADIX": "2"}),
+    "6x1-radix2": _t("abcdef", {"FAIRRING_SLICE_SIZE": "128K", "FAIRRING_RAIL_RADIX": "2"}),
+    "4x2-radix2": _t("aabbccdd", {"FAIRRING_SLICE_SIZE": "128K", "FAIRRING_RAIL_RADIX": "2"}),
 }
 
 # The clusters every host collective (all-to-all, gather / scatter, reduce)

@@ -51,12 +51,14 @@ std::vector<int> rail_levels(int num_nodes, int radix) {
 }
 
 int auto_rail_radix(int num_nodes) {
-  // Up to 16 nodes the direct exchange: on 16 simulated nodes with 1 Gbit/s
-  // links levels of 4 were no faster from 1 MiB up and stalled at 256 KiB
-  // (docs/BENCHMARKS_HISTORY.md, "Rails in levels").  Beyond, levels of at
-  // most 8: on 32 loopback nodes [8, 4] took half the CPU per op of the
-  // direct exchange and 0.5-0.7x its time from 256 KiB up.
-  return num_nodes <= kDirectUpTo ? num_nodes : 8;
+  // Measured on simulated nodes of one rank (docs/BENCHMARKS_HISTORY.md,
+  // "Rails in levels"): 16 nodes in levels of 8 and 2 took 0.78x the direct
+  // exchange's time at 256 KiB (16 KiB shards) and 1.05-1.08x from 1 MiB (64
+  // KiB shards: chunk_in_levels keeps those direct); 32 nodes in levels of 8
+  // and 4 0.49x at 256 KiB and 0.72x at 1 MiB (32 KiB shards), even at 4 MiB
+  // (128 KiB shards, kept direct).  Fewer nodes were not measured in levels
+  // and stay direct.
+  return num_nodes < kLevelsFrom ? num_nodes : kAutoRadix;
 }
 
 std::vector<RailLevel> walk_levels(const std::vector<int>& dims, const std::vector<Range>& shards, int node,
@@ -93,8 +95,11 @@ std::vector<RailLevel> walk_levels(const std::vector<int>& dims, const std::vect
   return levels;
 }
 
-bool chunk_in_levels(const std::vector<Range>& shards, int num_nodes) {
-  return static_cast<int>(shards.size()) == num_nodes && shards_contiguous(shards);
+bool chunk_in_levels(const std::vector<Range>& shards, int num_nodes, int64_t elem_size, bool by_node_count) {
+  if (static_cast<int>(shards.size()) != num_nodes || !shards_contiguous(shards)) return false;
+  if (!by_node_count) return true;
+  return std::all_of(shards.begin(), shards.end(),
+                     [&](const Range& r) { return r.count * elem_size <= num_nodes * kLevelsShardBytesPerNode; });
 }
 
 bool shards_contiguous(const std::vector<Range>& shards) {

@@ -28,16 +28,26 @@ namespace fairring {
 std::vector<int> rail_levels(int num_nodes, int radix);
 
 // The radix a group of `num_nodes` nodes uses when the user set none
-// (FAIRRING_RAIL_RADIX=0): the direct exchange up to kDirectUpTo nodes,
-// levels beyond (rail_levels.cpp says what was measured).
-constexpr int kDirectUpTo = 16;
+// (FAIRRING_RAIL_RADIX=0): the direct exchange below kLevelsFrom nodes,
+// levels of at most kAutoRadix from there (rail_levels.cpp says what was
+// measured).
+constexpr int kLevelsFrom = 16;
+constexpr int kAutoRadix = 8;
 int auto_rail_radix(int num_nodes);
 
-// Whether a chunk cut into these shards goes in levels: only when it has a
-// shard for every node.  A smaller chunk has a few reducers already (one
-// below 2 x 8 KiB), which the direct exchange reaches in two rounds; levels
-// would add rounds of mostly empty messages.
-bool chunk_in_levels(const std::vector<Range>& shards, int num_nodes);
+// Whether a chunk cut into these shards (of `elem_size` bytes an element)
+// goes in levels: when it has a shard for every node and, with the radix
+// picked by node count (`by_node_count`; a radix the user set applies to
+// every such chunk), none of them above kLevelsShardBytesPerNode x the node
+// count.  A smaller chunk has a few
+// reducers already (one below 2 x 8 KiB), which the direct exchange reaches
+// in two rounds; levels would add rounds of mostly empty messages.  Larger
+// shards are messages that cost little beside their bytes: there the extra
+// rounds and reduce passes of levels cost more than the messages they save,
+// and the more nodes, the more messages levels save (16 nodes: up to 16 KiB
+// shards, 32: 32 KiB).
+constexpr int64_t kLevelsShardBytesPerNode = 1 << 10;
+bool chunk_in_levels(const std::vector<Range>& shards, int num_nodes, int64_t elem_size, bool by_node_count);
 
 struct RailLevel {
   std::vector<int> group;    // its nodes, by digit: group[v] has digit v here

@@ -128,6 +128,7 @@ RailStage::RailStage(const Topology& topo, TcpMesh& mesh, ReduceFn reduce, Callb
       timeout_(timeout),
       reduction_servers_(std::move(servers.channels)),
       codec_(wire) {
+  radix_by_node_count_ = radix == 0;
   dims_ = rail_levels(topo_.num_nodes, radix > 0 ? radix : auto_rail_radix(topo_.num_nodes));
   shard_bytes_ = max_shard_bytes;
   staging_.resize(slots);
@@ -497,7 +498,8 @@ bool RailStage::in_levels(const SliceState& s) const {
   // uncompressed (a compressed piece would be rounded once per level).
   const RailTask& t = s.task;
   return dims_.size() > 1 && !s.wire && t.pattern == RailPattern::kReduce && t.back_to == kBackToAll &&
-         t.pieces.empty() && t.result == nullptr && chunk_in_levels(t.shards, topo_.num_nodes);
+         t.pieces.empty() && t.result == nullptr &&
+         chunk_in_levels(t.shards, topo_.num_nodes, c10::elementSize(t.dtype()), radix_by_node_count_);
 }
 
 // The chunk's all-reduce in levels (plan/rail_levels.h).  Every receive of

@@ -134,6 +134,7 @@ class RailStage : public RailExchange {
   std::chrono::milliseconds reduce_delay_{0};                // tests only (rail_stage.cpp)
   int send_window_ = kRailSendWindow;                        // nodes; 0: no pacing (hold())
   std::vector<int> dims_;                                    // the all-reduce's levels (rail_levels.h)
+  bool radix_by_node_count_ = true;                          // FAIRRING_RAIL_RADIX unset (chunk_in_levels)
   std::vector<std::unique_ptr<Channel>> clients_;            // by node; null for ours
   std::vector<std::unique_ptr<Channel>> servers_;            // by node; null for ours
   std::vector<std::unique_ptr<Channel>> reduction_servers_;  // by server index; empty: none

@@ -125,6 +125,14 @@ void register_plan_hooks(py::module& m) {
   // The all-reduce's rail levels (plan/rail_levels.h).
   m.def("_rail_levels_for_test", &rail_levels);
   m.def("_auto_rail_radix_for_test", &auto_rail_radix);
+  m.def(
+      "_chunk_in_levels_for_test",
+      [](const Pairs& shards, int num_nodes, int64_t elem_size, bool by_node_count) {
+        std::vector<Range> rs;
+        for (const auto& sh : shards) rs.push_back(Range{sh.first, sh.second});
+        return chunk_in_levels(rs, num_nodes, elem_size, by_node_count);
+      },
+      py::arg("shards"), py::arg("num_nodes"), py::arg("elem_size"), py::arg("by_node_count") = true);
   m.def("_shards_per_part_for_test", &shards_per_part);
   m.def("_level_of_peer_for_test", &level_of_peer);
   m.def("_walk_levels_for_test", [](const std::vector<int>& dims, const Pairs& shards, int node, int num_nodes) {

@@ -15,9 +15,9 @@ A time is the larger of two throughputs plus a latency:
   T_cpu   a rank's CPU time per op, k0 + k_byte x S + k_msg x messages, where
           the messages are what the schedule sends per op (the direct
           exchange: 2(N-1) per slice, the slice as Fairring picks it; in
-          levels, as Fairring ships them beyond 16 nodes, 2 x sum(d - 1) per
-          slice, the extra reduce passes and the direct exchange that small
-          chunks keep left out; the
+          levels, as Fairring ships them from 16 nodes for chunks whose
+          shards are at most N KiB, 2 x sum(d - 1) per slice, the extra reduce
+          passes left out; the
           ring 2(N-1) chunks; halving-doubling 2 log2 N); on the simulated
           cluster every rank shares the machine's cores (x ranks / cores), on
           a real one each rank has its own
@@ -86,9 +86,20 @@ def levels(nodes: int) -> list:
     return list(_C._rail_levels_for_test(nodes, _C._auto_rail_radix_for_test(nodes)))
 
 
+def in_levels(p: Point) -> bool:
+    """Whether Fairring sends this all-reduce's (first) chunk in levels: the
+    engine's rule (chunk_in_levels) on the engine's plan of it."""
+    if len(levels(p.nodes)) < 2:
+        return False
+    first = _C._plan_for_test(max(1, p.size // 4), 4, 1, p.nodes, p.slice_bytes)[0]
+    return bool(_C._chunk_in_levels_for_test([tuple(s) for s in first["shards"][0]], p.nodes, 4))
+
+
 def messages(p: Point) -> int:
     """What one rank sends per op (and receives)."""
     n = p.nodes
+    if p.schedule == "levels" and not in_levels(p):
+        p = replace(p, schedule="direct")
     if p.schedule == "direct":
         return 2 * (n - 1) * max(1, math.ceil(p.size / p.slice_bytes))
     if p.schedule == "levels":  # the direct exchange in each level's group (the extra reduce passes left out)
@@ -105,6 +116,8 @@ def messages(p: Point) -> int:
 def rounds(p: Point) -> tuple:
     """(rounds waited through, messages sent in a row per round) of one op's critical path."""
     n = p.nodes
+    if p.schedule == "levels" and not in_levels(p):
+        p = replace(p, schedule="direct")
     if p.schedule == "direct":
         return 2, n - 1
     if p.schedule == "levels":
@@ -246,8 +259,8 @@ def load_points(dirs: Iterable[str], slice_of: Callable[[int, int], int] = auto_
                 sched = BACKEND_SCHEDULE.get(r["backend"])
                 if sched is None or not r.get("median_s"):
                     continue
-                if sched == "direct" and len(levels(n)) > 1:
-                    sched = "levels"
+                if sched == "direct" and len(levels(n)) > 1 and m.get("rail_levels"):
+                    sched = "levels"  # as shipped: in levels where its chunks are, direct elsewhere
                 cpu = r.get("cpu_ranks_per_op_s")
                 out.append(Point(nodes=n, size=r["size_bytes"], link_Bps=m["link_rate_Bps"], schedule=sched,
                                  slice_bytes=slice_of(n, 1), shared_cores=m.get("cpus") or 0,

@@ -470,6 +470,9 @@ def run_allreduce(ranks: Ranks, cfg: dict) -> int:
             thp=thp_setting(),
             servers=int(cfg.get("servers") or 0),
             with_servers=with_servers,
+            # The build's all-reduce rail between many nodes (plan/rail_levels.h): runs
+            # without this key were measured before levels existed, the direct exchange.
+            rail_levels="by node count",
         )
         summary = report.summarize_run(meta, memcpy, [be.name for be in backends], results,
                                        checks_failed_ranks=failed)
