@@ -206,6 +206,25 @@ def sec_empty(rank, world, cfg):
     return {"failures": failures}
 
 
+def sec_half_range(rank, world, cfg):
+    """float16 AVG of values near float16's largest: the sum over two nodes
+    is past it, the average is not.  Exact: 40000 / K (K ranks a node) is a
+    float16 value, and the sum in float is exact too.  (A node's own sum is
+    stored in float16 before the rails, so it must stay below the largest;
+    rails in levels would also store each level's sum in float16 and
+    overflow: they keep 16-bit floats direct.)"""
+    failures = Failures()
+    v = 40000.0 / cfg["local_ranks"]
+    for numel in (1031, 65537, 262147):
+        t = torch.full((numel,), v, dtype=torch.float16)
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        bad = (t != v).sum().item()
+        if bad:
+            failures.add(f"float16 AVG of {v} on every rank, {numel} elements: {bad} wrong, "
+                         f"e.g. {t[t != v][:3].tolist()}")
+    return {"failures": failures}
+
+
 def sec_shm(rank, world, cfg):
     failures = Failures()
     # make sure some traffic went through (also when run alone)
@@ -724,6 +743,7 @@ SECTIONS = {
     "unsupported": sec_unsupported,
     "intruder": sec_intruder,
     "empty": sec_empty,
+    "half_range": sec_half_range,
     "late_peer": sec_late_peer,
 }
 

@@ -34,9 +34,9 @@ TOPOLOGIES = {
     "noncontig-map-abab": (BASE, {"sizes": FEW_SIZES}),
     "2x2-slice4K": (BASE, {"sizes": FEW_SIZES + [262147]}),
     "4x1-paced": (BASE, {"sizes": FEW_SIZES}),
-    "4x1-radix2": (BASE, {"sizes": FEW_SIZES + [262147]}),
+    "4x1-radix2": (BASE + ["half_range"], {"sizes": FEW_SIZES + [262147]}),
     "6x1-radix2": (BASE, {"sizes": FEW_SIZES + [262147]}),
-    "4x2-radix2": (BASE, {"sizes": FEW_SIZES}),
+    "4x2-radix2": (BASE + ["half_range"], {"sizes": FEW_SIZES}),
     # The device-like host mover: a missing wait shows up as wrong numbers here.
     "1x3-deferred": (BASE, {"sizes": FEW_SIZES}),  # 65537 elements: 64 slices of 4 KiB
     # Several slices in flight: 262147 elements (2 slices) for every dtype and op,
@@ -218,6 +218,11 @@ def test_topology_warning(topo):
 def test_unsupported_ops_raise():
     for topo in ("1x2", "2x2"):
         assert_no_failures(topo, "unsupported")
+
+
+@pytest.mark.parametrize("topo", ["4x1-radix2", "4x2-radix2"])
+def test_half_precision_avg_near_its_largest_value(topo):
+    assert_no_failures(topo, "half_range")
 
 
 def test_empty_tensor():

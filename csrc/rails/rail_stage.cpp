@@ -494,11 +494,14 @@ int64_t RailStage::staged_bytes(const SliceState& s, int node) const {
 }
 
 bool RailStage::in_levels(const SliceState& s) const {
-  // An all-reduce's chunk with a shard for every node, in place and
-  // uncompressed (a compressed piece would be rounded once per level).
+  // An all-reduce's chunk with a shard for every node, in place, neither
+  // compressed nor of a 16-bit (or smaller) float: each level before the
+  // last stores its partial sums in the chunk's dtype, which would round
+  // them once per level, and in float16 overflow where the direct exchange's
+  // single sum in float does not (8 x 10,000 is past float16's 65,504).
   const RailTask& t = s.task;
-  return dims_.size() > 1 && !s.wire && t.pattern == RailPattern::kReduce && t.back_to == kBackToAll &&
-         t.pieces.empty() && t.result == nullptr &&
+  return dims_.size() > 1 && !s.wire && !c10::isReducedFloatingType(t.dtype()) && t.pattern == RailPattern::kReduce &&
+         t.back_to == kBackToAll && t.pieces.empty() && t.result == nullptr &&
          chunk_in_levels(t.shards, topo_.num_nodes, c10::elementSize(t.dtype()), radix_by_node_count_);
 }
 
