@@ -189,3 +189,20 @@ def test_bad_levels_refused():
         _C._walk_levels_for_test([4, 2], [(0, 4)] * 1, 0, 16)
     with pytest.raises(Exception, match="not contiguous"):
         _C._walk_levels_for_test([2, 2], [(0, 4), (8, 4)], 0, 4)
+
+
+def test_radix_option():
+    """FAIRRING_RAIL_RADIX / Options.rail_radix: 0 (by node count) or at least 2,
+    Options over the environment, errors that name the setting."""
+    from fairring_py.options import Options, resolve
+
+    assert resolve(environ={}).rail_radix == 0
+    assert resolve(environ={"FAIRRING_RAIL_RADIX": "4"}).rail_radix == 4
+    assert resolve(Options(rail_radix=2), environ={"FAIRRING_RAIL_RADIX": "8"}).rail_radix == 2
+    for bad, says in (("1", "FAIRRING_RAIL_RADIX must be 0 .by node count. or at least 2"),
+                      ("-2", "FAIRRING_RAIL_RADIX must be between 0 and"),
+                      ("four", "FAIRRING_RAIL_RADIX must be an integer")):
+        with pytest.raises(ValueError, match=says):
+            resolve(environ={"FAIRRING_RAIL_RADIX": bad})
+    with pytest.raises(ValueError, match="Options.rail_radix must be 0"):
+        resolve(Options(rail_radix=1), environ={})

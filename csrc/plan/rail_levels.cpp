@@ -1,7 +1,6 @@
 #include "plan/rail_levels.h"
 
 #include <algorithm>
-#include <functional>
 #include <string>
 
 #include "common/error.h"
@@ -110,9 +109,8 @@ bool shards_contiguous(const std::vector<Range>& shards) {
 }
 
 int shards_per_part(const std::vector<int>& dims, int level) {
-  int n = 1;
-  for (size_t l = level + 1; l < dims.size(); ++l) n *= dims[l];
-  return n;
+  // A part of level l holds one shard per node of the levels after it.
+  return stride_of(dims, level);
 }
 
 int level_of_peer(const std::vector<int>& dims, int node, int peer) {

@@ -484,6 +484,13 @@ void RailStage::start_via_servers(SliceState& s, Clock::time_point now) {
   }
 }
 
+void RailStage::delay_first_reduce() {
+  if (reduce_delay_.count() > 0) {
+    std::this_thread::sleep_for(reduce_delay_);
+    reduce_delay_ = std::chrono::milliseconds(0);  // once
+  }
+}
+
 char* RailStage::staged(const SliceState& s, int node) const {
   if (!s.levels.empty()) return s.staging + level_at_[node];
   return s.staging + (node < topo_.node ? node : node - 1) * shard_bytes_;
@@ -609,10 +616,7 @@ void RailStage::advance_levels(SliceState& s) {
 // order; AVG divides only at the last level.
 void RailStage::reduce_level(SliceState& s, int l) {
   const RailTask& t = s.task;
-  if (reduce_delay_.count() > 0) {
-    std::this_thread::sleep_for(reduce_delay_);
-    reduce_delay_ = std::chrono::milliseconds(0);  // once
-  }
+  delay_first_reduce();
   const RailLevel& lv = s.levels[l];
   const Range mine = lv.parts[lv.me];
   if (mine.count == 0) return;
@@ -629,10 +633,7 @@ void RailStage::reduce_level(SliceState& s, int l) {
 // Every piece of our shard is in: reduce them in node order, then round two.
 void RailStage::serve(SliceState& s) {
   const RailTask& t = s.task;
-  if (reduce_delay_.count() > 0) {
-    std::this_thread::sleep_for(reduce_delay_);
-    reduce_delay_ = std::chrono::milliseconds(0);  // once
-  }
+  delay_first_reduce();
   const int64_t count = s.walk.served_count;
   char* own = t.shard_at(topo_.node);
   char* out = t.result ? t.result : own;

@@ -132,6 +132,7 @@ class RailStage : public RailExchange {
   Callbacks callbacks_;
   std::atomic<std::chrono::milliseconds> timeout_;           // set_timeout may change it
   std::chrono::milliseconds reduce_delay_{0};                // tests only (rail_stage.cpp)
+  void delay_first_reduce();                                 // sleeps reduce_delay_ once
   int send_window_ = kRailSendWindow;                        // nodes; 0: no pacing (hold())
   std::vector<int> dims_;                                    // the all-reduce's levels (rail_levels.h)
   bool radix_by_node_count_ = true;                          // FAIRRING_RAIL_RADIX unset (chunk_in_levels)

@@ -26,6 +26,14 @@ py::list ranges(const std::vector<Range>& rs) {
   return out;
 }
 
+// Ranges as Python passes them: (offset, count) pairs.
+using Pairs = std::vector<std::pair<int64_t, int64_t>>;
+std::vector<Range> to_ranges(const Pairs& ps) {
+  std::vector<Range> rs;
+  for (const auto& p : ps) rs.push_back(Range{p.first, p.second});
+  return rs;
+}
+
 }  // namespace
 
 void register_plan_hooks(py::module& m) {
@@ -86,16 +94,10 @@ void register_plan_hooks(py::module& m) {
   // The rail walk of a chunk with these shards, seen from `node`; pattern
   // "reduce", "share" or "exchange" (with `received`), back_to a node, "all"
   // or "none".
-  using Pairs = std::vector<std::pair<int64_t, int64_t>>;
   m.def(
       "_rail_walk_for_test",
       [](const std::string& pattern, const std::string& back_to, const Pairs& shards, int node, int num_nodes,
          const Pairs& received) {
-        auto to_ranges = [](const Pairs& ps) {
-          std::vector<Range> rs;
-          for (const auto& s : ps) rs.push_back(Range{s.first, s.second});
-          return rs;
-        };
         const RailPattern pat = pattern == "share"      ? RailPattern::kShare
                                 : pattern == "exchange" ? RailPattern::kExchange
                                                         : RailPattern::kReduce;
@@ -128,24 +130,18 @@ void register_plan_hooks(py::module& m) {
   m.def(
       "_chunk_in_levels_for_test",
       [](const Pairs& shards, int num_nodes, int64_t elem_size, bool by_node_count) {
-        std::vector<Range> rs;
-        for (const auto& sh : shards) rs.push_back(Range{sh.first, sh.second});
-        return chunk_in_levels(rs, num_nodes, elem_size, by_node_count);
+        return chunk_in_levels(to_ranges(shards), num_nodes, elem_size, by_node_count);
       },
       py::arg("shards"), py::arg("num_nodes"), py::arg("elem_size"), py::arg("by_node_count") = true);
   m.def("_shards_per_part_for_test", &shards_per_part);
   m.def("_level_of_peer_for_test", &level_of_peer);
   m.def("_walk_levels_for_test", [](const std::vector<int>& dims, const Pairs& shards, int node, int num_nodes) {
-    std::vector<Range> rs;
-    for (const auto& sh : shards) rs.push_back(Range{sh.first, sh.second});
     py::list out;
-    for (const RailLevel& lv : walk_levels(dims, rs, node, num_nodes)) {
-      py::list parts;
-      for (const Range& r : lv.parts) parts.append(py::make_tuple(r.offset, r.count));
+    for (const RailLevel& lv : walk_levels(dims, to_ranges(shards), node, num_nodes)) {
       py::dict d;
       d["group"] = lv.group;
       d["me"] = lv.me;
-      d["parts"] = parts;
+      d["parts"] = ranges(lv.parts);
       out.append(d);
     }
     return out;
