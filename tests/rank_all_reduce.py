@@ -207,21 +207,58 @@ def sec_empty(rank, world, cfg):
 
 
 def sec_half_range(rank, world, cfg):
-    """float16 AVG of values near float16's largest: the sum over two nodes
-    is past it, the average is not.  Exact: 40000 / K (K ranks a node) is a
-    float16 value, and the sum in float is exact too.  (A node's own sum is
-    stored in float16 before the rails, so it must stay below the largest;
-    rails in levels would also store each level's sum in float16 and
-    overflow: they keep 16-bit floats direct.)"""
+    """float16 AVG where a sum is past float16's largest (65504) and the
+    average is not: all_reduce, reduce to every root and reduce_scatter.
+    Every rank holding 40000, a node's sum of two ranks is past it; then
+    random values up to 60000 against the float64 average of every rank's
+    (each rank makes every rank's input from its seed).  A node of several
+    ranks divides its sum by the world before the rails (in float, so it
+    never holds the sum in float16); a rank alone on its node divides its
+    input; rails in levels keep 16-bit floats direct."""
     failures = Failures()
-    v = 40000.0 / cfg["local_ranks"]
-    for numel in (1031, 65537, 262147):
-        t = torch.full((numel,), v, dtype=torch.float16)
-        dist.all_reduce(t, op=dist.ReduceOp.AVG)
-        bad = (t != v).sum().item()
-        if bad:
-            failures.add(f"float16 AVG of {v} on every rank, {numel} elements: {bad} wrong, "
-                         f"e.g. {t[t != v][:3].tolist()}")
+
+    def inputs(numel, seed):
+        if seed is None:
+            return [torch.full((numel,), 40000.0, dtype=torch.float16) for _ in range(world)]
+        gens = [torch.Generator().manual_seed(seed * 1000 + r) for r in range(world)]
+        return [((torch.rand(numel, generator=g, dtype=torch.float64) * 2 - 1) * 60000).half() for g in gens]
+
+    def check(what, got, xs):
+        ref = torch.stack([x.double() for x in xs]).mean(0)
+        # Rounded to float16 once per node and once at the end: a few units
+        # in the last place of values up to 65504 (32 each).
+        tol = 32.0 * (len(xs) + 2)
+        err = (got.double() - ref).abs()
+        bad = ~(err <= tol)  # inf and NaN are bad too
+        if bad.any():
+            i = int(bad.nonzero()[0])
+            failures.add(f"{what}: {int(bad.sum())} of {got.numel()} wrong, e.g. [{i}] = {got[i].item()} "
+                         f"for the average {ref[i].item():.1f}")
+
+    for seed in (None, 7):
+        for numel in (1, 1031, 65537, 262147):
+            name = f"float16 AVG of {'40000 on every rank' if seed is None else 'random values'}, {numel} elements"
+            xs = inputs(numel, seed)
+            t = xs[rank].clone()
+            dist.all_reduce(t, op=dist.ReduceOp.AVG)
+            check(f"all_reduce {name}", t, xs)
+            if numel > 65537:
+                continue
+            for root in range(world):
+                t = xs[rank].clone()
+                dist.reduce(t, dst=root, op=dist.ReduceOp.AVG)
+                if rank == root:
+                    check(f"reduce to {root} {name}", t, xs)
+                elif not torch.equal(t, xs[rank]):
+                    failures.add(f"reduce to {root} {name}: rank {rank}'s input changed")
+            # world blocks of numel each: rank r gets the average of block r.
+            blocks = inputs(numel * world, seed)
+            inp = blocks[rank].clone()
+            out = torch.empty(numel, dtype=torch.float16)
+            dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.AVG)
+            check(f"reduce_scatter {name}", out, [b[rank * numel:(rank + 1) * numel] for b in blocks])
+            if not torch.equal(inp, blocks[rank]):
+                failures.add(f"reduce_scatter {name}: rank {rank}'s input changed")
     return {"failures": failures}
 
 

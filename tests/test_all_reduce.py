@@ -25,12 +25,12 @@ FEW_SIZES = [1, 13, 1031, 4099, 65537]
 # name in tests/topologies.py -> (sections, cfg)
 TOPOLOGIES = {
     "1x2": (BASE + ["unsupported", "empty", "late_peer", "broadcast"], {}),
-    "2x1": (BASE + ["broadcast"], {}),
+    "2x1": (BASE + ["broadcast", "half_range"], {}),
     "3x1-options": (BASE, {"sizes": FEW_SIZES}),
-    "2x2": (BASE + FEATURES, {"big": [(torch.float32, "SUM"), (torch.bfloat16, "AVG"), (torch.int32, "MAX")]}),
-    "uneven-2+1": (BASE + ["broadcast"], {"sizes": FEW_SIZES}),
+    "2x2": (BASE + FEATURES + ["half_range"], {"big": [(torch.float32, "SUM"), (torch.bfloat16, "AVG"), (torch.int32, "MAX")]}),
+    "uneven-2+1": (BASE + ["broadcast", "half_range"], {"sizes": FEW_SIZES}),
     # Rank 4 is passive (and a root).
-    "uneven-3+2": (BASE + ["broadcast"], {"sizes": FEW_SIZES}),
+    "uneven-3+2": (BASE + ["broadcast", "half_range"], {"sizes": FEW_SIZES}),
     "noncontig-map-abab": (BASE, {"sizes": FEW_SIZES}),
     "2x2-slice4K": (BASE, {"sizes": FEW_SIZES + [262147]}),
     "4x1-paced": (BASE, {"sizes": FEW_SIZES}),
@@ -41,10 +41,10 @@ TOPOLOGIES = {
     "1x3-deferred": (BASE, {"sizes": FEW_SIZES}),  # 65537 elements: 64 slices of 4 KiB
     # Several slices in flight: 262147 elements (2 slices) for every dtype and op,
     # and the "big" case (3 M float32 elements, 12 slices).
-    "2x2-deferred": (BASE, {"sizes": FEW_SIZES + [262147]}),
+    "2x2-deferred": (BASE + ["half_range"], {"sizes": FEW_SIZES + [262147]}),
     # Uneven nodes under the device-like mover: a carrier's wait for its passive
     # ranks' pieces, and their reads of its chunk (test_reduce_scatter_all_gather.py).
-    "uneven-2+1-deferred": (BASE, {"sizes": FEW_SIZES}),
+    "uneven-2+1-deferred": (BASE + ["half_range"], {"sizes": FEW_SIZES}),
     # One rank per node: no node peers, so no peer events (the CUDA mover has none).
     "2x1-deferred": (BASE + ["broadcast"], {"sizes": FEW_SIZES + [262147]}),
 }
@@ -220,8 +220,11 @@ def test_unsupported_ops_raise():
         assert_no_failures(topo, "unsupported")
 
 
-@pytest.mark.parametrize("topo", ["4x1-radix2", "4x2-radix2"])
+@pytest.mark.parametrize("topo", [t for t, (sections, _) in TOPOLOGIES.items() if "half_range" in sections])
 def test_half_precision_avg_near_its_largest_value(topo):
+    """float16 AVG whose sums pass float16's largest value: a node's sum is
+    divided before it is stored (reduce_op.h), on even and uneven nodes,
+    one rank a node, and rails in levels."""
     assert_no_failures(topo, "half_range")
 
 

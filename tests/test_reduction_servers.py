@@ -29,11 +29,11 @@ TOPOLOGIES = {
     "2x2+1": ("2x2", 1, ["correctness"]),
     # (all-gather and reduce-scatter, which do not use the servers, are left to their own tests)
     # (non-contiguous tensors become contiguous before the pipeline: their own test covers them)
-    "3x2+2": ("3x2", 2, ["correctness", "async", "subgroups"]),
+    "3x2+2": ("3x2", 2, ["correctness", "async", "subgroups", "half_range"]),
     "3x1+3": ("3x1", 3, ["correctness", "async"]),
     # Unequal nodes (2+1+1): one rail, through the servers; the second rank of
     # node a carries no rail and reads its node's memory.
-    "uneven+2": ("uneven-2+1+1", 2, ["correctness"]),
+    "uneven+2": ("uneven-2+1+1", 2, ["correctness", "half_range"]),
 }
 # Groups of fewer nodes do not use servers (csrc/rails/server_link.h).
 MIN_NODES = 3

@@ -234,6 +234,10 @@ class FairringBackend : public c10d::Backend {
   // factor applied to the input first (null: none).
   c10::intrusive_ptr<c10d::Work> submit_all_reduce(std::vector<at::Tensor>& tensors, RedOp op, c10d::OpType type,
                                                    std::function<void(at::Tensor&)> scale);
+  // The scale a rank alone on its node applies to its input of an AVG whose
+  // nodes divide first (reduce_op.h) when it runs no node reduction to
+  // divide in (null: none; `t`'s device picks the engine's topology).
+  std::function<void(at::Tensor&)> lone_rank_avg_scale(Collective collective, RedOp op, const at::Tensor& t) const;
   // Broadcast and reduce of one tensor, from or to `root`.
   c10::intrusive_ptr<c10d::Work> submit_broadcast(std::vector<at::Tensor>& tensors, int root);
   c10::intrusive_ptr<c10d::Work> submit_reduce(std::vector<at::Tensor>& tensors, int root,

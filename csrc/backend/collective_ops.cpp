@@ -75,9 +75,23 @@ void FairringBackend::check_blockwise_fits(const char* kind, c10::ScalarType dty
 // One tensor reduced in place (through a contiguous copy if it is not
 // contiguous), or several flattened into one buffer and copied back (the
 // old multi-tensor API, allreduce_coalesced).
+std::function<void(at::Tensor&)> FairringBackend::lone_rank_avg_scale(Collective collective, RedOp op,
+                                                                      const at::Tensor& t) const {
+  const Topology topo = t.is_cpu() ? topo_ : device_topology();
+  const c10::ScalarType dtype = c10::toRealValueType(t.scalar_type());
+  if (!avg_divides_per_node(op, dtype, topo.num_nodes, topo.largest_node)) return nullptr;
+  // A rank that runs the node steps divides in its node reduction.
+  if (runs_node_steps(collective_def(collective).cut(), topo.ranks_per_node, topo.uneven)) return nullptr;
+  return [world = topo.size](at::Tensor& buffer) {
+    at::NoGradGuard no_grad;
+    (buffer.is_complex() ? at::view_as_real(buffer) : buffer).div_(world);  // as the node reduction divides
+  };
+}
+
 c10::intrusive_ptr<c10d::Work> FairringBackend::submit_all_reduce(std::vector<at::Tensor>& tensors, RedOp redop,
                                                                   c10d::OpType type,
                                                                   std::function<void(at::Tensor&)> scale) {
+  if (!scale) scale = lone_rank_avg_scale(Collective::kAllReduce, redop, tensors[0]);
   ReduceInput in = prepare_reduce_input(tensors, redop);
   auto op = new_op(Collective::kAllReduce, tensors[0]);
   op->buffer = in.buffer;
@@ -125,8 +139,9 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_reduce(std::vector<at::Te
   const RedOp redop = to_redop(reduce_op, t.scalar_type());
   const bool is_root = getRank() == root;
   auto scale = premul_factor(reduce_op, t.scalar_type(), "reduce");
+  if (!scale) scale = lone_rank_avg_scale(Collective::kReduce, redop, t);
   // The root's tensor gets the result; the others' are only read (a copy
-  // when PREMUL_SUM scales it), and nothing is copied back into them.
+  // when it is scaled first), and nothing is copied back into them.
   ReduceInput in = prepare_reduce_input(tensors, redop, "reduce", /*copy=*/!is_root && scale != nullptr);
   auto op = new_op(Collective::kReduce, t);
   op->root = root;
@@ -160,8 +175,9 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_blockwise(Collective coll
   const c10::ScalarType dtype = inputs[0].scalar_type();
   const RedOp redop = reduce_op ? to_redop(*reduce_op, dtype) : RedOp::kSum;
   // The tensors read, as one contiguous buffer (a copy if several or strided,
-  // or scaled for PREMUL_SUM: the caller's input is only read).
+  // or scaled first: the caller's input is only read).
   auto scale = reduce_op ? premul_factor(*reduce_op, dtype, kind) : nullptr;
+  if (!scale) scale = lone_rank_avg_scale(collective, redop, inputs[0]);
   // A reduction's list of one tensor per rank is read where it is: the
   // same schedule as one tensor of the blocks, no copy first.
   const bool rank_blocks = reduce_op && static_cast<int>(inputs.size()) == world && world > 1;

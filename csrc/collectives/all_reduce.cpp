@@ -76,9 +76,7 @@ bool reduce_chunk(SliceSchedule& p, Slice& s, const TimePoint* until) {
     if (x != p.me()) p.mover().after(slot, x, PeerStep::kInputReady);
     inputs[x] = x == p.me() ? chunk : p.mover().input_area(slot, x) + r.offset * esize;
   }
-  // Divided here only if no rail server will do it.
-  const int64_t div = p.multi_node() ? 0 : p.divisor(s);
-  p.mover().reduce(slot, op.dtype, op.op, chunk, inputs, p.k(), r.count, div);
+  p.mover().reduce(slot, op.dtype, op.op, chunk, inputs, p.k(), r.count, p.node_divisor(s));
   return true;
 }
 
@@ -104,7 +102,6 @@ bool exchange(SliceSchedule& p, Slice& s, const TimePoint*) {
   t.pattern = RailPattern::kReduce;  // the sums back to every node
   t.chunk = chunk;
   t.shards = s.plan.shards[p.me()];
-  t.divisor = p.divisor(s);
   p.post(std::move(t));
   return true;
 }

@@ -51,7 +51,7 @@ bool reduce_chunk(SliceSchedule& p, Slice& s, const TimePoint* until) {
     inputs[x] = (x == p.me() ? p.tensor_at(s) : p.mover().input_area(slot, x)) + r.offset * esize;
   }
   char* out = replicated ? p.tensor_at(s) : chunk_at(p, s);
-  p.mover().reduce(slot, op.dtype, op.op, out, inputs, p.k(), r.count, p.multi_node() ? 0 : p.divisor(s));
+  p.mover().reduce(slot, op.dtype, op.op, out, inputs, p.k(), r.count, p.node_divisor(s));
   return true;
 }
 
@@ -68,7 +68,6 @@ bool exchange(SliceSchedule& p, Slice& s, const TimePoint*) {
   t.back_to = p.topo().place_of(s.op->root).first;
   t.chunk = chunk_at(p, s);
   t.shards = s.plan.shards[p.me()];
-  t.divisor = p.divisor(s);
   if (p.k() == 1 && !is_root(p, s) && node < static_cast<int>(t.shards.size())) {
     // Our chunk is our tensor: the sum we serve goes to the scratch.
     const int64_t at = s.plan.chunks[p.me()].offset + t.shards[node].offset;

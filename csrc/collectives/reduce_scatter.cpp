@@ -89,7 +89,7 @@ bool reduce_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
   // piece at a time, our term read from the tensor, the peers' from their
   // input areas, in local-rank order.  One node: the result is our own
   // piece.  Otherwise it goes to the rails from our output area, and the
-  // servers divide.
+  // servers divide (or we do: node_divisor).
   const bool one_node = !p.multi_node();
   for (int j = 0; j < p.topo().num_nodes; ++j) {
     p.for_rail(p.me(), j, [&](int x) {
@@ -101,7 +101,7 @@ bool reduce_blocks(SliceSchedule& p, Slice& s, const TimePoint* until) {
         inputs[y] = y == p.me() ? p.input_block(s, j, x) : p.mover().input_area(slot, y) + at;
       }
       char* out = one_node ? p.own_piece(op.output, s) : p.mover().output_area(slot, p.me()) + at;
-      p.mover().reduce(slot, op.dtype, op.op, out, inputs, p.k(), count, one_node ? p.divisor(s) : 0);
+      p.mover().reduce(slot, op.dtype, op.op, out, inputs, p.k(), count, p.node_divisor(s));
     });
   }
   return true;
@@ -127,7 +127,6 @@ bool exchange_blocks(SliceSchedule& p, Slice& s, const TimePoint*) {
   RailTask t = p.rail_task(s);
   t.pattern = RailPattern::kReduce;
   t.back_to = kBackToNone;  // each sum stays with its server, in its result
-  t.divisor = p.divisor(s);
   for (int j = 0; j < p.topo().num_nodes; ++j) {
     t.shards.push_back(shard_of(p, s, j));
     t.pieces.push_back(p.staged(s) ? p.mover().output_area(slot, p.me()) + p.staged_at(s, j, p.me()) * esize

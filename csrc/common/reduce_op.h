@@ -2,6 +2,8 @@
 // that kernels and the schedule do not depend on the backend glue.
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 #include <string>
 
@@ -38,6 +40,17 @@ inline const char* redop_name(RedOp op) {
       return "BXOR";
   }
   return "?";
+}
+
+// Whether an AVG between nodes divides before the rails instead of after
+// them.  A node of several ranks stores its sum in the tensor's dtype for
+// the rails, and in float16 that sum can pass the largest value (65504)
+// where the average does not.  Such a group divides every node's sum by the
+// group size as the node reduces it (in float, rounded once; NCCL
+// premultiplies the same way), a node of one rank its input, and the rails
+// only add.  Other dtypes hold any sum the average can: divided once, last.
+inline bool avg_divides_per_node(RedOp op, c10::ScalarType dtype, int num_nodes, int largest_node) {
+  return op == RedOp::kAvg && dtype == c10::kHalf && num_nodes > 1 && largest_node > 1;
 }
 
 }  // namespace fairring

@@ -38,9 +38,7 @@ SliceSchedule::SliceSchedule(const Topology& topo, int slots, NodeSlots& node, M
 // a larger node holds several ranks' pieces, which lie apart in the tensors.
 const Script& SliceSchedule::script_of(const Slice& s) const { return s.op->def->script(!staged(s)); }
 
-bool SliceSchedule::staged(const Slice& s) const {
-  return k_ > 1 || (topo_.uneven && s.op->def->cut() == Cut::kBlockwise);
-}
+bool SliceSchedule::staged(const Slice& s) const { return runs_node_steps(s.op->def->cut(), k_, topo_.uneven); }
 
 bool SliceSchedule::front_done(const Slice& s) const { return static_cast<size_t>(s.phase) >= script_of(s).front; }
 
@@ -130,6 +128,11 @@ RailTask SliceSchedule::rail_task(const Slice& s) const {
   t.slice_seq = s.seq;
   t.slot = slot(s);
   t.key = s.op->key();
+  if (divides_per_node(s)) {
+    t.key.op = static_cast<int32_t>(RedOp::kSum);
+  } else {
+    t.divisor = divisor(s);
+  }
   return t;
 }
 

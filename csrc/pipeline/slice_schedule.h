@@ -71,7 +71,8 @@ class SliceSchedule {
   bool wait_chunks(Slice& s, int n, const TimePoint* until);
   void release(Slice& s);
 
-  // A rail task of the slice (its number, slot and key); the step adds the
+  // A rail task of the slice (its number, slot and key, and what the rail
+  // divides by: an AVG whose nodes divided first is a SUM to it); the step adds the
   // pattern and the data, then posts it (between nodes only: on one node
   // the step's chunk is final at once, and it calls publish_chunk itself).
   RailTask rail_task(const Slice& s) const;
@@ -83,16 +84,18 @@ class SliceSchedule {
   // node): copy it where the node's peers read it, publish it.
   void publish_chunk(uint64_t slice_seq);
 
-  // Geometry.  The slice in the op's buffer; AVG's divisor (0: none).
+  // Geometry.  The slice in the op's buffer.
   char* tensor_at(const Slice& s) const;
-  int64_t divisor(const Slice& s) const { return s.op->op == RedOp::kAvg ? topo_.size : 0; }
+  // AVG's divisor (0: none) where the node's ranks are reduced: on one
+  // node, and between nodes where the nodes divide first (reduce_op.h);
+  // the rail's divisor is in rail_task().
+  int64_t node_divisor(const Slice& s) const { return !multi_node() || divides_per_node(s) ? divisor(s) : 0; }
   // Our chunk of the slice, if the plan gave us one.
   bool owns_chunk(const Slice& s) const { return me_ < s.plan.num_chunks(); }
   // Whether this rank carries its chunk of the slice to other nodes.
   bool carries_chunk(const Slice& s) const { return rail_ != nullptr && owns_chunk(s); }
   // Whether the slice goes through the node's slot areas (the script with
-  // the node steps): several ranks on the node, or a blockwise slice on
-  // uneven nodes.
+  // the node steps: plan.h, runs_node_steps).
   bool staged(const Slice& s) const;
   // Blockwise: the ranks of node j, and the local rank whose rail carries
   // local rank x's pieces (plan.h: x % R).  A rank that owns no chunk of a
@@ -137,6 +140,11 @@ class SliceSchedule {
   bool run(Slice& s, const TimePoint* until, bool front_half);
   char* block_at(const at::Tensor& t, const std::vector<at::Tensor>& blocks, const Slice& s, int j, int x) const;
   const Script& script_of(const Slice& s) const;
+
+  int64_t divisor(const Slice& s) const { return s.op->op == RedOp::kAvg ? topo_.size : 0; }
+  bool divides_per_node(const Slice& s) const {
+    return avg_divides_per_node(s.op->op, s.op->dtype, topo_.num_nodes, topo_.largest_node);
+  }
 
   Topology topo_;
   const int k_;

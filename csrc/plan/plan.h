@@ -65,6 +65,14 @@ SlicePlan plan_slice(int64_t numel, int64_t elem_size, int64_t index, int ranks_
 // nodes a larger node's shard holds several pieces (its passive ranks' too).
 enum class Cut { kWhole, kBlockwise };
 
+// Whether a rank runs its collective's node steps, through the node's slot
+// areas: several ranks on its node, or a blockwise op on uneven nodes (its
+// pieces travel with the node's).  Otherwise it runs the script for a rank
+// alone, straight from and into its tensors.
+inline bool runs_node_steps(Cut cut, int ranks_on_node, bool uneven_nodes) {
+  return ranks_on_node > 1 || (uneven_nodes && cut == Cut::kBlockwise);
+}
+
 // Whether the slot areas (slice_bytes each) hold a blockwise slice of W
 // pieces of this element size (the pieces are at least one aligned unit).
 bool blockwise_fits(int64_t elem_size, int world, const PlanParams& params);
