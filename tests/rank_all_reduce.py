@@ -212,9 +212,10 @@ def sec_half_range(rank, world, cfg):
     Every rank holding 40000, a node's sum of two ranks is past it; then
     random values up to 60000 against the float64 average of every rank's
     (each rank makes every rank's input from its seed).  A node of several
-    ranks divides its sum by the world before the rails (in float, so it
-    never holds the sum in float16); a rank alone on its node divides its
-    input; rails in levels keep 16-bit floats direct."""
+    ranks divides its sum (in float) before it holds it in float16: by its
+    rank count on equal nodes, then the rails by the node count; by the
+    world on unequal ones, where a rank alone on its node divides its input
+    (reduce_op.h, avg_divisors).  Rails in levels keep 16-bit floats direct."""
     failures = Failures()
 
     def inputs(numel, seed):

@@ -39,7 +39,7 @@ def rogue_then_allreduce(rank, world):
         silent.close()
     if rank == 0:
         with socket.create_connection((host, int(port)), timeout=10) as s:
-            s.sendall(b"FRSERV02" + b"\0" * 120)  # the right magic (csrc/transport/server_protocol.h), a wrong secret
+            s.sendall(b"FRSERV03" + b"\0" * 120)  # the right magic (csrc/transport/server_protocol.h), a wrong secret
             s.settimeout(10)
             try:
                 refused = s.recv(64) == b""  # closed, no welcome

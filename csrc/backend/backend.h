@@ -231,12 +231,13 @@ class FairringBackend : public c10d::Backend {
   // The op builders (collective_ops.cpp): the caller's native tensors
   // turned into one op of an engine.  All-reduce of one tensor, or of
   // several flattened (allreduce_coalesced, CPU); `scale`: PREMUL_SUM's
-  // factor applied to the input first (null: none).
+  // factor applied to the input first (null: none, or lone_rank_avg_scale's).
   c10::intrusive_ptr<c10d::Work> submit_all_reduce(std::vector<at::Tensor>& tensors, RedOp op, c10d::OpType type,
                                                    std::function<void(at::Tensor&)> scale);
   // The scale a rank alone on its node applies to its input of an AVG whose
-  // nodes divide first (reduce_op.h) when it runs no node reduction to
-  // divide in (null: none; `t`'s device picks the engine's topology).
+  // nodes divide before the rails (reduce_op.h: avg_divisors) when it runs
+  // no node reduction to divide in (null: none; `t`'s device picks the
+  // engine's topology).
   std::function<void(at::Tensor&)> lone_rank_avg_scale(Collective collective, RedOp op, const at::Tensor& t) const;
   // Broadcast and reduce of one tensor, from or to `root`.
   c10::intrusive_ptr<c10d::Work> submit_broadcast(std::vector<at::Tensor>& tensors, int root);

@@ -72,22 +72,24 @@ void FairringBackend::check_blockwise_fits(const char* kind, c10::ScalarType dty
               " ranks does not fit a slice of FAIRRING_SLICE_SIZE=", config_.slice_size, " bytes; raise it");
 }
 
-// One tensor reduced in place (through a contiguous copy if it is not
-// contiguous), or several flattened into one buffer and copied back (the
-// old multi-tensor API, allreduce_coalesced).
 std::function<void(at::Tensor&)> FairringBackend::lone_rank_avg_scale(Collective collective, RedOp op,
                                                                       const at::Tensor& t) const {
   const Topology topo = t.is_cpu() ? topo_ : device_topology();
   const c10::ScalarType dtype = c10::toRealValueType(t.scalar_type());
-  if (!avg_divides_per_node(op, dtype, topo.num_nodes, topo.largest_node)) return nullptr;
+  const int64_t divisor = avg_divisors(op, dtype, topo.size, topo.num_nodes, topo.largest_node, topo.uneven).node;
   // A rank that runs the node steps divides in its node reduction.
-  if (runs_node_steps(collective_def(collective).cut(), topo.ranks_per_node, topo.uneven)) return nullptr;
-  return [world = topo.size](at::Tensor& buffer) {
+  if (divisor == 0 || topo.num_nodes == 1 ||
+      runs_node_steps(collective_def(collective).cut(), topo.ranks_per_node, topo.uneven))
+    return nullptr;
+  return [divisor](at::Tensor& buffer) {
     at::NoGradGuard no_grad;
-    (buffer.is_complex() ? at::view_as_real(buffer) : buffer).div_(world);  // as the node reduction divides
+    (buffer.is_complex() ? at::view_as_real(buffer) : buffer).div_(divisor);  // as the node reduction divides
   };
 }
 
+// One tensor reduced in place (through a contiguous copy if it is not
+// contiguous), or several flattened into one buffer and copied back (the
+// old multi-tensor API, allreduce_coalesced).
 c10::intrusive_ptr<c10d::Work> FairringBackend::submit_all_reduce(std::vector<at::Tensor>& tensors, RedOp redop,
                                                                   c10d::OpType type,
                                                                   std::function<void(at::Tensor&)> scale) {

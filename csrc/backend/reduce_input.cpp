@@ -73,7 +73,8 @@ ReduceInput prepare_reduce_input(const std::vector<at::Tensor>& tensors, RedOp o
 }
 
 // The op's stage (pipeline_op.h): the input copied into the buffer, then
-// scaled there for PREMUL_SUM (the caller's own tensor when it is the buffer).
+// scaled there (PREMUL_SUM's factor, a lone rank's AVG share; the caller's
+// own tensor when it is the buffer).
 std::function<void()> stage_of(const ReduceInput& in, std::function<void(at::Tensor&)> scale) {
   if (!scale) return in.fill;
   return [fill = in.fill, scale = std::move(scale), buffer = in.buffer]() mutable {

@@ -42,15 +42,28 @@ inline const char* redop_name(RedOp op) {
   return "?";
 }
 
-// Whether an AVG between nodes divides before the rails instead of after
-// them.  A node of several ranks stores its sum in the tensor's dtype for
-// the rails, and in float16 that sum can pass the largest value (65504)
-// where the average does not.  Such a group divides every node's sum by the
-// group size as the node reduces it (in float, rounded once; NCCL
-// premultiplies the same way), a node of one rank its input, and the rails
-// only add.  Other dtypes hold any sum the average can: divided once, last.
-inline bool avg_divides_per_node(RedOp op, c10::ScalarType dtype, int num_nodes, int largest_node) {
-  return op == RedOp::kAvg && dtype == c10::kHalf && num_nodes > 1 && largest_node > 1;
+// Where an AVG divides: a node's reduction of its ranks' terms by `node`,
+// the rails' reduction of the nodes' sums by `rail` (0: no division there).
+// On one node, the node.  Between nodes, the rails divide the sum of all
+// once, except for float16 on nodes of several ranks: a node stores its sum
+// in the tensor's dtype for the rails, and in float16 that sum can pass the
+// largest value (65504) where the average does not.  There each node
+// divides its sum by its rank count (in float, rounded once: the node's
+// average, as large as the inputs at most) and the rails by the node count;
+// on uneven nodes the node divides by the world (NCCL's premultiplied AVG;
+// a rank alone on its node that runs no node steps scales its input) and
+// the rails only add.
+struct AvgDivisors {
+  int64_t node = 0;
+  int64_t rail = 0;
+};
+inline AvgDivisors avg_divisors(RedOp op, c10::ScalarType dtype, int world, int num_nodes, int largest_node,
+                                bool uneven) {
+  if (op != RedOp::kAvg) return {};
+  if (num_nodes == 1) return {world, 0};
+  if (dtype != c10::kHalf || largest_node == 1) return {0, world};
+  if (!uneven) return {largest_node, num_nodes};
+  return {world, 0};
 }
 
 }  // namespace fairring

@@ -128,11 +128,7 @@ RailTask SliceSchedule::rail_task(const Slice& s) const {
   t.slice_seq = s.seq;
   t.slot = slot(s);
   t.key = s.op->key();
-  if (divides_per_node(s)) {
-    t.key.op = static_cast<int32_t>(RedOp::kSum);
-  } else {
-    t.divisor = divisor(s);
-  }
+  t.divisor = avg_divisors(s).rail;  // AVG with none: the rails only add
   return t;
 }
 

@@ -17,7 +17,7 @@
 //   wait_chunks      wait until chunks [0, n) of the slice are published
 //   release          we are done with the slot
 // plus the mover's copy/reduce/after/done and the slice's geometry
-// (tensor_at, block_at, staged_at, divisor...).
+// (tensor_at, block_at, staged_at, node_divisor...).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -71,8 +71,8 @@ class SliceSchedule {
   bool wait_chunks(Slice& s, int n, const TimePoint* until);
   void release(Slice& s);
 
-  // A rail task of the slice (its number, slot and key, and what the rail
-  // divides by: an AVG whose nodes divided first is a SUM to it); the step adds the
+  // A rail task of the slice (its number, slot and key, and what the rails
+  // divide an AVG by); the step adds the
   // pattern and the data, then posts it (between nodes only: on one node
   // the step's chunk is final at once, and it calls publish_chunk itself).
   RailTask rail_task(const Slice& s) const;
@@ -86,10 +86,9 @@ class SliceSchedule {
 
   // Geometry.  The slice in the op's buffer.
   char* tensor_at(const Slice& s) const;
-  // AVG's divisor (0: none) where the node's ranks are reduced: on one
-  // node, and between nodes where the nodes divide first (reduce_op.h);
-  // the rail's divisor is in rail_task().
-  int64_t node_divisor(const Slice& s) const { return !multi_node() || divides_per_node(s) ? divisor(s) : 0; }
+  // AVG's divisor (0: none) where the node's ranks are reduced
+  // (reduce_op.h); the rails' is in rail_task().
+  int64_t node_divisor(const Slice& s) const { return avg_divisors(s).node; }
   // Our chunk of the slice, if the plan gave us one.
   bool owns_chunk(const Slice& s) const { return me_ < s.plan.num_chunks(); }
   // Whether this rank carries its chunk of the slice to other nodes.
@@ -141,9 +140,8 @@ class SliceSchedule {
   char* block_at(const at::Tensor& t, const std::vector<at::Tensor>& blocks, const Slice& s, int j, int x) const;
   const Script& script_of(const Slice& s) const;
 
-  int64_t divisor(const Slice& s) const { return s.op->op == RedOp::kAvg ? topo_.size : 0; }
-  bool divides_per_node(const Slice& s) const {
-    return avg_divides_per_node(s.op->op, s.op->dtype, topo_.num_nodes, topo_.largest_node);
+  AvgDivisors avg_divisors(const Slice& s) const {
+    return fairring::avg_divisors(s.op->op, s.op->dtype, topo_.size, topo_.num_nodes, topo_.largest_node, topo_.uneven);
   }
 
   Topology topo_;

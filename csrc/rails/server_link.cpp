@@ -76,6 +76,8 @@ std::vector<std::unique_ptr<Channel>> connect_reduction_servers(const c10::intru
       hello.node = topo.node;
       hello.num_nodes = topo.num_nodes;
       hello.group_size = topo.size;
+      hello.largest_node = topo.largest_node;
+      hello.uneven = topo.uneven ? 1 : 0;
       hello.wire = static_cast<uint32_t>(wire);
       hello.server = m;
       hello.header_bytes = sizeof(WireHeader);

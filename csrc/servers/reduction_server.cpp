@@ -82,6 +82,8 @@ struct ReductionServer::Session {
   std::string id;
   int num_nodes = 0;
   int group_size = 0;
+  int largest_node = 0;
+  bool uneven = false;
   WireDtype wire = WireDtype::kNone;
   int64_t max_message_bytes = 0;  // larger contributions are refused
   Worker* worker = nullptr;
@@ -204,7 +206,8 @@ std::pair<uint64_t, uint64_t> reduce_ready(Session& s) {
     }
     Buffer sum = s.pool.take(count * esize);
     if (count > 0) {
-      reduce_cpu(dtype, op, sum.get(), inputs.data(), n, count, op == RedOp::kAvg ? s.group_size : 0);
+      const AvgDivisors avg = avg_divisors(op, dtype, s.group_size, n, s.largest_node, s.uneven);
+      reduce_cpu(dtype, op, sum.get(), inputs.data(), n, count, avg.rail);
     }
     uint64_t result_bytes = bytes;
     if (wire) {
@@ -420,8 +423,9 @@ void ReductionServer::admit(Socket socket, const ServerHello& hello_in) {
               std::to_string(sizeof(WireHeader)) + ": another build of Fairring";
   } else if (hello.num_nodes < 2 || hello.num_nodes > kMaxServerNodes || hello.node < 0 ||
              hello.node >= hello.num_nodes || hello.group_size < 1 || hello.group_size > kMaxServerGroupSize ||
-             hello.wire > static_cast<uint32_t>(WireDtype::kFp16) || hello.max_message_bytes < 0 ||
-             hello.max_message_bytes > (int64_t{1} << 40)) {
+             hello.largest_node < 1 || hello.largest_node > hello.group_size ||
+             (hello.uneven != 0 && hello.uneven != 1) || hello.wire > static_cast<uint32_t>(WireDtype::kFp16) ||
+             hello.max_message_bytes < 0 || hello.max_message_bytes > (int64_t{1} << 40)) {
     refusal = "malformed greeting (node " + std::to_string(hello.node) + " of " + std::to_string(hello.num_nodes) + ")";
   } else {
     // Built whole before it is visible to the next greeting.
@@ -429,6 +433,8 @@ void ReductionServer::admit(Socket socket, const ServerHello& hello_in) {
     fresh->id = id;
     fresh->num_nodes = hello.num_nodes;
     fresh->group_size = hello.group_size;
+    fresh->largest_node = hello.largest_node;
+    fresh->uneven = hello.uneven != 0;
     fresh->wire = static_cast<WireDtype>(hello.wire);
     fresh->max_message_bytes = hello.max_message_bytes;
     fresh->joined.assign(hello.num_nodes, false);
@@ -441,8 +447,9 @@ void ReductionServer::admit(Socket socket, const ServerHello& hello_in) {
       ++sessions_admitted_;
     }
     if (slot->num_nodes != hello.num_nodes || slot->group_size != hello.group_size ||
+        slot->largest_node != hello.largest_node || slot->uneven != (hello.uneven != 0) ||
         slot->wire != static_cast<WireDtype>(hello.wire) || slot->max_message_bytes != hello.max_message_bytes) {
-      refusal = "its rail disagrees with the ranks that joined before it (nodes, group size or wire dtype)";
+      refusal = "its rail disagrees with the ranks that joined before it (nodes, group size, node sizes or wire dtype)";
     } else if (slot->joined[hello.node]) {
       refusal = "node " + std::to_string(hello.node) + " of its rail has joined already";
     } else {

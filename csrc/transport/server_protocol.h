@@ -26,7 +26,7 @@ namespace fairring {
 
 // The magic names the protocol's version: a server and ranks of different
 // builds refuse each other instead of misreading each other's messages.
-constexpr char kServerHelloMagic[8] = {'F', 'R', 'S', 'E', 'R', 'V', '0', '2'};
+constexpr char kServerHelloMagic[8] = {'F', 'R', 'S', 'E', 'R', 'V', '0', '3'};
 constexpr int kSessionIdBytes = 24;
 // Bounds a server holds a greeting to (a rank's own are far below).
 constexpr int32_t kMaxServerNodes = 1 << 16;
@@ -42,7 +42,10 @@ struct ServerHello {
   int32_t rank;               // the worker's rank in its group (for messages)
   int32_t node;               // its node: the place of its piece in the reduction order
   int32_t num_nodes;          // contributions per reduction
-  int32_t group_size;         // AVG's divisor
+  int32_t group_size;         // ranks in the group
+  int32_t largest_node;       // the rank count of its largest node
+  int32_t uneven;             // 1: its nodes have different rank counts
+                              // (these three give AVG's divisor: reduce_op.h, avg_divisors)
   uint32_t wire;              // WireDtype of the group's compressed rails
   int32_t server;             // the index the worker knows the server by
   uint32_t header_bytes;      // sizeof(WireHeader) in the rank's build
