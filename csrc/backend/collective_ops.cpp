@@ -74,13 +74,17 @@ void FairringBackend::check_blockwise_fits(const char* kind, c10::ScalarType dty
 
 std::function<void(at::Tensor&)> FairringBackend::lone_rank_avg_scale(Collective collective, RedOp op,
                                                                       const at::Tensor& t) const {
-  const Topology topo = t.is_cpu() ? topo_ : device_topology();
+  if (op != RedOp::kAvg) return nullptr;  // (and no Topology copied for every op)
   const c10::ScalarType dtype = c10::toRealValueType(t.scalar_type());
-  const int64_t divisor = avg_divisors(op, dtype, topo.size, topo.num_nodes, topo.largest_node, topo.uneven).node;
-  // A rank that runs the node steps divides in its node reduction.
-  if (divisor == 0 || topo.num_nodes == 1 ||
-      runs_node_steps(collective_def(collective).cut(), topo.ranks_per_node, topo.uneven))
-    return nullptr;
+  const auto divisor_of = [&](const Topology& topo) -> int64_t {
+    // A rank that runs the node steps divides in its node reduction.
+    if (topo.num_nodes == 1 || runs_node_steps(collective_def(collective).cut(), topo.ranks_per_node, topo.uneven)) {
+      return 0;
+    }
+    return avg_divisors(op, dtype, topo.size, topo.num_nodes, topo.largest_node, topo.uneven).node;
+  };
+  const int64_t divisor = t.is_cpu() ? divisor_of(topo_) : divisor_of(device_topology());
+  if (divisor == 0) return nullptr;
   return [divisor](at::Tensor& buffer) {
     at::NoGradGuard no_grad;
     (buffer.is_complex() ? at::view_as_real(buffer) : buffer).div_(divisor);  // as the node reduction divides
