@@ -215,8 +215,10 @@ def sec_half_range(rank, world, cfg):
     ranks divides its sum (in float) before it holds it in float16: by its
     rank count on equal nodes, then the rails by the node count; by the
     world on unequal ones, where a rank alone on its node divides its input
-    (reduce_op.h, avg_divisors).  Rails in levels keep 16-bit floats direct."""
+    (reduce_op.h, avg_divisors).  Rails in levels keep 16-bit floats direct.
+    cfg["device"]: where the tensors live (the GPU checks pass theirs)."""
     failures = Failures()
+    dev = cfg.get("device", "cpu")
 
     def inputs(numel, seed):
         if seed is None:
@@ -225,6 +227,7 @@ def sec_half_range(rank, world, cfg):
         return [((torch.rand(numel, generator=g, dtype=torch.float64) * 2 - 1) * 60000).half() for g in gens]
 
     def check(what, got, xs):
+        got = got.cpu()
         ref = torch.stack([x.double() for x in xs]).mean(0)
         # Rounded to float16 once per node and once at the end: a few units
         # in the last place of values up to 65504 (32 each).
@@ -240,25 +243,26 @@ def sec_half_range(rank, world, cfg):
         for numel in (1, 1031, 65537, 262147):
             name = f"float16 AVG of {'40000 on every rank' if seed is None else 'random values'}, {numel} elements"
             xs = inputs(numel, seed)
-            t = xs[rank].clone()
+            t = xs[rank].to(dev, copy=True)
             dist.all_reduce(t, op=dist.ReduceOp.AVG)
             check(f"all_reduce {name}", t, xs)
             if numel > 65537:
                 continue
-            for root in range(world):
-                t = xs[rank].clone()
+            # (reduce is Fairring's own on CPU tensors; CUDA ones go to gloo, which takes none)
+            for root in range(world if dev == "cpu" else 0):
+                t = xs[rank].to(dev, copy=True)
                 dist.reduce(t, dst=root, op=dist.ReduceOp.AVG)
                 if rank == root:
                     check(f"reduce to {root} {name}", t, xs)
-                elif not torch.equal(t, xs[rank]):
+                elif not torch.equal(t.cpu(), xs[rank]):
                     failures.add(f"reduce to {root} {name}: rank {rank}'s input changed")
             # world blocks of numel each: rank r gets the average of block r.
             blocks = inputs(numel * world, seed)
-            inp = blocks[rank].clone()
-            out = torch.empty(numel, dtype=torch.float16)
+            inp = blocks[rank].to(dev, copy=True)
+            out = torch.empty(numel, dtype=torch.float16, device=dev)
             dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.AVG)
             check(f"reduce_scatter {name}", out, [b[rank * numel:(rank + 1) * numel] for b in blocks])
-            if not torch.equal(inp, blocks[rank]):
+            if not torch.equal(inp.cpu(), blocks[rank]):
                 failures.add(f"reduce_scatter {name}: rank {rank}'s input changed")
     return {"failures": failures}
 

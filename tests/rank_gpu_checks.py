@@ -15,7 +15,12 @@ import torch.distributed as dist
 
 import refs
 from refs import compare, digest, make_input, op_of, reference
-from rank_all_reduce import Failures, _MLP
+from rank_all_reduce import Failures, _MLP, sec_half_range
+
+
+def sec_half_range_cuda(rank, world, cfg):
+    """float16 AVG past float16's largest sum, on CUDA tensors (rank_all_reduce)."""
+    return sec_half_range(rank, world, dict(cfg, device=_device(rank)))
 
 
 def _device(rank):
@@ -748,7 +753,7 @@ def sec_issue_order(rank, world, cfg):
 
 SECTIONS = {"issue_order": sec_issue_order, "exchanges": sec_exchanges, "p2p": sec_p2p, "wire": sec_wire, "memory_budget": sec_memory_budget, "collectives": sec_collectives, "poll_then_launch": sec_poll_then_launch, "big_slices": sec_big_slices,
             "slow_producer": sec_slow_producer, "group_cycles": sec_group_cycles,
-            "nccl_shared_gpu": sec_nccl_shared_gpu, "correctness": sec_correctness, "streams": sec_streams, "errors": sec_errors, "ddp": sec_ddp}
+            "nccl_shared_gpu": sec_nccl_shared_gpu, "correctness": sec_correctness, "half_range": sec_half_range_cuda, "streams": sec_streams, "errors": sec_errors, "ddp": sec_ddp}
 
 
 def session(rank, world, sections, cfg):

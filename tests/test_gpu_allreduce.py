@@ -28,8 +28,10 @@ SESSIONS = {
     "1x2": ("1x2", {}, ["correctness", "streams", "errors", "ddp", "collectives", "exchanges", "p2p", "issue_order"],
             {"sizes": SIZES}),
     "2x1": ("2x1", {}, ["correctness", "streams", "collectives", "exchanges", "p2p", "issue_order"], {"sizes": SIZES}),
-    "2x2": ("2x2", {}, ["correctness", "streams", "errors", "ddp", "collectives", "exchanges", "p2p", "issue_order"],
-            {"sizes": SIZES}),
+    "2x2": ("2x2", {}, ["correctness", "streams", "errors", "ddp", "collectives", "exchanges", "p2p", "issue_order",
+                        "half_range"], {"sizes": SIZES}),
+    # Nodes of 2 and 1: the CUDA engine runs them flat (one rank a node).
+    "uneven-2+1": ("uneven-2+1", {}, ["half_range"], {}),
     # NCCL between nodes: every rank on its own GPU (skipped with fewer GPUs).
     "2x1-nccl": ("2x1", {"FAIRRING_GPU_TRANSPORT": "nccl"}, ["correctness", "streams", "collectives", "exchanges"],
                  {"sizes": SIZES}),
@@ -130,6 +132,15 @@ def _with(section):
 def test_correct_and_bit_identical_across_ranks(name):
     _skip_unless_gpus_for(name)
     _same_digests_everywhere(_section(name, "correctness"))
+
+
+@requires_gpu
+@pytest.mark.parametrize("name", _with("half_range"))
+def test_half_precision_avg_near_its_largest_value(name):
+    """float16 AVG whose sums pass float16's largest value (reduce_op.h,
+    avg_divisors), on the CUDA engine."""
+    _skip_unless_gpus_for(name)
+    _section(name, "half_range")
 
 
 @requires_gpu
