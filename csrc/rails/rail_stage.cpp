@@ -613,7 +613,7 @@ void RailStage::advance_levels(SliceState& s) {
 }
 
 // Level l's part, ours, reduced in place from the group's pieces in digit
-// order; AVG divides only at the last level.
+// order; AVG divides only at the last level (with no divisor it only adds).
 void RailStage::reduce_level(SliceState& s, int l) {
   const RailTask& t = s.task;
   delay_first_reduce();
@@ -626,8 +626,7 @@ void RailStage::reduce_level(SliceState& s, int l) {
     inputs[v] = static_cast<int>(v) == lv.me ? own : staged(s, lv.group[v]);
   }
   const bool last = l + 1 == static_cast<int>(s.levels.size());
-  const RedOp op = !last && t.op() == RedOp::kAvg ? RedOp::kSum : t.op();
-  reduce_(t.dtype(), op, own, inputs.data(), static_cast<int>(inputs.size()), mine.count, last ? t.divisor : 0);
+  reduce_(t.dtype(), t.op(), own, inputs.data(), static_cast<int>(inputs.size()), mine.count, last ? t.divisor : 0);
 }
 
 // Every piece of our shard is in: reduce them in node order, then round two.
