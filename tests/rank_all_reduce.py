@@ -264,7 +264,61 @@ def sec_half_range(rank, world, cfg):
             check(f"reduce_scatter {name}", out, [b[rank * numel:(rank + 1) * numel] for b in blocks])
             if not torch.equal(inp.cpu(), blocks[rank]):
                 failures.add(f"reduce_scatter {name}: rank {rank}'s input changed")
+    _half_avg_precision(rank, world, dev, failures)
     return {"failures": failures}
+
+
+def _half_avg_bound_ulps(topo):
+    """How far a float16 AVG of inputs in [2^-14, 2^-13) may stray from the
+    exact average, in units of 2^-24 (the spacing there and among the
+    subnormals below), by where it divides (reduce_op.h, avg_divisors).
+    Divided once (one node, one rank a node): one rounding, half a unit.
+    Equal nodes of several ranks: each node's average rounded (half a unit;
+    the rails average those errors) and the rails' average rounded: one.
+    Uneven nodes: each node's sum divided by the world is rounded among the
+    subnormals (half a unit each), the rails add N of them and round: (N + 1)
+    / 2.  Dividing every input by the world first (NCCL's way) reaches two
+    units at 2 x 2; dividing by the world at equal nodes, 1.5 at 3 x 2 and
+    two at 4 x 2."""
+    if topo["num_nodes"] == 1 or (topo["ranks_per_node"] == 1 and not topo["uneven"]):
+        return 0.5
+    if not topo["uneven"]:
+        return 1.0
+    return (topo["num_nodes"] + 1) / 2
+
+
+def _half_avg_precision(rank, world, dev, failures):
+    """float16 AVG of small normal inputs against the float64 average, to the
+    bound of the path the group takes (_half_avg_bound_ulps)."""
+    bound = _half_avg_bound_ulps(dict(_cpu_backend().topology())) * 2.0 ** -24
+
+    def inputs(numel, seed):
+        gens = [torch.Generator().manual_seed(seed * 1000 + r) for r in range(world)]
+        return [((torch.rand(numel, generator=g, dtype=torch.float64) + 1) * 2.0 ** -14).half() for g in gens]
+
+    def check(what, got, xs):
+        ref = torch.stack([x.double() for x in xs]).mean(0)
+        err = (got.cpu().double() - ref).abs()
+        worst = float(err.max())
+        if not worst <= bound * (1 + 1e-6):
+            failures.add(f"{what}: {int((err > bound).sum())} of {got.numel()} elements off the average by more "
+                         f"than {bound / 2.0 ** -24} x 2^-24, the worst {worst / 2.0 ** -24:.2f} x 2^-24")
+
+    for numel in (1, 1031, 65537):
+        name = f"float16 AVG of values in [2^-14, 2^-13), {numel} elements"
+        xs = inputs(numel, 11 + numel)
+        t = xs[rank].to(dev, copy=True)
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        check(f"all_reduce {name}", t, xs)
+        for root in range(world if dev == "cpu" else 0):
+            t = xs[rank].to(dev, copy=True)
+            dist.reduce(t, dst=root, op=dist.ReduceOp.AVG)
+            if rank == root:
+                check(f"reduce to {root} {name}", t, xs)
+        blocks = inputs(numel * world, 13 + numel)
+        out = torch.empty(numel, dtype=torch.float16, device=dev)
+        dist.reduce_scatter_tensor(out, blocks[rank].to(dev, copy=True), op=dist.ReduceOp.AVG)
+        check(f"reduce_scatter {name}", out, [b[rank * numel:(rank + 1) * numel] for b in blocks])
 
 
 def sec_shm(rank, world, cfg):

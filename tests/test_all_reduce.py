@@ -224,7 +224,10 @@ def test_unsupported_ops_raise():
 def test_half_precision_avg_near_its_largest_value(topo):
     """float16 AVG whose sums pass float16's largest value: a node's sum is
     divided before it is stored (reduce_op.h), on even and uneven nodes,
-    one rank a node, and rails in levels."""
+    one rank a node, and rails in levels; and of inputs just above float16's
+    smallest normal, within the rounding each of those paths allows (one
+    unit of 2^-24 on equal nodes, where dividing by the world would give two
+    at 4 x 2)."""
     assert_no_failures(topo, "half_range")
 
 
