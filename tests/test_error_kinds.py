@@ -37,6 +37,22 @@ def test_store_timeout_at_group_creation_is_a_dist_store_error():
         _C._init_checkpoint(store, 1, 2, timedelta(milliseconds=300), "built")
 
 
+@pytest.mark.parametrize("record", [b"", b"12:abc", b"x:abc", b"3:abc", b"1:a1:b1:c", b"1234567890123:a"])
+def test_malformed_creation_record_names_the_rank(record):
+    """A peer's record in the store that does not parse (truncated, a length
+    that is no number, too few fields, a length of over 12 digits: another
+    job's keys under this prefix, say) fails creation with a message naming
+    that rank, not an out-of-range read.  Rank 1 is played by the test: its
+    checkpoint key and its record written by hand."""
+    store = dist.HashStore()
+    store.set("fairring/options/1", b"\x01")
+    store.set("fairring/meet/1", record)
+    config = _C.Config()
+    config.timeout = timedelta(milliseconds=300)  # how long rank 0 waits for rank 1 to read its failure
+    with pytest.raises(dist.DistBackendError, match="malformed group-creation record of rank 1 in the store"):
+        _C.FairringBackend(store, 0, 2, config, "node-a", None)
+
+
 @pytest.mark.parametrize("collective,text", [
     ("all_reduce", "all_reduce of 1000 elements of float32 with SUM"),
     ("reduce_scatter", "reduce_scatter of 1000 elements of float32 per rank with SUM"),
