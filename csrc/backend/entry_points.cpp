@@ -100,6 +100,8 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::allgather(std::vector<std::vecto
   // an all-to-all of unequal blocks in which every rank sends its block to
   // every rank, through the hierarchy like any other.  Other forms go to gloo.
   const bool native = outputs.size() == 1 && inputs.size() == 1 && native_tensors(both(inputs, outputs[0]));
+  TORCH_CHECK_VALUE(!native || static_cast<int>(outputs[0].size()) == getSize(), "fairring: all_gather needs one ",
+                    "output tensor per rank (", getSize(), "), but the output list holds ", outputs[0].size());
   const bool even = native && std::all_of(outputs[0].begin(), outputs[0].end(),
                                           [&](const at::Tensor& t) { return t.numel() == inputs[0].numel(); });
   if (even) return submit_blockwise(Collective::kAllGather, inputs, outputs[0], nullptr, c10d::OpType::ALLGATHER);

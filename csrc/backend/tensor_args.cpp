@@ -61,13 +61,18 @@ void check_splits(const std::vector<int64_t>& splits, const at::Tensor& t, int w
   }
   TORCH_CHECK(static_cast<int>(splits.size()) == world, "fairring: all_to_all_single needs one ", which,
               " split per rank (", world, "), but got ", splits.size());
-  int64_t sum = 0;
-  for (int64_t n : splits) {
+  // Each split at most what the rows left allow: a sum of huge splits
+  // must not wrap around to the row count.
+  int64_t left = t.size(0);
+  for (size_t i = 0; i < splits.size(); ++i) {
+    const int64_t n = splits[i];
     TORCH_CHECK(n >= 0, "fairring: all_to_all_single got a negative ", which, " split (", n, ")");
-    sum += n;
+    TORCH_CHECK(n <= left, "fairring: all_to_all_single's ", which, " splits add up to more than the ", t.size(0),
+                " rows of the ", which, " (split ", i, " is ", n, ")");
+    left -= n;
   }
-  TORCH_CHECK(sum == t.size(0), "fairring: all_to_all_single's ", which, " splits add up to ", sum, " rows, but the ",
-              which, " has ", t.size(0));
+  TORCH_CHECK(left == 0, "fairring: all_to_all_single's ", which, " splits add up to ", t.size(0) - left,
+              " rows, but the ", which, " has ", t.size(0));
 }
 
 int64_t check_outputs(const std::vector<at::Tensor>& outputs, c10::ScalarType dtype, const char* kind) {
