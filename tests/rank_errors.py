@@ -793,3 +793,64 @@ def numbers_agree(rank, world, timeout_s):
     recs = fairring_py.dump_recent(g, file=io.StringIO())
     return {"failed": failed, "recent": [(r["seq"], r["kind"], r["state"]) for r in recs],
             "sum_ok": bool(torch.all(t == world))}
+
+
+def rejected_in_turn(rank, world, case):
+    """Arguments a rank can only judge by its own place (its block of an
+    uneven list, the root's list): the rank that rejects its own still takes
+    the op's turn (FairringBackend::reject_in_turn).  "one": only rank 1's
+    own block of the all_gather list is wrong (every rank passes the same
+    list); "all": every rank's own block is wrong; "gather-root": the root's
+    list is short; "scatter-list-off-root": rank 1, not the root, passes a
+    list.  What each rank raised, how long it took, and whether an all_reduce
+    after it gives the right sum."""
+    t0 = time.monotonic()
+    try:
+        if case == "one":
+            out = [torch.zeros(3) for _ in range(world)]
+            out[1] = torch.zeros(4)
+            dist.all_gather(out, torch.ones(3))
+        elif case == "all":
+            dist.all_gather([torch.zeros(4) for _ in range(world)], torch.ones(3))
+        elif case == "gather-root":
+            dist.gather(torch.ones(3), [torch.zeros(3) for _ in range(world - 1)] if rank == 0 else None, dst=0)
+        elif case == "scatter-list-off-root":
+            backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+            opts = dist.ScatterOptions()
+            opts.rootRank = 0
+            lists = [[torch.ones(3) for _ in range(world)]] if rank in (0, 1) else []
+            backend.scatter([torch.zeros(3)], lists, opts).wait()
+        error = None
+    except Exception as e:  # noqa: BLE001
+        error = f"{type(e).__name__}: {e}"
+    took = time.monotonic() - t0
+    try:
+        t = torch.ones(5)
+        dist.all_reduce(t)
+        after = "ok" if t.tolist() == [float(world)] * 5 else f"wrong: {t.tolist()}"
+    except Exception as e:  # noqa: BLE001
+        after = f"{type(e).__name__}: {e}"
+    return {"error": error, "took": took, "after": after}
+
+
+def splits_past_int64_and_short_lists(rank, world):
+    """Splits whose sum wraps around int64 to the row count (each one
+    non-negative), and an all_gather list one tensor short: every rank's
+    own clear error, the same on all, and the group goes on."""
+    errors = {}
+    big = [2**62 + 2] * 4 if world == 4 else [2**62, 2**62] + [2**63 - 1] * (world - 2)
+    # On 4 ranks the sum wraps to exactly the rows (8); on 3 to -1.
+    rows = 8 if world == 4 else 6
+    cases = {
+        "splits": lambda: dist.all_to_all_single(torch.zeros(rows), torch.ones(rows), big, big),
+        "short-list": lambda: dist.all_gather([torch.zeros(3) for _ in range(world - 1)], torch.ones(3)),
+    }
+    for name, call in cases.items():
+        try:
+            call()
+            errors[name] = None
+        except Exception as e:  # noqa: BLE001
+            errors[name] = f"{type(e).__name__}: {e}"
+    t = torch.ones(5)
+    dist.all_reduce(t)
+    return {"errors": errors, "after": t.tolist() == [float(world)] * 5}

@@ -111,21 +111,25 @@ def sec_gather_scatter(rank, world, cfg):
 
 
 def bad_args(rank, world):
-    """A root outside the group, or a root's list of the wrong length or
-    size: a clear error on the caller; the group still works after."""
+    """A root outside the group: a clear error on every rank, and the group
+    goes on.  A root's list of the wrong length or size, which only the root
+    can see: its own clear error there, and at once one naming it on the
+    others (the root still takes the op's turn, rejected); that group has
+    failed then, so each case runs on a group of its own, and the default
+    group still works after."""
     dist.all_reduce(torch.ones(1))
     errors = {}
     try:
         dist.gather(torch.ones(3), None, dst=world + 2)
     except Exception as e:  # noqa: BLE001
         errors["root"] = str(e)
-    if rank == 0:
-        # Checked before anything is issued: only the root calls.
-        for name, lst in [("length", [torch.empty(3)] * (world + 1)), ("size", [torch.empty(4)] * world)]:
-            try:
-                dist.scatter(torch.empty(3), lst, src=0)
-            except Exception as e:  # noqa: BLE001
-                errors[name] = str(e)
+    for name, lst in [("length", [torch.empty(3)] * (world + 1)), ("size", [torch.empty(4)] * world)]:
+        group = dist.new_group(list(range(world)))
+        try:
+            dist.scatter(torch.empty(3), lst if rank == 0 else None, src=0, group=group)
+        except Exception as e:  # noqa: BLE001
+            errors[name] = str(e)
+        dist.destroy_process_group(group)
     x = torch.full((3,), float(rank))
     out = [torch.empty(3) for _ in range(world)] if rank == 0 else None
     dist.gather(x, out, dst=0)

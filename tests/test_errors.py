@@ -530,6 +530,49 @@ def test_bad_tensors_give_right_results_or_clear_errors():
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.parametrize("case", ["one", "all", "gather-root", "scatter-list-off-root"])
+@pytest.mark.parametrize("ids", params("2x2", "uneven-2+1"))
+def test_a_rank_that_rejects_its_own_arguments_still_takes_the_turn(ids, case):
+    """Checks that only the rank itself can make (its own block of an uneven
+    all_gather list, the root's list of a gather, a list passed off the
+    root): the rank raises its own error and its peers fail at once with one
+    that names it, where they used to wait out the group's timeout (300 s
+    here, past the test's).  When every rank rejects alike, their stand-ins
+    match and the group goes on."""
+    culprit = {"one": 1, "all": None, "gather-root": 0, "scatter-list-off-root": 1}[case]
+    res = launch.run_ranks(rank_errors.rejected_in_turn, ids, args=(case,), timeout_s=90, pg_timeout_s=300)
+    own = {"one": "its block of the output list (tensor 1) has 4", "all": "its block of the output list",
+           "gather-root": "needs one tensor per rank", "scatter-list-off-root": "takes a list of tensors on the root"}
+    for r in res:
+        v = r.value
+        assert v["took"] < 30, f"rank {r.rank}: {v}"
+        if culprit is None or r.rank == culprit:
+            assert v["error"] and v["error"].startswith(("ValueError", "RuntimeError")) and own[case] in v["error"], v
+        if culprit is None:
+            assert v["after"] == "ok", f"rank {r.rank}: the group did not go on: {v}"
+            continue
+        # A mismatch fails the group on every rank, as any other does; a
+        # peer whose part of the op needed nothing of the culprit's (a
+        # scatter's other ranks) completes it and meets the failure next.
+        told = (v["error"] or "") + " " + v["after"]
+        assert f"rank {culprit} has " in told and "whose arguments that rank rejected" in told, f"rank {r.rank}: {v}"
+        assert v["after"].startswith("DistBackendError") and "mismatch" in v["after"], f"rank {r.rank}: {v}"
+        if r.rank != culprit and v["error"]:
+            assert v["error"].startswith("DistBackendError"), f"rank {r.rank}: {v}"
+
+
+@pytest.mark.parametrize("ids", params("2x2", "uneven-2+1"))
+def test_splits_past_int64_and_short_lists_are_clear_errors(ids):
+    res = launch.run_ranks(rank_errors.splits_past_int64_and_short_lists, ids, timeout_s=60, pg_timeout_s=300)
+    for r in res:
+        errors = r.value["errors"]
+        assert errors["splits"] and "splits add up to more than the" in errors["splits"], errors
+        assert errors["short-list"] and errors["short-list"].startswith("ValueError") and \
+            f"needs one output tensor per rank ({len(ids)}), but the output list holds {len(ids) - 1}" \
+            in errors["short-list"], errors
+        assert r.value["after"], r.value
+
+
 def test_whole_job_killed_leaves_no_segment():
     with tempfile.TemporaryDirectory(prefix="fairring-test-sync-") as d:
         launch.run_ranks(rank_errors.all_killed, node_ids("2x2"), args=(d,), timeout_s=60, check=False)

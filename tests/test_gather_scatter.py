@@ -30,6 +30,9 @@ def test_bad_arguments_are_a_clear_error():
         if r.rank == 0:
             assert "one tensor per rank" in errs.get("length", ""), errs
             assert "like its own" in errs.get("size", ""), errs
+        else:
+            for case in ("length", "size"):
+                assert "rank 0 has " in errs.get(case, "") and "whose arguments that rank rejected" in errs[case], errs
         assert r.value["group_still_works"], r.value
 
 

@@ -176,8 +176,17 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::all_gather_uneven(const std::vec
   const int world = getSize();
   const int me = getRank();
   check_outputs(outputs, input.scalar_type(), "all_gather");
-  TORCH_CHECK_VALUE(outputs[me].numel() == input.numel(), "fairring: all_gather: this rank's input has ", input.numel(),
-                    " element(s), but its block of the output list (tensor ", me, ") has ", outputs[me].numel());
+  reject_in_turn(
+      [&] {
+        TORCH_CHECK_VALUE(outputs[me].numel() == input.numel(), "fairring: all_gather: this rank's input has ",
+                          input.numel(), " element(s), but its block of the output list (tensor ", me, ") has ",
+                          outputs[me].numel());
+      },
+      [&] {
+        const std::vector<at::Tensor> empties(world, at::empty({0}, input.options()));
+        submit_unequal_blocks(Collective::kAllGatherV, empties, empties,
+                              std::vector<int64_t>(static_cast<size_t>(world) * world, 0), c10d::OpType::ALLGATHER);
+      });
   // Rank s sends its block, the size of output s, to every rank.
   const int64_t reals = input.is_complex() ? 2 : 1;
   std::vector<int64_t> counts(static_cast<size_t>(world) * world);

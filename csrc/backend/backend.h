@@ -318,6 +318,15 @@ class FairringBackend : public c10d::Backend {
   bool p2p_native(const char* kind, const char* arg, const std::vector<at::Tensor>& tensors, int peer) const;
   // An op of `collective` on the engine of `on`'s device (HostOp, CudaOp).
   static std::shared_ptr<PipelineOp> new_op(Collective collective, const at::Tensor& on);
+  // Where a rank's check of its own arguments depends on its rank (its own
+  // block of an uneven list, the root's list) its peers may accept theirs:
+  // runs `check`, and if it throws, first takes the op's turn with
+  // `stand_in` (the same collective over empty tensors; every op it submits
+  // is marked rejected, OpKey::rejected), then raises the check's error.
+  // The peers' op then fails at once with a mismatch that names this rank,
+  // instead of waiting out the timeout; on ranks that all rejected alike
+  // the stand-ins match, run empty, and the group goes on.
+  void reject_in_turn(const std::function<void()>& check, const std::function<void()>& stand_in);
   // Every native collective, once: the checks its shape needs (a
   // blockwise slice fits), then its Work (`outputs`), its record and its
   // engine (submit_cpu, submit_device).  `kind`: its name in messages and

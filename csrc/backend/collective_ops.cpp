@@ -14,6 +14,7 @@
 #include "backend/stand_in.h"
 #include "backend/tensor_args.h"
 #include "common/dtype_name.h"
+#include "common/log.h"
 #include "devices/host_engine.h"
 #include "devices/host_op.h"
 #include "kernels/first_touch.h"
@@ -40,10 +41,34 @@ std::shared_ptr<PipelineOp> FairringBackend::new_op(Collective collective, const
   return op;
 }
 
+namespace {
+// Set while reject_in_turn submits its stand-in (on the issuing thread):
+// submit() marks the op rejected.
+thread_local bool t_submitting_stand_in = false;
+}  // namespace
+
+void FairringBackend::reject_in_turn(const std::function<void()>& check, const std::function<void()>& stand_in) {
+  try {
+    check();
+  } catch (const std::exception&) {
+    const std::exception_ptr rejected = std::current_exception();
+    t_submitting_stand_in = true;
+    try {
+      stand_in();
+    } catch (const std::exception& e) {
+      // (the group may have failed already: the rank's own error still says what it rejected)
+      FAIRRING_DEBUG_LOG(getRank(), "the stand-in for a rejected op was not issued: %s", e.what());
+    }
+    t_submitting_stand_in = false;
+    std::rethrow_exception(rejected);
+  }
+}
+
 c10::intrusive_ptr<c10d::Work> FairringBackend::submit(std::shared_ptr<PipelineOp> op, c10d::OpType type,
                                                        std::vector<at::Tensor> outputs, const char* kind) {
   if (kind == nullptr) kind = collective_name(op->collective);
   check_same_process(kind);
+  op->rejected = t_submitting_stand_in;
   op->def = &collective_def(op->collective);
   if (op->def->cut() == Cut::kBlockwise) check_blockwise_fits(kind, op->dtype);
   if (!op->buffer.is_cpu()) return submit_device(std::move(op), type, std::move(outputs), kind);
@@ -274,9 +299,18 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::reduce_scatter_uneven(const at::
                                                                       const c10d::ReduceOp& op) {
   std::vector<int64_t> sizes;
   for (const at::Tensor& t : inputs) sizes.push_back(t.numel());
-  TORCH_CHECK_VALUE(output.numel() == sizes[getRank()], "fairring: reduce_scatter: this rank's output has ",
-                    output.numel(), " element(s), but its block of the input list (tensor ", getRank(), ") has ",
-                    sizes[getRank()]);
+  reject_in_turn(
+      [&] {
+        TORCH_CHECK_VALUE(output.numel() == sizes[getRank()], "fairring: reduce_scatter: this rank's output has ",
+                          output.numel(), " element(s), but its block of the input list (tensor ", getRank(), ") has ",
+                          sizes[getRank()]);
+      },
+      [&] {
+        const std::vector<int64_t> none(getSize(), 0);
+        const at::Tensor empty = at::empty({0}, output.options());
+        submit_blockwise(Collective::kReduceScatter, std::vector<at::Tensor>(getSize(), empty), {empty}, &op,
+                         c10d::OpType::REDUCE_SCATTER, &none);
+      });
   return submit_blockwise(Collective::kReduceScatter, inputs, {output}, &op, c10d::OpType::REDUCE_SCATTER, &sizes);
 }
 
@@ -288,7 +322,13 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_rooted(Collective collect
   const char* kind = collective_name(collective);
   const int world = getSize();
   const bool is_root = getRank() == root;
-  if (is_root) {
+  // Only the root has a list to check: the others would wait for it.
+  const auto check_list = [&] {
+    if (!is_root) {
+      TORCH_CHECK(blocks.empty(), "fairring: ", kind, " takes a list of tensors on the root (rank ", root,
+                  ") only, but rank ", getRank(), " got ", blocks.size());
+      return;
+    }
     TORCH_CHECK(static_cast<int>(blocks.size()) == world, "fairring: ", kind, " needs one tensor per rank (", world,
                 ") on the root, but got ", blocks.size());
     for (size_t i = 0; i < blocks.size(); ++i) {
@@ -302,10 +342,12 @@ c10::intrusive_ptr<c10d::Work> FairringBackend::submit_rooted(Collective collect
                   " of the root's list, whose elements share memory or which "
                   "is not dense: clone() it first");
     }
-  } else {
-    TORCH_CHECK(blocks.empty(), "fairring: ", kind, " takes a list of tensors on the root (rank ", root,
-                ") only, but rank ", getRank(), " got ", blocks.size());
-  }
+  };
+  reject_in_turn(check_list, [&] {
+    const at::Tensor empty = at::empty({0}, one.options());
+    submit_rooted(collective, root, empty, is_root ? std::vector<at::Tensor>(world, empty) : std::vector<at::Tensor>{},
+                  type);
+  });
   auto op = new_op(collective, one);
   op->root = root;
   op->op = RedOp::kSum;  // compared between ranks, not applied

@@ -72,6 +72,10 @@ std::string describe_args(const OpKey& k) {
 }
 
 std::string describe(const OpKey& k) {
+  if (k.rejected) {
+    return std::string(collective_name(static_cast<Collective>(k.collective))) +
+           " whose arguments that rank rejected (its own error says why)";
+  }
   const std::string args = describe_args(k);
   return std::string(collective_name(static_cast<Collective>(k.collective))) + (args.empty() ? "" : " of " + args);
 }
@@ -96,11 +100,14 @@ std::string mismatch_hint(const OpKey& a, const OpKey& b) {
 
 void check_same_op(const OpKey& mine, int self, const OpKey& theirs, int peer, const char* device) {
   if (mine == theirs) return;
-  throw Error(ErrorKind::kBackend,
-              mismatch_prefix(mine, device) + "for collective #" + std::to_string(mine.number) + " rank " +
-                  std::to_string(self) + " has " + describe(mine) + " but rank " + std::to_string(peer) +
-                  " has collective #" + std::to_string(theirs.number) + ": " + describe(theirs) +
-                  ". Every rank must issue the same collectives in the same order." + mismatch_hint(mine, theirs));
+  throw Error(
+      ErrorKind::kBackend,
+      mismatch_prefix(mine, device) + "for collective #" + std::to_string(mine.number) + " rank " +
+          std::to_string(self) + " has " + describe(mine) + " but rank " + std::to_string(peer) + " has collective #" +
+          std::to_string(theirs.number) + ": " + describe(theirs) +
+          (mine.rejected || theirs.rejected
+               ? std::string(". Nothing of it was moved.")
+               : ". Every rank must issue the same collectives in the same order." + mismatch_hint(mine, theirs)));
 }
 
 void throw_out_of_step(const OpKey& mine, int self, int peer, const char* device) {

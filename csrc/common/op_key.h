@@ -71,7 +71,11 @@ struct OpKey {
   // hash of every block's size (block_layout), so that ranks that cut their
   // lists differently get a mismatch, not misaligned sums; 0 otherwise.
   uint32_t layout = 0;
-  uint32_t reserved = 0;  // the struct's padding, always 0
+  // 1: a stand-in for an op whose arguments this rank rejected (no data;
+  // FairringBackend::reject_in_turn), so that its peers' op fails at once
+  // with a mismatch that says so.  Stand-ins of ranks that all rejected
+  // alike match, and run as the empty op they are.
+  uint32_t rejected = 0;
 };
 
 // The layout of blocks of these sizes (elements): never 0.
@@ -80,7 +84,7 @@ uint32_t block_layout(const int64_t* sizes, int n);
 // The same op on both sides (`number` is not compared).
 inline bool operator==(const OpKey& a, const OpKey& b) {
   return a.op_seq == b.op_seq && a.numel == b.numel && a.collective == b.collective && a.dtype == b.dtype &&
-         a.op == b.op && a.root == b.root && a.layout == b.layout;
+         a.op == b.op && a.root == b.root && a.layout == b.layout && a.rejected == b.rejected;
 }
 inline bool operator!=(const OpKey& a, const OpKey& b) { return !(a == b); }
 

@@ -40,8 +40,9 @@ struct PipelineOp {
   c10::ScalarType dtype = c10::ScalarType::Float;
   RedOp op = RedOp::kSum;
   int64_t numel = 0;
-  int32_t root = 0;     // a broadcast's root
-  uint32_t layout = 0;  // OpKey::layout
+  int32_t root = 0;       // a broadcast's root
+  uint32_t layout = 0;    // OpKey::layout
+  bool rejected = false;  // OpKey::rejected
   // The caller's tensors when the result is not written into them directly
   // (non-contiguous, or several flattened into one buffer): the result is
   // copied into them, in order, at the end (copy_to_users).
@@ -82,6 +83,7 @@ struct PipelineOp {
     k.op = static_cast<int32_t>(op);
     k.root = root;
     k.layout = layout;
+    k.rejected = rejected ? 1 : 0;
     return k;
   }
 };
