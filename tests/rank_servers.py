@@ -100,6 +100,13 @@ def create_once_one_server_joined(rank, world, port, pg_timeout_s):
                             timeout=timedelta(seconds=pg_timeout_s))
 
 
+def stalled_rank_once_the_server_joined(rank, world, port):
+    """stalled_rank on a group of a 3 s timeout, created once the server has
+    joined (create_once_one_server_joined)."""
+    create_once_one_server_joined(rank, world, port, 3)
+    return stalled_rank(rank, world)
+
+
 def stalled_rank(rank, world):
     """Rank 0 stops rank 2 (SIGSTOP) while all-reduces go through the server
     and resumes it once the others have given up.  Returns each rank's error."""
